@@ -1,0 +1,14 @@
+"""Gearshift: an LLM serving engine with load-adaptive speculative decoding."""
+
+from gearshift.request import RequestOutput, SamplingParams
+
+__all__ = ["LLM", "RequestOutput", "SamplingParams"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "LLM":  # lazy: keeps `import gearshift` (and the CLI's --help) light
+        from gearshift.llm import LLM
+
+        return LLM
+    raise AttributeError(name)

@@ -1,0 +1,79 @@
+"""Attention backend contract: store this step's K/V into the slot pool, then attend.
+
+Data flow: ModelRunner picks one backend (registry below) -> every Attention layer calls
+`backend.forward(q, k, v, layer_id, fb)` -> backend dispatches on fb.mode.
+
+KV buffers live in `KVCache` (one tensor each for K and V):
+    k[layer, slot, kv_head, head_dim], v[layer, slot, kv_head, head_dim]
+and req_to_token[row, position] -> slot (int32) maps each request's tokens to slots.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from gearshift.forward_batch import ForwardBatch
+
+
+@dataclass
+class KVCache:
+    k: torch.Tensor  # [num_layers, num_slots + 1, num_kv_heads, head_dim]; slot 0 = dummy
+    v: torch.Tensor  # [num_layers, num_slots + 1, num_kv_heads, head_dim]
+    req_to_token: torch.Tensor  # [max_num_seqs + 1, max_model_len] int32; row 0 = dummy
+
+    @classmethod
+    def allocate(cls, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
+                 max_num_seqs: int, max_model_len: int, dtype: torch.dtype,
+                 device: torch.device | str) -> KVCache:
+        shape = (num_layers, num_slots + 1, num_kv_heads, head_dim)
+        return cls(
+            k=torch.zeros(shape, dtype=dtype, device=device),
+            v=torch.zeros(shape, dtype=dtype, device=device),
+            req_to_token=torch.zeros(max_num_seqs + 1, max_model_len, dtype=torch.int32,
+                                     device=device),
+        )
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
+                        dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+
+class AttentionBackend(ABC):
+    def __init__(self, kv: KVCache, sm_scale: float) -> None:
+        self.kv = kv
+        self.sm_scale = sm_scale
+
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch) -> None:
+        # k, v: [num_tokens, num_kv_heads, head_dim]
+        self.kv.k[layer_id].index_copy_(0, fb.out_cache_loc, k)
+        self.kv.v[layer_id].index_copy_(0, fb.out_cache_loc, v)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                fb: ForwardBatch) -> torch.Tensor:
+        """q: [num_tokens, num_heads, head_dim]; returns the same shape."""
+        self.store_kv(k, v, layer_id, fb)
+        if fb.mode.name == "DECODE":
+            return self.decode(q, layer_id, fb)
+        return self.extend(q, layer_id, fb)
+
+    @abstractmethod
+    def decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor: ...
+
+    @abstractmethod
+    def extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor: ...
+
+
+def create_backend(name: str, kv: KVCache, sm_scale: float) -> AttentionBackend:
+    if name == "torch":
+        from gearshift.attention.torch_backend import TorchBackend
+
+        return TorchBackend(kv, sm_scale)
+    if name == "triton":
+        from gearshift.attention.triton_backend import TritonBackend
+
+        return TritonBackend(kv, sm_scale)
+    raise ValueError(f"unknown attention backend {name!r} (torch, triton)")

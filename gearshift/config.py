@@ -1,0 +1,167 @@
+"""Frozen configuration: the model's shape (read from a Hugging Face config.json) and the
+engine's options. Built once at start-up, never mutated; derived values are properties.
+
+Data flow: cli / LLM(...) -> EngineConfig -> Engine (scheduler, runner, KV pool).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration or checkpoint problem (bad flag, bad config.json)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """`rope_scaling` of type `llama3` (Llama 3.1/3.2); None means plain RoPE."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    architecture: str  # "llama" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool  # per-head RMSNorm on q and k before RoPE (Qwen3)
+    rope_scaling: RopeScaling | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> ModelConfig:
+        archs = cfg.get("architectures") or []
+        arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ConfigError(
+                f"unknown architecture {archs!r}: supported are {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        try:
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+            scaling = _parse_rope_scaling(cfg.get("rope_scaling") or cfg.get("rope_parameters"))
+            eos = cfg.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            rope_theta = cfg.get("rope_theta")
+            if rope_theta is None:
+                rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+            return cls(
+                architecture=arch,
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_layers=int(cfg["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(rope_theta),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+                qk_norm=arch == "qwen3",
+                rope_scaling=scaling,
+                eos_token_ids=eos_ids,
+                bos_token_id=cfg.get("bos_token_id"),
+            )
+        except KeyError as e:
+            raise ConfigError(f"config.json is missing the field {e.args[0]!r}") from None
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> ModelConfig:
+        cfg_path = Path(path) / "config.json"
+        if not cfg_path.is_file():
+            raise ConfigError(f"no config.json in model directory {str(path)!r}")
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{cfg_path} is not valid JSON: {e}") from None
+        return cls.from_dict(cfg)
+
+
+def _parse_rope_scaling(rs: dict | None) -> RopeScaling | None:
+    if not rs:
+        return None
+    kind = rs.get("rope_type") or rs.get("type")
+    if kind in (None, "default"):
+        return None
+    if kind != "llama3":
+        raise ConfigError(f"unsupported rope_scaling type {kind!r} (supported: llama3)")
+    return RopeScaling(
+        factor=float(rs["factor"]),
+        low_freq_factor=float(rs["low_freq_factor"]),
+        high_freq_factor=float(rs["high_freq_factor"]),
+        original_max_position_embeddings=int(rs["original_max_position_embeddings"]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything the engine needs besides the model directory's own files."""
+
+    model: str  # model directory (or a preset name with load_format="dummy")
+    device: str = "cpu"
+    dtype: str = "float32"  # "float32" | "bfloat16" | "float16"
+    load_format: str = "safetensors"  # "safetensors" | "dummy"
+    attention_backend: str = "torch"  # "torch" | "triton"
+    max_num_seqs: int = 64
+    kv_cache_tokens: int | None = None  # None: sized from free device memory
+    kv_memory_fraction: float = 0.85  # of free GPU memory, when kv_cache_tokens is None
+    max_num_batched_tokens: int = 2048  # prefill chunk budget per step
+    max_model_len: int | None = None  # None: min(max_position_embeddings, KV capacity)
+    cuda_graphs: bool = True  # decode graphs per padded batch size (CUDA only)
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.load_format not in ("safetensors", "dummy"):
+            raise ConfigError(f"load_format must be safetensors or dummy, not {self.load_format!r}")
+        if self.attention_backend not in ("torch", "triton"):
+            raise ConfigError(
+                f"attention_backend must be torch or triton, not {self.attention_backend!r}"
+            )
+        if self.max_num_seqs < 1:
+            raise ConfigError("max_num_seqs must be >= 1")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 16:
+            raise ConfigError("kv_cache_tokens must be >= 16")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError("max_num_batched_tokens must be >= 1")
+        if not 0.0 < self.kv_memory_fraction < 1.0:
+            raise ConfigError("kv_memory_fraction must be in (0, 1)")
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        return self.cuda_graphs and self.device.startswith("cuda")

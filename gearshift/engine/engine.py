@@ -1,0 +1,163 @@
+"""Engine: the step loop. One step reads in three lines:
+
+    plan = scheduler.schedule()                  # pure CPU: who computes what
+    fb, sb = builder.prepare(plan, pad_to=...)   # slots + device tensors for exactly this plan
+    outputs = scheduler.commit(plan, runner.run(fb, sb).tolist())
+
+Data flow: LLM / AsyncEngine -> Engine.add_request -> step() -> StepOutput per request.
+Not thread-safe: one thread calls add_request, abort_request and step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from gearshift.config import EngineConfig
+from gearshift.forward_batch import ForwardMode
+from gearshift.models.loader import resolve_model_config
+from gearshift.request import Request, SamplingParams
+from gearshift.runner.model_runner import ModelRunner
+from gearshift.scheduler.batch import BatchBuilder
+from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
+from gearshift.scheduler.plan import StepPlan
+from gearshift.scheduler.scheduler import Scheduler, StepOutput
+
+log = logging.getLogger("gearshift.engine")
+
+__all__ = ["Engine", "PromptError", "StepOutput"]
+
+
+class PromptError(ValueError):
+    """A prompt the engine cannot serve; the message names the problem."""
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_config, path = resolve_model_config(config.model)
+        self.model_name = Path(config.model).name if path else Path(config.model).stem
+        self.tokenizer = load_tokenizer(path) if path else None
+        torch.manual_seed(config.seed)
+        self.runner = ModelRunner(config, self.model_config, path)
+        self.max_model_len = self.runner.max_model_len
+        self.eos_token_ids = eos_token_ids(self.model_config, path, self.tokenizer)
+        self.slots = SlotPool(self.runner.num_slots)
+        self.rows = ReqRowPool(config.max_num_seqs)
+        self.scheduler = Scheduler(
+            self.slots, self.rows, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
+        )
+        self.builder = BatchBuilder(self.slots, self.rows, self.runner.kv, self.runner.device)
+        self._seed_rng = torch.Generator().manual_seed(config.seed)
+        self._stats = {"steps": 0, "decode_steps": 0, "extend_steps": 0, "tokens_computed": 0,
+                       "tokens_generated": 0, "step_time_s": 0.0}
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams) -> None:
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise PromptError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise PromptError(f"prompt token id {bad[0]!r} is out of range [0, {vocab})")
+        if n + params.max_tokens > self.max_model_len:
+            raise PromptError(
+                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the maximum "
+                f"context length {self.max_model_len}"
+            )
+        seed = params.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**31, (1,), generator=self._seed_rng))
+        self.scheduler.add(Request(
+            request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
+            sampling_seed=_mix_seed(seed), eos_token_ids=self.eos_token_ids,
+        ))
+
+    def abort_request(self, request_id: str, reason: str = "abort") -> None:
+        self.scheduler.abort(request_id, reason)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> list[StepOutput]:
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        pad = self.runner.decode_pad(plan.batch_size) if plan.mode is ForwardMode.DECODE else None
+        fb, sb = self.builder.prepare(plan, pad_to=pad)
+        tokens = self.runner.run(fb, sb)
+        outputs = self.scheduler.commit(plan, tokens[: plan.batch_size].tolist())  # the one sync
+        self._account(plan, outputs, time.perf_counter() - t0)
+        return outputs
+
+    def _account(self, plan: StepPlan, outputs: list[StepOutput], dt: float) -> None:
+        s = self._stats
+        s["steps"] += 1
+        s["decode_steps" if plan.mode is ForwardMode.DECODE else "extend_steps"] += 1
+        s["tokens_computed"] += plan.num_tokens
+        s["tokens_generated"] += len(outputs)
+        s["step_time_s"] += dt
+        log.debug("step %s bs=%d tokens=%d %.2fms", plan.mode.name, plan.batch_size,
+                  plan.num_tokens, dt * 1e3)
+
+    # ------------------------------------------------------------------ introspection
+    def memory_stats(self) -> dict:
+        return {"kv_slots_total": self.slots.total, "kv_slots_free": self.slots.num_free,
+                "kv_slots_cached": self.slots.num_cached}
+
+    def stats(self) -> dict:
+        return dict(self._stats, preemptions=self.scheduler.num_preemptions,
+                    running=self.num_running(), waiting=self.num_waiting())
+
+    def prefill_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """Logits [len, vocab] of every prompt position in one EXTEND pass (oracle for tests).
+        Uses a temporary row and slots, returned before it exits."""
+        req = Request("__probe__", list(token_ids), SamplingParams(max_tokens=1), 0)
+        plan = StepPlan(mode=ForwardMode.EXTEND)
+        plan.add(req, len(token_ids))
+        try:
+            fb, _ = self.builder.prepare(plan)
+            return self.runner.logits(fb, all_tokens=True).cpu()
+        finally:
+            self.scheduler._release(req)
+
+
+def _mix_seed(seed: int) -> int:
+    """Any integer seed -> 32 bits, deterministically (the sampler hashes it further)."""
+    return (seed ^ (seed >> 32) ^ (seed >> 64)) & 0xFFFFFFFF
+
+
+def load_tokenizer(path: Path):
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    if not any((path / n).is_file() for n in names):
+        log.warning("no tokenizer files in %s: only token-id prompts will work", path)
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def eos_token_ids(cfg, path: Path | None, tokenizer) -> tuple[int, ...]:
+    ids = set(cfg.eos_token_ids)
+    gen = path / "generation_config.json" if path else None
+    if gen is not None and gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(ids))

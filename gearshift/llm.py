@@ -1,0 +1,107 @@
+"""Offline Python API: `LLM(model).generate(prompts, SamplingParams(...))`.
+
+Data flow: LLM.generate -> tokenizer -> Engine.add_request -> Engine.step() loop ->
+OutputProcessor (detokenise, stop strings) -> list[RequestOutput] in prompt order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from gearshift.config import ConfigError, EngineConfig
+from gearshift.engine.engine import Engine, PromptError
+from gearshift.engine.output_processor import OutputProcessor
+from gearshift.request import RequestOutput, SamplingParams
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_engine_config(model: str | None, *, device: str | None = None, dtype: str | None = None,
+                        max_num_seqs: int | None = None, kv_cache_tokens: int | None = None,
+                        seed: int = 0, **options) -> EngineConfig:
+    """Fill in defaults: the embedded default model, the best device, its natural dtype
+    (float32 on CPU, bfloat16 on GPU) and its attention backend."""
+    if model is None:
+        from gearshift.models.default import default_target_dir
+
+        model = str(default_target_dir())
+    device = device or default_device()
+    on_gpu = device.startswith("cuda")
+    dtype = dtype or ("bfloat16" if on_gpu else "float32")
+    options.setdefault("attention_backend", "triton" if on_gpu else "torch")
+    known = set(EngineConfig.__dataclass_fields__)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"unknown engine option(s) {unknown}; known: {sorted(known - {'model'})}")
+    return EngineConfig(model=model, device=device, dtype=dtype,
+                        max_num_seqs=max_num_seqs or 64, kv_cache_tokens=kv_cache_tokens,
+                        seed=seed, **options)
+
+
+class LLM:
+    def __init__(self, model: str | None = None, *, device: str | None = None,
+                 dtype: str | None = None, max_num_seqs: int | None = None,
+                 kv_cache_tokens: int | None = None, seed: int = 0, **engine_options) -> None:
+        config = build_engine_config(model, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
+                                     kv_cache_tokens=kv_cache_tokens, seed=seed, **engine_options)
+        self.engine = Engine(config)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # one prompt (text or token ids)
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = ([sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams)
+                  else list(sampling_params))
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        proc = OutputProcessor(self.tokenizer)
+        order: list[str] = []
+        for prompt, p in zip(prompts, params):
+            ids = self._encode(prompt)
+            rid = f"gen-{next(self._ids)}"
+            self.engine.add_request(rid, ids, p)
+            proc.add(rid, ids, p)
+            order.append(rid)
+        results: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(order), desc="generate", disable=not use_tqdm)
+        try:
+            while len(results) < len(order):
+                for out in self.engine.step():
+                    delta = proc.process(out)
+                    if delta.stop_hit:
+                        self.engine.abort_request(out.request_id, "stop")
+                    if delta.finished:
+                        results[out.request_id] = proc.final(out.request_id)
+                        bar.update(1)
+        finally:
+            bar.close()
+            for rid in order:  # on error (e.g. KeyboardInterrupt) leave nothing running
+                if rid not in results:
+                    self.engine.abort_request(rid)
+        return [results[rid] for rid in order]
+
+    def _encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise PromptError("this model directory has no tokenizer: pass token-id prompts")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def memory_stats(self) -> dict:
+        return self.engine.memory_stats()
+
+    def stats(self) -> dict:
+        return self.engine.stats()

@@ -1,0 +1,20 @@
+"""Where the embedded default model lives (shipped inside the package, trained by
+gearshift.train; see docs/default_model.md).
+
+Data flow: LLM(model=None) / `gearshift serve` with no --model -> default_target_dir().
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gearshift.config import ConfigError
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "default_model"
+
+
+def default_target_dir() -> Path:
+    path = DEFAULT_MODEL_DIR / "target"
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"the embedded default model is missing at {path}; pass --model DIR")
+    return path

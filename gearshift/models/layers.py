@@ -1,0 +1,135 @@
+"""Shared building blocks of the decoder models: RMSNorm, rotary embedding, attention
+(q/k/v fused into one projection), gated MLP (gate/up fused).
+
+Data flow: models/llama.py composes these; Attention hands q/k/v to the attention
+backend chosen by the runner (through the ForwardBatch's `attn` field set per step).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from gearshift.attention.base import AttentionBackend
+from gearshift.config import ModelConfig, RopeScaling
+from gearshift.forward_batch import ForwardBatch
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    dims = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu")
+    inv = 1.0 / theta ** (dims / head_dim)
+    if scaling is None:
+        return inv
+    # Llama 3.1 "llama3" frequency scaling: keep high frequencies, divide low ones by
+    # `factor`, interpolate smoothly in between.
+    low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    smooth = (scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+    mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+    return torch.where(mid, (1 - smooth) * inv / scaling.factor + smooth * inv, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style RoPE (rotate halves), as in HF Llama/Qwen. cos/sin cached per position."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float,
+                 scaling: RopeScaling | None) -> None:
+        super().__init__()
+        self.head_dim, self.max_positions, self.theta = head_dim, max_positions, theta
+        self.scaling = scaling
+        self.register_buffer("cos", torch.empty(0), persistent=False)  # [max_pos, D/2] fp32
+        self.register_buffer("sin", torch.empty(0), persistent=False)
+        self.init_cache()
+
+    def init_cache(self, device: torch.device | str | None = None) -> None:
+        """(Re)build the float32 cos/sin tables; the loader calls it after materialising."""
+        device = device or self.cos.device
+        inv = _inv_freq(self.head_dim, self.theta, self.scaling)
+        pos = torch.arange(self.max_positions, dtype=torch.float64, device="cpu")
+        freqs = torch.outer(pos, inv)
+        self.cos = freqs.cos().float().to(device)
+        self.sin = freqs.sin().float().to(device)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        # positions: [T]; q: [T, Hq, D]; k: [T, Hkv, D]
+        cos = self.cos[positions][:, None, :]  # [T, 1, D/2]
+        sin = self.sin[positions][:, None, :]
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.rope = rope
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, fb: ForwardBatch,
+                attn: AttentionBackend) -> torch.Tensor:
+        # x: [T, hidden]
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rope(positions, q, k)
+        o = attn.forward(q, k, v, self.layer_id, fb)  # [T, Hq, D]
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.intermediate = intermediate
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_id, rope)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, fb: ForwardBatch,
+                attn: AttentionBackend) -> torch.Tensor:
+        h = h + self.self_attn(positions, self.input_layernorm(h), fb, attn)
+        return h + self.mlp(self.post_attention_layernorm(h))

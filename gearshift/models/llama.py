@@ -1,0 +1,42 @@
+"""Llama-family causal LMs (Llama 2/3/3.1/3.2, Qwen2/2.5, Qwen3) over the slot KV cache.
+
+Data flow: ModelRunner calls `model(input_ids, positions, fb, attn)` -> hidden states
+[T, hidden]; then `compute_logits(hidden[fb.logits_indices])`. The differences between
+the families are config flags (qkv bias, q/k norm, RoPE scaling), not separate classes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gearshift.attention.base import AttentionBackend
+from gearshift.config import ModelConfig
+from gearshift.forward_batch import ForwardBatch
+from gearshift.models.layers import DecoderLayer, RMSNorm, RotaryEmbedding
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        rope = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = rope
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rope) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch,
+                attn: AttentionBackend) -> torch.Tensor:
+        # input_ids, positions: [T] -> residual stream before the final norm: [T, hidden]
+        h = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            h = layer(positions, h, fb, attn)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [B, hidden] (rows selected by logits_indices) -> logits: [B, vocab] float32
+        return self.lm_head(self.norm(hidden)).float()

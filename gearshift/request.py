@@ -1,0 +1,97 @@
+"""Requests and their results: what the user asks for (SamplingParams), the engine's
+per-request state (Request), and what comes back (RequestOutput).
+
+Data flow: LLM.generate / server -> Request -> Scheduler (waiting, running) -> RequestOutput.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class SamplingParamsError(ValueError):
+    """Raised for sampling parameters out of range; the message names the field."""
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise SamplingParamsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not 0.0 <= float(self.temperature) <= 100.0:
+            raise SamplingParamsError(f"temperature must be in [0, 100], got {self.temperature!r}")
+        if not 0.0 < float(self.top_p) <= 1.0:
+            raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
+            raise SamplingParamsError(f"top_k must be -1 (off) or >= 1, got {self.top_k!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise SamplingParamsError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.stop is not None and any(not isinstance(s, str) or not s for s in self.stop):
+            raise SamplingParamsError("stop must be a non-empty string or list of non-empty strings")
+        if self.stop_token_ids is not None and any(
+            not isinstance(t, int) or t < 0 for t in self.stop_token_ids
+        ):
+            raise SamplingParamsError("stop_token_ids must be a list of non-negative integers")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued; holds no KV slots
+    RUNNING = "running"  # admitted; owns KV slots for its computed tokens
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class Request:
+    """Engine-side state of one sequence. Written by the scheduler only."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sampling_seed: int  # params.seed, or one drawn by the engine at arrival
+    eos_token_ids: tuple[int, ...] = ()
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    slots: list[int] = field(default_factory=list)  # KV slot per computed token
+    req_pool_index: int = -1  # row in req_to_token while running
+    finish_reason: str | None = None  # "length" | "stop" | "abort"
+    stop_text_len: int | None = None  # set by detokenizer when a stop string matched
+    arrival_index: int = 0  # FIFO order; preemption takes the newest
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # generated tokens only
+    text: str
+    finish_reason: str | None  # "length" | "stop" | None while running
+    finished: bool = False

@@ -1,0 +1,91 @@
+"""ModelRunner: owns the model, the KV cache, the attention backend and the decode CUDA
+graphs; turns a ForwardBatch into sampled token ids without synchronising the host.
+
+Data flow: Engine.step(): BatchBuilder.prepare -> ModelRunner.run(fb, sb) -> token ids
+(device) -> Engine reads them once (the step's single sync) -> Scheduler.commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from gearshift.attention.base import KVCache, create_backend
+from gearshift.config import ConfigError, EngineConfig, ModelConfig
+from gearshift.forward_batch import ForwardBatch
+from gearshift.models.loader import DTYPES, load_model
+from gearshift.runner.graphs import DecodeGraphRunner
+from gearshift.runner.sampler import SamplingBatch, sample
+
+log = logging.getLogger("gearshift.runner")
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_cfg: ModelConfig, model_path) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        dtype = DTYPES[config.dtype]
+        t0 = time.perf_counter()
+        # positions beyond the KV capacity can never be used; size RoPE for the model's limit
+        max_pos = config.max_model_len or model_cfg.max_position_embeddings
+        self.model = load_model(model_cfg, model_path, dtype=config.dtype, device=config.device,
+                                max_positions=max_pos, seed=config.seed)
+        log.info("loaded model in %.1fs", time.perf_counter() - t0)
+        self.num_slots = self._kv_capacity(model_cfg, dtype)
+        self.max_model_len = min(max_pos, self.num_slots)
+        self.kv = KVCache.allocate(model_cfg.num_layers, self.num_slots, model_cfg.num_kv_heads,
+                                   model_cfg.head_dim, config.max_num_seqs, self.max_model_len,
+                                   dtype, self.device)
+        self.attn = create_backend(config.attention_backend, self.kv, model_cfg.head_dim ** -0.5)
+        self.graphs: DecodeGraphRunner | None = None
+        if config.use_cuda_graphs and config.attention_backend == "triton":
+            t0 = time.perf_counter()
+            self.graphs = DecodeGraphRunner(self._forward_logits, config.max_num_seqs, self.device)
+            self.graphs.capture()
+            log.info("captured %d decode graphs in %.1fs", len(self.graphs.graphs),
+                     time.perf_counter() - t0)
+
+    def _kv_capacity(self, cfg: ModelConfig, dtype: torch.dtype) -> int:
+        if self.config.kv_cache_tokens is not None:
+            return self.config.kv_cache_tokens
+        per_token = KVCache.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+        if self.device.type != "cuda":
+            return 16384  # CPU: a fixed, modest pool; pass kv_cache_tokens for more
+        free, _ = torch.cuda.mem_get_info(self.device)
+        # activations of one prefill chunk (MLP is the widest) and sampling scratch, with slack
+        act = self.config.max_num_batched_tokens * (cfg.hidden_size * 8 + cfg.intermediate_size * 6)
+        act += self.config.max_num_seqs * cfg.vocab_size * 16
+        budget = free * self.config.kv_memory_fraction - act * 4 - (1 << 30)
+        slots = int(budget // per_token)
+        if slots < 16:
+            raise ConfigError(
+                f"not enough GPU memory for the KV cache ({free / 2**30:.1f} GiB free after "
+                f"loading the model); pass a smaller --max-num-seqs or --kv-cache-tokens"
+            )
+        return slots
+
+    def decode_pad(self, bs: int) -> int:
+        return self.graphs.padded_size(bs) if self.graphs else bs
+
+    def _forward_logits(self, fb: ForwardBatch) -> torch.Tensor:
+        hidden = self.model(fb.input_ids, fb.positions, fb, self.attn)  # [T, hidden]
+        return self.model.compute_logits(hidden[fb.logits_indices])  # [padded_bs, vocab]
+
+    @torch.inference_mode()
+    def run(self, fb: ForwardBatch, sb: SamplingBatch) -> torch.Tensor:
+        """Returns sampled token ids [padded_bs] (device). No host sync."""
+        if self.graphs is not None and self.graphs.can_run(fb):
+            logits = self.graphs.replay(fb)
+        else:
+            logits = self._forward_logits(fb)
+        return sample(logits[: fb.padded_batch_size], sb)
+
+    @torch.inference_mode()
+    def logits(self, fb: ForwardBatch, all_tokens: bool = False) -> torch.Tensor:
+        """Debug/oracle path: logits of every token (all_tokens) or of logits_indices."""
+        hidden = self.model(fb.input_ids, fb.positions, fb, self.attn)
+        return self.model.compute_logits(hidden if all_tokens else hidden[fb.logits_indices])

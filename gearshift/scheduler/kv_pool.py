@@ -1,0 +1,69 @@
+"""Host-side bookkeeping of KV-cache slots and req_to_token rows (pure CPU).
+
+Slot layout (page size 1: one slot holds one token's K and V in every layer):
+
+    slot id   0        1   2   3   4   5  ...  total
+             [dummy]  [r0 ][r0 ][r1 ][   ][r0 ] ...
+              ^ reserved: padded CUDA-graph rows write here; never handed out
+
+    req_to_token[row, pos] = slot of token `pos` of the request that owns `row`;
+    row 0 is reserved for padded rows as well.
+
+Invariant (tested): when the engine is idle, free + cached == total.
+There is no prefix cache yet, so `cached` is always 0.
+"""
+
+from __future__ import annotations
+
+
+class OutOfSlotsError(RuntimeError):
+    """Raised when an allocation exceeds the free slots (a scheduler bug: it plans by count)."""
+
+
+class SlotPool:
+    """Free list of token slots 1..total (slot 0 is the reserved dummy)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._free: list[int] = list(range(total, 0, -1))  # pop() hands out low ids first
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        return 0
+
+    def alloc(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise OutOfSlotsError(f"asked for {n} KV slots, {len(self._free)} free")
+        if n == 0:
+            return []
+        out = self._free[-n:]
+        del self._free[-n:]
+        out.reverse()
+        return out
+
+    def free(self, slots: list[int]) -> None:
+        self._free.extend(slots)
+
+
+class ReqRowPool:
+    """Rows of the req_to_token table, 1..max_num_seqs (row 0 is the reserved dummy)."""
+
+    def __init__(self, max_num_seqs: int) -> None:
+        self.size = max_num_seqs
+        self._free = list(range(max_num_seqs, 0, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int:
+        if not self._free:
+            raise OutOfSlotsError("no free req_to_token row")
+        return self._free.pop()
+
+    def free(self, row: int) -> None:
+        self._free.append(row)

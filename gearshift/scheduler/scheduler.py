@@ -1,0 +1,160 @@
+"""Continuous-batching scheduler (pure CPU; unit-tested with fake step results).
+
+Data flow: Engine.step(): plan = schedule() -> BatchBuilder.prepare(plan) -> runner ->
+commit(plan, sampled token ids) -> StepOutputs.
+
+Policy per step:
+  1. Running requests, oldest first, each get the tokens they still need (1 for decode,
+     the rest of the prompt in chunks for a partial prefill) within the token budget.
+     If the KV pool cannot hold them, the newest running request is preempted: its slots
+     are freed and it goes back to the front of the queue, to be recomputed later from
+     prompt + output so far (nothing is lost; seeded sampling is position-keyed).
+  2. Waiting requests are admitted FIFO while the token budget, the KV pool (keeping one
+     free slot per running request in reserve) and max_num_seqs allow; a long prompt is
+     prefilled in chunks over several steps.
+The plan counts slots; BatchBuilder.prepare allocates exactly what the plan counts.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from gearshift.forward_batch import ForwardMode
+from gearshift.request import Request, RequestStatus
+from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
+from gearshift.scheduler.plan import StepPlan
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one step did to one request; consumed by OutputProcessor and the server."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None  # "length" | "stop" | "abort" | None
+
+
+class Scheduler:
+    def __init__(self, slots: SlotPool, rows: ReqRowPool, *, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int) -> None:
+        self.slots, self.rows = slots, rows
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self._arrivals = 0
+
+    # ------------------------------------------------------------------ requests
+    def add(self, req: Request) -> None:
+        req.arrival_index = self._arrivals
+        self._arrivals += 1
+        self.waiting.append(req)
+
+    def abort(self, request_id: str, reason: str = "abort") -> Request | None:
+        for req in self.running:
+            if req.request_id == request_id:
+                self.running.remove(req)
+                self._finish(req, reason)
+                return req
+        for req in self.waiting:
+            if req.request_id == request_id:
+                self.waiting.remove(req)
+                self._finish(req, reason)
+                return req
+        return None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ planning
+    def schedule(self) -> StepPlan:
+        plan = StepPlan(mode=ForwardMode.EXTEND)
+        budget = self.max_num_batched_tokens
+        free = self.slots.num_free
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while n > free and self.running[-1] is not req:
+                free += self._preempt(self.running[-1], plan)
+            if n > free:  # even alone it does not fit: preempt it too
+                self._preempt(req, plan)
+                break
+            plan.add(req, n)
+            budget -= n
+            free -= n
+            i += 1
+        reserve = len(self.running)  # one slot per running request for its next decode
+        admit = not plan.preempted  # under KV pressure, admit nothing new this step
+        while admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            if req.req_pool_index < 0 and self.rows.num_free == 0:
+                break
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if n > free - reserve:
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            plan.add(req, n)
+            budget -= n
+            free -= n
+            reserve += 1
+        if plan.reqs and all(n == 1 and s for n, s in zip(plan.extend_lens, plan.sample)):
+            plan.mode = ForwardMode.DECODE
+        return plan
+
+    def _preempt(self, req: Request, plan: StepPlan) -> int:
+        freed = len(req.slots)
+        self.running.remove(req)
+        self._release(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        self.waiting.appendleft(req)
+        plan.preempted.append(req)
+        self.num_preemptions += 1
+        return freed
+
+    # ------------------------------------------------------------------ commit
+    def commit(self, plan: StepPlan, sampled: list[int]) -> list[StepOutput]:
+        """`sampled[i]` is the token sampled for plan.reqs[i] (ignored where not plan.sample[i])."""
+        outputs: list[StepOutput] = []
+        for req, n, do_sample, tok in zip(plan.reqs, plan.extend_lens, plan.sample, sampled):
+            if req.is_finished:  # aborted while the step ran
+                continue
+            req.num_computed_tokens += n
+            if not do_sample:
+                continue
+            req.output_token_ids.append(tok)
+            reason = self._finish_reason(req, tok)
+            if reason is not None:
+                self.running.remove(req)
+                self._finish(req, reason)
+            outputs.append(StepOutput(req.request_id, [tok], reason is not None, reason))
+        return outputs
+
+    def _finish_reason(self, req: Request, tok: int) -> str | None:
+        p = req.params
+        if not p.ignore_eos and tok in req.eos_token_ids:
+            return "stop"
+        if p.stop_token_ids and tok in p.stop_token_ids:
+            return "stop"
+        if len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, req: Request, reason: str) -> None:
+        self._release(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+
+    def _release(self, req: Request) -> None:
+        self.slots.free(req.slots)
+        req.slots = []
+        if req.req_pool_index >= 0:
+            self.rows.free(req.req_pool_index)
+            req.req_pool_index = -1
