@@ -56,6 +56,7 @@ class Engine:
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._stats = {"steps": 0, "decode_steps": 0, "extend_steps": 0, "tokens_computed": 0,
                        "tokens_generated": 0, "step_time_s": 0.0}
+        self.last_step: dict = {}  # mode, batch_size, num_tokens, time_s of the latest step
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids: list[int],
@@ -110,6 +111,8 @@ class Engine:
         s["steps"] += 1
         s["decode_steps" if plan.mode is ForwardMode.DECODE else "extend_steps"] += 1
         s["tokens_computed"] += plan.num_tokens
+        self.last_step = {"mode": plan.mode.value, "batch_size": plan.batch_size,
+                          "num_tokens": plan.num_tokens, "time_s": dt}
         s["tokens_generated"] += len(outputs)
         s["step_time_s"] += dt
         log.debug("step %s bs=%d tokens=%d %.2fms", plan.mode.name, plan.batch_size,

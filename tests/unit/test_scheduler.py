@@ -1,0 +1,136 @@
+"""Scheduler unit tests: pure CPU, fed fake step results (no model)."""
+
+from __future__ import annotations
+
+import random
+
+from gearshift.forward_batch import ForwardMode
+from gearshift.request import Request, RequestStatus, SamplingParams
+from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
+from gearshift.scheduler.scheduler import Scheduler
+
+
+def make(total=256, seqs=8, budget=64, max_len=256):
+    slots, rows = SlotPool(total), ReqRowPool(seqs)
+    return Scheduler(slots, rows, max_num_seqs=seqs, max_num_batched_tokens=budget,
+                     max_model_len=max_len), slots, rows
+
+
+def req(rid, n_prompt, max_tokens=4, **kw):
+    return Request(rid, list(range(1, n_prompt + 1)), SamplingParams(max_tokens=max_tokens, **kw), 0,
+                   eos_token_ids=(0,))
+
+
+def fake_prepare(plan, slots, rows):
+    """What BatchBuilder.prepare does to host state: rows and exactly the planned slots."""
+    for r, n in zip(plan.reqs, plan.extend_lens):
+        if r.req_pool_index < 0:
+            r.req_pool_index = rows.alloc()
+        r.slots.extend(slots.alloc(n))
+
+
+def drive(sched, slots, rows, token=lambda r: 5, max_steps=10_000):
+    plans = []
+    while sched.has_unfinished() and len(plans) < max_steps:
+        plan = sched.schedule()
+        plans.append(plan)
+        fake_prepare(plan, slots, rows)
+        sched.commit(plan, [token(r) for r in plan.reqs])
+        for r in sched.running:  # every running request owns a slot per computed token
+            assert len(r.slots) == r.num_computed_tokens
+    return plans
+
+
+def test_chunked_prefill_respects_budget_then_decodes():
+    sched, slots, rows = make(budget=16)
+    r = req("a", 40, max_tokens=3)
+    sched.add(r)
+    plans = drive(sched, slots, rows)
+    assert [p.extend_lens for p in plans[:3]] == [[16], [16], [8]]
+    assert [p.sample for p in plans[:3]] == [[False], [False], [True]]
+    assert plans[0].mode is ForwardMode.EXTEND
+    assert all(p.mode is ForwardMode.DECODE for p in plans[3:])
+    assert r.output_token_ids == [5, 5, 5] and r.finish_reason == "length"
+    assert slots.num_free == slots.total and rows.num_free == rows.size
+
+
+def test_mixed_step_carries_decodes_with_a_new_prefill():
+    sched, slots, rows = make(budget=32)
+    sched.add(req("a", 4, max_tokens=10))
+    drive_one = lambda: (p := sched.schedule(), fake_prepare(p, slots, rows),
+                         sched.commit(p, [7] * p.batch_size))[0]
+    drive_one()  # prefill a
+    sched.add(req("b", 20))
+    p = drive_one()
+    assert [r.request_id for r in p.reqs] == ["a", "b"] and p.extend_lens == [1, 20]
+    assert p.mode is ForwardMode.EXTEND
+
+
+def test_finish_reasons_eos_stop_ids_ignore_eos():
+    sched, slots, rows = make()
+    a, b, c = req("a", 3, max_tokens=5), req("b", 3, max_tokens=5, stop_token_ids=[9]), \
+        req("c", 3, max_tokens=5, ignore_eos=True)
+    for r in (a, b, c):
+        sched.add(r)
+    seq = {"a": [4, 0], "b": [9], "c": [0, 0, 0, 0, 0]}
+    drive(sched, slots, rows, token=lambda r: seq[r.request_id][len(r.output_token_ids)])
+    assert (a.finish_reason, a.output_token_ids) == ("stop", [4, 0])
+    assert (b.finish_reason, b.output_token_ids) == ("stop", [9])
+    assert (c.finish_reason, len(c.output_token_ids)) == ("length", 5)
+
+
+def test_admission_limited_by_max_num_seqs_and_fifo():
+    sched, slots, rows = make(seqs=2, budget=1000)
+    rs = [req(str(i), 5, max_tokens=2) for i in range(5)]
+    for r in rs:
+        sched.add(r)
+    p = sched.schedule()
+    assert [r.request_id for r in p.reqs] == ["0", "1"]
+    fake_prepare(p, slots, rows)
+    sched.commit(p, [5, 5])
+    drive(sched, slots, rows)
+    assert all(r.status is RequestStatus.FINISHED for r in rs)
+
+
+def test_preemption_frees_newest_and_recomputes_without_loss():
+    sched, slots, rows = make(total=40, seqs=4, budget=64, max_len=40)
+    rs = [req(str(i), 8, max_tokens=12) for i in range(3)]
+    for r in rs:
+        sched.add(r)
+    plans = drive(sched, slots, rows, token=lambda r: 100 + len(r.output_token_ids))
+    assert sched.num_preemptions > 0
+    assert any(p.preempted for p in plans)
+    for r in rs:  # every request completed with its full, in-order output
+        assert r.output_token_ids == [100 + i for i in range(12)]
+    assert slots.num_free == slots.total and rows.num_free == rows.size
+
+
+def test_abort_running_and_waiting_frees_everything():
+    sched, slots, rows = make(seqs=1)
+    a, b = req("a", 10, max_tokens=50), req("b", 10)
+    sched.add(a)
+    sched.add(b)
+    p = sched.schedule()
+    fake_prepare(p, slots, rows)
+    sched.commit(p, [5])
+    assert sched.abort("a") is a and a.finish_reason == "abort"
+    assert sched.abort("b") is b
+    assert not sched.has_unfinished()
+    assert slots.num_free == slots.total and rows.num_free == rows.size
+    assert sched.abort("nope") is None
+
+
+def test_random_workload_keeps_invariants():
+    rng = random.Random(0)
+    sched, slots, rows = make(total=120, seqs=6, budget=24, max_len=120)
+    rs = []
+    for i in range(40):
+        r = req(str(i), rng.randint(1, 40), max_tokens=rng.randint(1, 30))
+        rs.append(r)
+        sched.add(r)
+    plans = drive(sched, slots, rows, token=lambda r: rng.randint(1, 50))
+    for p in plans:
+        assert p.num_tokens <= 24 and p.batch_size <= 6
+        assert len({id(r) for r in p.reqs}) == p.batch_size
+    assert all(r.is_finished and len(r.output_token_ids) == r.params.max_tokens for r in rs)
+    assert slots.num_free == slots.total and rows.num_free == rows.size
