@@ -36,7 +36,7 @@ class BatchBuilder:
             new = self.slots.alloc(n)
             req.slots.extend(new)
             out_loc.extend(new)
-            input_ids.extend(req.all_token_ids[prefix:prefix + n])
+            input_ids.extend(req.token_slice(prefix, prefix + n))
             positions.extend(range(prefix, prefix + n))
             token_rows.extend([req.req_pool_index] * n)
         pad = pbs - bs  # padded DECODE rows: dummy row 0, dummy slot 0, one token each
