@@ -1,0 +1,219 @@
+"""Decode attention (one query token per request) over the slot pool, split-K in Triton.
+
+Data flow: TritonBackend.decode -> decode_attention -> stage 1 (partial softmax per KV
+split, into a persistent fp32 workspace) -> stage 2 (merge the splits into `out`).
+
+Each request's keys 0..seq_len-1 are read through req_to_token[row, position] -> slot.
+The grid is (batch, kv_heads, num_kv_splits): it depends only on host ints, and the
+kernels never sync with the host, so the call can be captured in a CUDA graph. The
+split length is computed on the device from seq_len (rounded up to whole KV blocks);
+splits past the end of a short sequence exit at once and are skipped by stage 2.
+
+    keys of one request  [ split 0 | split 1 | split 2 | (empty) ]   num_kv_splits = 4
+    workspace[b, h, s]   [ acc_s / l_s  (head_dim floats) | lse_s (log2 domain) | pad ]
+
+One stage-1 program handles every query head of one KV group, so each K/V block is
+loaded once per group (GQA), with the heads as the M side of a tl.dot.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, ReqToToken, ReqPoolIdx, SeqLens, Work,
+    sm_scale_log2,
+    stride_qb, stride_qh,
+    stride_ks, stride_kh,
+    stride_vs, stride_vh,
+    stride_rt,
+    stride_wb, stride_wh, stride_ws,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq_len = tl.load(SeqLens + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    if start >= end:
+        return
+    row = tl.load(ReqPoolIdx + b).to(tl.int64)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_h = offs_h < GROUP
+    mask_d = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_h  # [BLOCK_H] query heads of this KV group
+
+    q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        mask_n = pos < end
+        slots = tl.load(ReqToToken + row * stride_rt + pos, mask=mask_n, other=0).to(tl.int64)
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(K + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        v = tl.load(V + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
+        s = s * sm_scale_log2
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    w_ptrs = Work + b * stride_wb + heads * stride_wh + split * stride_ws  # [BLOCK_H]
+    tl.store(w_ptrs[:, None] + offs_d[None, :], acc / l_i[:, None],
+             mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(w_ptrs + HEAD_DIM, m_i + tl.log2(l_i), mask=mask_h)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    Work, SeqLens, Out,
+    stride_wb, stride_wh, stride_ws,
+    stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+
+    seq_len = tl.load(SeqLens + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    valid = (offs_s < NUM_SPLITS) & (offs_s * split_len < seq_len)  # [BLOCK_S]
+    mask_d = offs_d < HEAD_DIM
+
+    w_ptrs = Work + b * stride_wb + head * stride_wh + offs_s * stride_ws  # [BLOCK_S]
+    lse = tl.load(w_ptrs + HEAD_DIM, mask=valid, other=float("-inf"))
+    part = tl.load(w_ptrs[:, None] + offs_d[None, :], mask=valid[:, None] & mask_d[None, :],
+                   other=0.0)  # [BLOCK_S, BLOCK_D]
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # seq_len 0: all splits empty, output zeros
+    w = tl.where(valid, tl.exp2(lse - m), 0.0)
+    denom = tl.maximum(tl.sum(w, 0), 1e-30)
+    out = tl.sum(part * w[:, None], 0) / denom  # [BLOCK_D]
+    tl.store(Out + b * stride_ob + head * stride_oh + offs_d, out.to(Out.dtype.element_ty),
+             mask=mask_d)
+
+
+def num_sms(device: torch.device | str) -> int:
+    """Streaming multiprocessors of a CUDA device (a nominal 132, an H200's, elsewhere)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def pick_num_kv_splits(batch_size: int, num_kv_heads: int, sm_count: int = 132,
+                       max_kv_splits: int = 32) -> int:
+    """KV splits for a (padded) batch size: enough stage-1 programs for ~4 waves.
+
+    Depends only on host ints, so a CUDA graph captured for one batch size keeps its grid.
+    """
+    wanted = triton.cdiv(4 * sm_count, max(batch_size * num_kv_heads, 1))
+    return max(1, min(max_kv_splits, triton.next_power_of_2(wanted)))
+
+
+def workspace_row(head_dim: int) -> int:
+    """Floats per (request, head, split) of the workspace: head_dim partial outputs, the
+    lse at index head_dim, padded to a multiple of 16 so that rows stay aligned."""
+    return (head_dim + 1 + 15) // 16 * 16
+
+
+def alloc_decode_workspace(batch_size: int, num_heads: int, head_dim: int, num_kv_splits: int,
+                           device: torch.device | str) -> torch.Tensor:
+    """Scratch for stage 1: [bs, num_heads, num_kv_splits, workspace_row(head_dim)] fp32."""
+    return torch.empty(batch_size, num_heads, num_kv_splits, workspace_row(head_dim),
+                       dtype=torch.float32, device=device)
+
+
+def _decode_blocks() -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) for stage 1."""
+    if _INTERPRET:
+        return 16, 1, 1
+    return 64, 4, 2
+
+
+def decode_attention(
+    q: torch.Tensor,  # [bs, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_slots + 1, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_slots + 1, num_kv_heads, head_dim]
+    req_to_token: torch.Tensor,  # [max_num_seqs + 1, max_model_len] int32
+    req_pool_indices: torch.Tensor,  # [bs] int: row of req_to_token per request
+    seq_lens: torch.Tensor,  # [bs] int: keys to attend (including this step's token)
+    sm_scale: float,
+    out: torch.Tensor,  # [bs, num_heads, head_dim], written in place
+    *,
+    num_kv_splits: int = 8,
+    workspace: torch.Tensor | None = None,  # [>= bs, num_heads, >= splits, >= head_dim+1]
+) -> torch.Tensor:
+    """Attention of one new query per request over its cached keys; returns `out`.
+
+    Pass a persistent `workspace` (see alloc_decode_workspace) to stay CUDA-graph safe;
+    without one a fresh buffer is allocated.
+    """
+    bs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
+    assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
+    assert out.stride(2) == 1 and req_to_token.stride(1) == 1
+    if workspace is None:
+        workspace = alloc_decode_workspace(bs, num_heads, head_dim, num_kv_splits, q.device)
+    assert workspace.dtype == torch.float32 and workspace.stride(3) == 1
+    assert workspace.shape[0] >= bs and workspace.shape[1] == num_heads
+    assert workspace.shape[2] >= num_kv_splits and workspace.shape[3] >= head_dim + 1
+    if bs == 0:
+        return out
+
+    group = num_heads // num_kv_heads
+    block_d = triton.next_power_of_2(head_dim)
+    block_h = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
+    block_n, num_warps, num_stages = _decode_blocks()
+    _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](
+        q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, workspace,
+        sm_scale * _LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1),
+        req_to_token.stride(0),
+        workspace.stride(0), workspace.stride(1), workspace.stride(2),
+        GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits,
+        BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    _decode_merge_kernel[(bs, num_heads)](
+        workspace, seq_lens, out,
+        workspace.stride(0), workspace.stride(1), workspace.stride(2),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits,
+        BLOCK_S=triton.next_power_of_2(num_kv_splits), BLOCK_D=block_d, BLOCK_N=block_n,
+        num_warps=4 if block_d >= 128 else 2, num_stages=1,
+    )
+    return out

@@ -1,0 +1,82 @@
+"""Triton attention backend: split-K decode and causal flash extend over the slot pool.
+
+Data flow: Attention layer -> AttentionBackend.forward (stores K/V at out_cache_loc) ->
+TritonBackend.decode / .extend -> kernels/decode.py, kernels/extend.py.
+
+Decode is CUDA-graph safe: its grid depends only on the padded batch size (the number
+of KV splits is a function of it), and its fp32 scratch comes from one persistent buffer
+per (num_heads, head_dim) that every layer and step reuses. Buffers are only ever added,
+never freed, so graphs captured against an older buffer stay valid.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.attention.base import AttentionBackend, KVCache
+from gearshift.attention.kernels.decode import (
+    decode_attention,
+    num_sms,
+    pick_num_kv_splits,
+    workspace_row,
+)
+from gearshift.attention.kernels.extend import extend_attention
+from gearshift.forward_batch import ForwardBatch
+
+
+class TritonBackend(AttentionBackend):
+    def __init__(self, kv: KVCache, sm_scale: float, max_kv_splits: int = 32) -> None:
+        super().__init__(kv, sm_scale)
+        self.max_kv_splits = max_kv_splits
+        self.num_kv_heads = kv.k.shape[2]
+        self.sm_count = num_sms(kv.k.device)
+        # (num_heads, head_dim) -> (max batch rows, flat fp32 scratch)
+        self._workspaces: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}
+        self._retired: list[torch.Tensor] = []  # kept alive for graphs that captured them
+
+    def num_kv_splits(self, batch_size: int) -> int:
+        return pick_num_kv_splits(batch_size, self.num_kv_heads, self.sm_count,
+                                  self.max_kv_splits)
+
+    def reserve_decode_workspace(self, max_batch_size: int, num_heads: int,
+                                 head_dim: int) -> None:
+        """Allocate decode scratch for every batch size up to max_batch_size (call this
+        before CUDA-graph capture; decode() does it lazily otherwise)."""
+        key = (num_heads, head_dim)
+        if key in self._workspaces and self._workspaces[key][0] >= max_batch_size:
+            return
+        rows = max(max_batch_size, self.kv.req_to_token.shape[0])
+        per_row_split = num_heads * workspace_row(head_dim)
+        numel = per_row_split * max(bs * self.num_kv_splits(bs) for bs in range(1, rows + 1))
+        if key in self._workspaces:
+            self._retired.append(self._workspaces[key][1])
+        buffer = torch.empty(numel, dtype=torch.float32, device=self.kv.k.device)
+        self._workspaces[key] = (rows, buffer)
+
+    def _decode_workspace(self, bs: int, num_heads: int, head_dim: int,
+                          splits: int) -> torch.Tensor:
+        self.reserve_decode_workspace(bs, num_heads, head_dim)
+        buffer = self._workspaces[(num_heads, head_dim)][1]
+        row = workspace_row(head_dim)
+        return buffer[:bs * num_heads * splits * row].view(bs, num_heads, splits, row)
+
+    def decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        # q: [padded_bs, num_heads, head_dim]
+        bs, num_heads, head_dim = q.shape
+        splits = self.num_kv_splits(bs)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        return decode_attention(
+            q, self.kv.k[layer_id], self.kv.v[layer_id], self.kv.req_to_token,
+            fb.req_pool_indices, fb.seq_lens, self.sm_scale, out,
+            num_kv_splits=splits,
+            workspace=self._decode_workspace(bs, num_heads, head_dim, splits),
+        )
+
+    def extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        # q: [num_tokens, num_heads, head_dim], requests packed back to back
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        return extend_attention(
+            q, self.kv.k[layer_id], self.kv.v[layer_id], self.kv.req_to_token,
+            fb.req_pool_indices, fb.seq_lens, fb.extend_lens, fb.extend_start_loc,
+            self.sm_scale, out, max_extend_len=fb.max_extend_len,
+        )

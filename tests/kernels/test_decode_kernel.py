@@ -1,0 +1,127 @@
+"""Split-K decode attention (Triton) against the plain-torch backend over the slot pool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gearshift.attention.base import KVCache
+from gearshift.attention.kernels.decode import (
+    alloc_decode_workspace,
+    decode_attention,
+    pick_num_kv_splits,
+)
+from gearshift.attention.torch_backend import TorchBackend
+from gearshift.attention.triton_backend import TritonBackend
+from gearshift.forward_batch import ForwardBatch, ForwardMode
+
+SEQ_LENS = [1, 7, 100, 257]
+
+
+def decode_batch(kv: KVCache, rows: torch.Tensor, seq_lens: list[int],
+                 num_padded: int = 0) -> ForwardBatch:
+    """A DECODE batch; padded rows use dummy row 0, seq_len 1 and dummy slot 0."""
+    device = rows.device
+    bs, padded = len(seq_lens), len(seq_lens) + num_padded
+    rows = torch.cat([rows, torch.zeros(num_padded, dtype=torch.int64, device=device)])
+    lens = seq_lens + [1] * num_padded
+    seq_lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
+    out_cache_loc = kv.req_to_token[rows, seq_lens_t.long() - 1].long()
+    ones = torch.ones(padded, dtype=torch.int32, device=device)
+    return ForwardBatch(
+        mode=ForwardMode.DECODE, batch_size=bs, padded_batch_size=padded, num_tokens=padded,
+        input_ids=torch.zeros(padded, dtype=torch.int64, device=device),
+        positions=seq_lens_t.long() - 1, out_cache_loc=out_cache_loc,
+        req_pool_indices=rows, seq_lens=seq_lens_t, extend_lens=ones,
+        extend_start_loc=torch.arange(padded, dtype=torch.int32, device=device),
+        prefix_lens=seq_lens_t - 1,
+        logits_indices=torch.arange(padded, dtype=torch.int64, device=device),
+        seq_lens_cpu=lens, extend_lens_cpu=[1] * padded, prefix_lens_cpu=[n - 1 for n in lens],
+        max_seq_len=max(lens), max_extend_len=1,
+    )
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 4, 64), (8, 2, 128), (8, 1, 32)])
+def test_backend_decode_matches_torch(slot_pool, device, num_heads, num_kv_heads, head_dim):
+    kv, rows = slot_pool(SEQ_LENS, num_kv_heads, head_dim, num_layers=2)
+    fb = decode_batch(kv, rows, SEQ_LENS)
+    q = torch.randn(len(SEQ_LENS), num_heads, head_dim, device=device)
+    scale = head_dim ** -0.5
+    expected = TorchBackend(kv, scale).decode(q, 1, fb)
+    actual = TritonBackend(kv, scale).decode(q, 1, fb)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 3, 32])
+def test_decode_kernel_any_split_count(slot_pool, device, num_kv_splits):
+    num_heads, num_kv_heads, head_dim = 8, 2, 64
+    kv, rows = slot_pool(SEQ_LENS, num_kv_heads, head_dim, seed=1)
+    fb = decode_batch(kv, rows, SEQ_LENS)
+    q = torch.randn(len(SEQ_LENS), num_heads, head_dim, device=device)
+    expected = TorchBackend(kv, 0.125).decode(q, 0, fb)
+    # an oversized workspace (more rows and splits than needed) is fine
+    work = alloc_decode_workspace(len(SEQ_LENS) + 3, num_heads, head_dim, 40, device)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, kv.k[0], kv.v[0], kv.req_to_token, fb.req_pool_indices, fb.seq_lens,
+                     0.125, out, num_kv_splits=num_kv_splits, workspace=work)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_decode_padded_rows_point_at_dummy_slot(slot_pool, device):
+    seq_lens = [5, 40]
+    kv, rows = slot_pool(seq_lens, 2, 64, seed=2)
+    fb = decode_batch(kv, rows, seq_lens, num_padded=3)
+    q = torch.randn(fb.padded_batch_size, 8, 64, device=device)
+    backend = TritonBackend(kv, 0.125)
+    out = backend.decode(q, 0, fb)
+    expected = TorchBackend(kv, 0.125).decode(q, 0, fb)
+    assert out.shape == q.shape
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    # a padded row attends to slot 0 only, so it returns the dummy V row
+    torch.testing.assert_close(out[-1], kv.v[0, 0].repeat_interleave(4, dim=0))
+
+
+def test_decode_forward_stores_new_kv_then_attends(slot_pool, device):
+    seq_lens = [3, 64, 33]
+    kv, rows = slot_pool(seq_lens, 1, 64, seed=3)
+    kv_ref = KVCache(kv.k.clone(), kv.v.clone(), kv.req_to_token.clone())
+    fb = decode_batch(kv, rows, seq_lens)
+    q = torch.randn(3, 4, 64, device=device)
+    k_new = torch.randn(3, 1, 64, device=device)
+    v_new = torch.randn(3, 1, 64, device=device)
+    out = TritonBackend(kv, 0.125).forward(q, k_new, v_new, 0, fb)
+    expected = TorchBackend(kv_ref, 0.125).forward(q, k_new, v_new, 0, fb)
+    torch.testing.assert_close(kv.v, kv_ref.v)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_backend_workspace_is_reused_across_layers_and_steps(slot_pool, device):
+    kv, rows = slot_pool([9, 20], 2, 32, num_layers=2, seed=4)
+    backend = TritonBackend(kv, 0.2)
+    fb = decode_batch(kv, rows, [9, 20])
+    q = torch.randn(2, 4, 32, device=device)
+    backend.decode(q, 0, fb)
+    buffer = backend._workspaces[(4, 32)][1]
+    backend.decode(q, 1, fb)
+    backend.decode(q[:1], 0, decode_batch(kv, rows[:1], [9]))
+    assert backend._workspaces[(4, 32)][1] is buffer
+
+
+def test_pick_num_kv_splits_depends_only_on_batch_shape():
+    assert pick_num_kv_splits(1, 8, sm_count=132) == 32  # long-context batch 1: many splits
+    assert pick_num_kv_splits(64, 8, sm_count=132) == 2
+    assert pick_num_kv_splits(512, 8, sm_count=132) == 1
+    assert pick_num_kv_splits(1, 8, sm_count=132, max_kv_splits=8) == 8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16/fp16 kernels need a GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_half_precision_on_gpu(slot_pool, dtype):
+    seq_lens = [1, 300, 4000, 77]
+    kv, rows = slot_pool(seq_lens, 8, 128, dtype=dtype, seed=5)
+    fb = decode_batch(kv, rows, seq_lens)
+    q = torch.randn(4, 32, 128, device="cuda", dtype=dtype)
+    expected = TorchBackend(kv, 128 ** -0.5).decode(q, 0, fb)
+    actual = TritonBackend(kv, 128 ** -0.5).decode(q, 0, fb)
+    torch.testing.assert_close(actual, expected, atol=2e-2, rtol=2e-2)

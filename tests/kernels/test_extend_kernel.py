@@ -1,0 +1,102 @@
+"""Causal extend (prefill) attention (Triton) against the plain-torch backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gearshift.attention.base import KVCache
+from gearshift.attention.kernels.extend import extend_attention
+from gearshift.attention.torch_backend import TorchBackend
+from gearshift.attention.triton_backend import TritonBackend
+from gearshift.forward_batch import ForwardBatch, ForwardMode
+
+# (prefix_len, extend_len): fresh prompts, chunked prefill, decode riding along, long prefix
+REQUESTS = [(0, 1), (0, 7), (5, 3), (99, 1), (30, 70), (200, 57), (0, 40)]
+
+
+def extend_batch(kv: KVCache, rows: torch.Tensor, requests: list[tuple[int, int]]) -> ForwardBatch:
+    device = rows.device
+    prefix = [p for p, _ in requests]
+    extend = [n for _, n in requests]
+    seq = [p + n for p, n in requests]
+    starts = [sum(extend[:i]) for i in range(len(requests))]
+    num_tokens = sum(extend)
+    row_list = rows.tolist()
+    out_cache_loc = torch.cat([kv.req_to_token[r, p:s] for r, p, s in zip(row_list, prefix, seq,
+                                                                          strict=True)]).long()
+    positions = torch.cat([torch.arange(p, s) for p, s in zip(prefix, seq, strict=True)])
+
+    def ints(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    return ForwardBatch(
+        mode=ForwardMode.EXTEND, batch_size=len(requests), padded_batch_size=len(requests),
+        num_tokens=num_tokens, input_ids=torch.zeros(num_tokens, dtype=torch.int64, device=device),
+        positions=positions.to(device), out_cache_loc=out_cache_loc, req_pool_indices=rows,
+        seq_lens=ints(seq), extend_lens=ints(extend), extend_start_loc=ints(starts),
+        prefix_lens=ints(prefix),
+        logits_indices=torch.tensor([s + n - 1 for s, n in zip(starts, extend, strict=True)],
+                                    dtype=torch.int64, device=device),
+        seq_lens_cpu=seq, extend_lens_cpu=extend, prefix_lens_cpu=prefix,
+        max_seq_len=max(seq), max_extend_len=max(extend),
+    )
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 4, 64), (8, 2, 128), (8, 1, 32)])
+def test_backend_extend_matches_torch(slot_pool, device, num_heads, num_kv_heads, head_dim):
+    kv, rows = slot_pool([p + n for p, n in REQUESTS], num_kv_heads, head_dim, num_layers=2)
+    fb = extend_batch(kv, rows, REQUESTS)
+    q = torch.randn(fb.num_tokens, num_heads, head_dim, device=device)
+    scale = head_dim ** -0.5
+    expected = TorchBackend(kv, scale).extend(q, 1, fb)
+    actual = TritonBackend(kv, scale).extend(q, 1, fb)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_extend_forward_stores_new_kv_then_attends(slot_pool, device):
+    requests = [(0, 20), (17, 5), (3, 1)]
+    kv, rows = slot_pool([p + n for p, n in requests], 2, 64, seed=1)
+    kv_ref = KVCache(kv.k.clone(), kv.v.clone(), kv.req_to_token.clone())
+    fb = extend_batch(kv, rows, requests)
+    q = torch.randn(fb.num_tokens, 4, 64, device=device)
+    k_new = torch.randn(fb.num_tokens, 2, 64, device=device)
+    v_new = torch.randn(fb.num_tokens, 2, 64, device=device)
+    out = TritonBackend(kv, 0.125).forward(q, k_new, v_new, 0, fb)
+    expected = TorchBackend(kv_ref, 0.125).forward(q, k_new, v_new, 0, fb)
+    torch.testing.assert_close(kv.k, kv_ref.k)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_extend_kernel_skips_requests_without_new_tokens(slot_pool, device):
+    requests = [(4, 6), (10, 0), (0, 3)]
+    kv, rows = slot_pool([p + n for p, n in requests], 1, 32, seed=2)
+    fb = extend_batch(kv, rows, requests)
+    q = torch.randn(fb.num_tokens, 2, 32, device=device)
+    expected = TorchBackend(kv, 0.3).extend(q, 0, fb)
+    out = torch.full_like(q, float("nan"))
+    extend_attention(q, kv.k[0], kv.v[0], kv.req_to_token, fb.req_pool_indices, fb.seq_lens,
+                     fb.extend_lens, fb.extend_start_loc, 0.3, out,
+                     max_extend_len=fb.max_extend_len)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_extend_first_token_sees_only_itself(slot_pool, device):
+    kv, rows = slot_pool([16], 1, 32, seed=3)
+    fb = extend_batch(kv, rows, [(0, 16)])
+    q = torch.randn(16, 1, 32, device=device)
+    out = TritonBackend(kv, 0.2).extend(q, 0, fb)
+    first_slot = kv.req_to_token[rows[0], 0].long()
+    torch.testing.assert_close(out[0, 0], kv.v[0, first_slot, 0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16/fp16 kernels need a GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_extend_half_precision_on_gpu(slot_pool, dtype):
+    requests = [(0, 512), (0, 512), (300, 212), (1000, 1), (7, 130)]
+    kv, rows = slot_pool([p + n for p, n in requests], 8, 128, dtype=dtype, seed=4)
+    fb = extend_batch(kv, rows, requests)
+    q = torch.randn(fb.num_tokens, 32, 128, device="cuda", dtype=dtype)
+    expected = TorchBackend(kv, 128 ** -0.5).extend(q, 0, fb)
+    actual = TritonBackend(kv, 128 ** -0.5).extend(q, 0, fb)
+    torch.testing.assert_close(actual, expected, atol=2e-2, rtol=2e-2)
