@@ -9,6 +9,6 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python -m pytest -q -x tests/kernels tests/gpu -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
-B="python -m gearshift.cli bench offline --preset llama-3.1-8b --load-format dummy --max-num-seqs 64"
+B="python -m gearshift.bench.offline --preset llama-3.1-8b --load-format dummy --max-num-seqs 64"
 $B --num-prompts 1 --input-len 1024 --output-len 128 --output-json "$OUT/decode_bs1_ctx1k.json" 2>&1 | grep -v "it/s\]" | tail -20
 $B --num-prompts 256 --input-len 512 --output-len 256 --output-json "$OUT/throughput_256x512x256.json" 2>&1 | grep -v "tok/s\]" | tail -20

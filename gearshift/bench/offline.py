@@ -130,3 +130,12 @@ def add_args(p) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--output-json", default="bench_offline.json")
+
+
+if __name__ == "__main__":  # python -m gearshift.bench.offline ... (same flags as the CLI)
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="gearshift bench offline")
+    add_args(parser)
+    sys.exit(run(parser.parse_args()))
