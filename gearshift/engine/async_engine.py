@@ -1,0 +1,320 @@
+"""The engine beside the event loop: `Engine.step()` runs in one background thread; the
+asyncio side submits requests and reads their tokens through queues.
+
+Data flow:
+
+    event loop (server)                         engine thread (owns Engine)
+    -------------------                         ---------------------------
+    add_request() --("add", ...)--> inbox --->  drain inbox: engine.add_request / abort_request
+    abort()       --("abort", id)-> inbox       engine.step() -> list[StepOutput]
+    _on_step() <--- call_soon_threadsafe ----   (+ a snapshot of running/waiting/KV counts)
+      OutputProcessor.process (detokenise, stop strings; off the engine thread)
+      -> RequestStream queue (one per request) -> handler
+      stop hit -> ("abort", id, "stop") -> inbox
+
+The Engine is not thread-safe: only the engine thread touches it. Everything else here runs
+on the event loop, so the streams and the OutputProcessor need no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("gearshift.async_engine")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped (an exception in step, or shutdown); no request can proceed."""
+
+
+@dataclass(slots=True)
+class EngineSnapshot:
+    """Counters read on the engine thread after each step; safe to read from any thread."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    memory: dict = field(default_factory=dict)  # kv_slots_total / kv_slots_free / kv_slots_cached
+    stats: dict = field(default_factory=dict)  # Engine.stats()
+    time: float = 0.0
+
+
+@dataclass(slots=True)
+class StreamFailure:
+    """Queued instead of a delta when a request fails (engine died, detokeniser error)."""
+
+    request_id: str
+    error: BaseException
+
+
+@dataclass(slots=True)
+class _Abort:
+    """The delta a stream ends with when it is aborted on the event-loop side."""
+
+    request_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+    finished: bool = True
+    finish_reason: str | None = "abort"
+    stop_hit: bool = False
+
+
+class RequestStream:
+    """The deltas of one request, in order, ending with a finished delta (or a StreamFailure).
+
+    Iterate it directly, or pass one shared queue to several `add_request` calls and read
+    the queue: every item carries its `request_id` (the n choices of one HTTP request).
+    """
+
+    def __init__(self, request_id: str, num_prompt_tokens: int, queue: asyncio.Queue) -> None:
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.queue = queue
+        self.finished = False  # set on the event loop when the final item is queued
+        self._consumed = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._consumed:
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if isinstance(item, StreamFailure):
+            self._consumed = True
+            raise item.error
+        self._consumed = bool(item.finished)
+        return item
+
+    def _put(self, item: Any, final: bool = False) -> None:
+        if not self.finished:
+            self.queue.put_nowait(item)
+            self.finished = final or isinstance(item, StreamFailure)
+
+
+class AsyncEngine:
+    """Owns one Engine and the thread that steps it; all public methods run on the event loop
+    except the snapshot properties, which any thread may read."""
+
+    def __init__(self, engine: Any, output_processor: Any | None = None) -> None:
+        if output_processor is None:
+            from gearshift.engine.output_processor import OutputProcessor
+
+            output_processor = OutputProcessor(engine.tokenizer)
+        self.engine = engine
+        self.processor = output_processor
+        self.tokenizer = engine.tokenizer
+        self.model_name: str = engine.model_name
+        self.max_model_len: int = engine.max_model_len
+        self.snapshot = EngineSnapshot()
+        self.error: BaseException | None = None
+        self._inbox: collections.deque[tuple] = collections.deque()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, RequestStream] = {}
+        self._pending_adds = 0  # adds posted but not yet taken by the engine thread
+
+    # ------------------------------------------------------------ lifecycle (event loop)
+
+    def start(self) -> None:
+        """Start the engine thread; call from the event loop that will consume the streams."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._publish_snapshot()
+        self._thread = threading.Thread(target=self._run, name="gearshift-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._fail_all(EngineDeadError("the engine is shutting down"))
+
+    @property
+    def is_alive(self) -> bool:
+        return self.error is None and self._thread is not None and self._thread.is_alive()
+
+    # ------------------------------------------------------------ requests (event loop)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued in the engine plus those not yet handed to it."""
+        return self.snapshot.num_waiting + self._pending_adds
+
+    @property
+    def num_running(self) -> int:
+        return self.snapshot.num_running
+
+    @property
+    def num_live_streams(self) -> int:
+        return len(self._streams)
+
+    async def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: Any,
+        queue: asyncio.Queue | None = None,
+    ) -> RequestStream:
+        """Queue a request; returns once the engine accepted it (raises its PromptError).
+
+        Its deltas go to `queue` (shared by several requests) or to a fresh one.
+        """
+        if not self.is_alive:
+            raise EngineDeadError(f"the engine is not running: {self.error!r}")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        assert self._loop is not None
+        stream = RequestStream(request_id, len(prompt_token_ids), queue or asyncio.Queue())
+        accepted: asyncio.Future[None] = self._loop.create_future()
+        self.processor.add(request_id, prompt_token_ids, params)
+        self._streams[request_id] = stream
+        self._pending_adds += 1
+        self._post(("add", request_id, prompt_token_ids, params, accepted))
+        try:
+            await accepted
+        except BaseException:
+            # Rejected by the engine, or the caller was cancelled while waiting: forget it.
+            # (An abort posted after the add is applied after it: the inbox is FIFO.)
+            self._forget(request_id)
+            self._post(("abort", request_id, "abort"))
+            raise
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request now (client gone); its stream ends with finish_reason 'abort'."""
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        self._forget(request_id)
+        self._post(("abort", request_id, "abort"))
+        stream._put(_Abort(request_id), final=True)
+
+    # ------------------------------------------------------------ event-loop internals
+
+    def _post(self, item: tuple) -> None:
+        self._inbox.append(item)
+        self._wake.set()
+
+    def _forget(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is not None:
+            try:
+                self.processor.final(request_id)
+            except KeyError:
+                pass
+
+    def _on_added(self, fut: asyncio.Future, exc: BaseException | None) -> None:
+        self._pending_adds -= 1
+        if fut.done():
+            return
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)
+
+    def _on_step(self, outputs: list) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:  # aborted or stopped on this side already
+                continue
+            try:
+                delta = self.processor.process(out)
+            except Exception as exc:  # a detokeniser bug must not kill the server
+                logger.exception("output processing failed for %s", out.request_id)
+                self._forget(out.request_id)
+                self._post(("abort", out.request_id, "abort"))
+                stream._put(StreamFailure(out.request_id, exc))
+                continue
+            if delta.finished:
+                if delta.stop_hit:
+                    self._post(("abort", out.request_id, "stop"))
+                self._forget(out.request_id)
+            stream._put(delta, final=delta.finished)
+
+    def _on_engine_error(self, exc: BaseException) -> None:
+        self.error = exc
+        self._fail_all(EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}"))
+
+    def _fail_all(self, err: EngineDeadError) -> None:
+        """End every stream and every pending add with `err` (engine thread is gone)."""
+        while self._inbox:
+            item = self._inbox.popleft()
+            if item[0] == "add" and not item[4].done():
+                self._pending_adds -= 1
+                item[4].set_exception(err)
+        for stream in list(self._streams.values()):
+            stream._put(StreamFailure(stream.request_id, err))
+        self._streams.clear()
+
+    # ------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()
+                self._drain_inbox()
+                if engine.has_unfinished_requests():
+                    started = time.perf_counter()
+                    outputs = engine.step()
+                    self._publish_snapshot()
+                    if outputs:
+                        self._call_loop(self._on_step, outputs)
+                    elif time.perf_counter() - started < 1e-3:
+                        # Nothing could run (e.g. every request waits for KV slots): do not
+                        # spin; a new request or an abort wakes us at once.
+                        self._wake.wait(timeout=1e-3)
+                else:
+                    self._publish_snapshot()
+                    self._wake.wait(timeout=1.0)
+        except BaseException as exc:  # noqa: BLE001 - reported to every waiting client
+            logger.exception("engine thread failed")
+            self._call_loop(self._on_engine_error, exc)
+
+    def _drain_inbox(self) -> None:
+        engine = self.engine
+        changed = False
+        while self._inbox:
+            item = self._inbox.popleft()
+            changed = True
+            if item[0] == "add":
+                _, request_id, prompt_token_ids, params, fut = item
+                exc: BaseException | None = None
+                try:
+                    engine.add_request(request_id, prompt_token_ids, params)
+                except Exception as e:  # PromptError and friends go back to the caller
+                    exc = e
+                self._call_loop(self._on_added, fut, exc)
+            else:
+                _, request_id, reason = item
+                engine.abort_request(request_id, reason)
+        if changed:
+            self._publish_snapshot()
+
+    def _publish_snapshot(self) -> None:
+        engine = self.engine
+        self.snapshot = EngineSnapshot(
+            num_running=engine.num_running(),
+            num_waiting=engine.num_waiting(),
+            memory=dict(engine.memory_stats()),
+            stats=dict(engine.stats()),
+            time=time.monotonic(),
+        )
+
+    def _call_loop(self, fn: Any, *args: Any) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # loop closed between the check and the call
+                pass

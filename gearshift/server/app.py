@@ -1,0 +1,293 @@
+"""The OpenAI-compatible HTTP server: routes, API key, body limits, overload and client
+disconnects. Thin by design: it validates, converts and talks to the AsyncEngine.
+
+Data flow: HTTP -> auth -> read_json (size, UTF-8, JSON) -> protocol model -> serving.prepare_*
+-> Generation (AsyncEngine requests) -> JSON response or SSE stream; a disconnect watcher
+aborts the engine requests as soon as the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from gearshift.engine.async_engine import AsyncEngine, EngineDeadError
+from gearshift.server.errors import APIError, error_body, from_validation_error, install_error_handlers
+from gearshift.server.metrics import CONTENT_TYPE, ServerMetrics
+from gearshift.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
+from gearshift.server.serving import Generation, prepare_chat, prepare_completion
+
+DEFAULT_MAX_WAITING = 512
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+
+
+def build_app(
+    async_engine: AsyncEngine,
+    *,
+    api_key: str | None = None,
+    max_waiting: int = DEFAULT_MAX_WAITING,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    """A FastAPI app serving `async_engine`; the app's lifespan starts and stops its thread."""
+    engine = async_engine
+    metrics = ServerMetrics()
+    key = api_key.encode() if api_key else None
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        yield
+        engine.shutdown()
+
+    app = FastAPI(title="Gearshift", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.engine = engine
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    app.add_middleware(_CountRequests, metrics=metrics)
+
+    def require_key(request: Request) -> None:
+        if key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
+            raise APIError(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
+                           code="invalid_api_key")
+
+    def admit(num_choices: int) -> None:
+        if not engine.is_alive:
+            raise APIError(503, f"the engine is not running: {engine.error!r}",
+                           code="engine_unavailable")
+        if engine.num_waiting + num_choices > max_waiting:
+            raise APIError(
+                503, f"server overloaded: {engine.num_waiting} requests waiting "
+                f"(limit {max_waiting}); retry later", code="overloaded",
+                headers={"Retry-After": "1"},
+            )
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.is_alive:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse(error_body(503, f"engine not running: {engine.error!r}"), 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(engine.snapshot, engine.num_waiting),
+                        media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models", dependencies=[Depends(require_key)])
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=engine.model_name, max_model_len=engine.max_model_len)])
+
+    @app.post("/v1/completions", dependencies=[Depends(require_key)])
+    async def completions(request: Request) -> Response:
+        req = _parse(CompletionRequest, await read_json(request, max_body_bytes))
+        admit(len(req.prompts) * req.n)
+        gen = prepare_completion(engine, metrics, req)
+        return await _run(request, gen, req.stream, req.include_usage_in_stream,
+                          _completion_chunks, _completion_response)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
+    async def chat_completions(request: Request) -> Response:
+        req = _parse(ChatCompletionRequest, await read_json(request, max_body_bytes))
+        admit(req.n)
+        gen = prepare_chat(engine, metrics, req)
+        return await _run(request, gen, req.stream, req.include_usage_in_stream,
+                          _chat_chunks, _chat_response)
+
+    return app
+
+
+# ---------------------------------------------------------------- request side
+
+
+async def read_json(request: Request, max_bytes: int) -> dict:
+    """The body as a JSON object; 413 past `max_bytes`, 400 for bad UTF-8 / JSON / shape."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes:
+        raise APIError(413, f"request body of {length} bytes exceeds the limit of {max_bytes}",
+                       code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise APIError(413, f"request body exceeds the limit of {max_bytes} bytes",
+                           code="body_too_large")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if not body.strip():
+        raise APIError(400, "request body is empty: send a JSON object", code="invalid_json")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"request body is not valid UTF-8 (bad byte at offset {e.start})",
+                       code="invalid_encoding") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise APIError(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} "
+                       f"column {e.colno}", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise APIError(400, f"request body must be a JSON object, not {type(obj).__name__}",
+                       code="invalid_json")
+    return obj
+
+
+def _parse(model: type[BaseModel], obj: dict) -> Any:
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        raise from_validation_error(e) from None
+
+
+async def _watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> None:
+    """Wait for the client to go away, then call `on_disconnect` (the body is already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            on_disconnect()
+            return
+
+
+async def _run(request: Request, gen: Generation, stream: bool, include_usage: bool,
+               chunks: Callable, response: Callable) -> Response:
+    await gen.submit()
+    watcher = asyncio.create_task(_watch_disconnect(request, gen.abort))
+    model = request.app.state.engine.model_name
+    if stream:
+        return StreamingResponse(
+            _sse(gen, watcher, chunks(gen, model, include_usage)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    try:
+        async for _ in gen.events():
+            pass
+    except EngineDeadError as e:
+        raise APIError(503, str(e), code="engine_unavailable") from None
+    finally:
+        watcher.cancel()
+        gen.abort()
+    return JSONResponse(response(gen, model).model_dump())
+
+
+async def _sse(gen: Generation, watcher: asyncio.Task, events: AsyncIterator[dict]
+               ) -> AsyncIterator[str]:
+    try:
+        async for obj in events:
+            yield f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+    except EngineDeadError as e:
+        yield f"data: {json.dumps(error_body(503, str(e), code='engine_unavailable'))}\n\n"
+    finally:
+        watcher.cancel()
+        gen.abort()
+    yield "data: [DONE]\n\n"
+
+
+# ---------------------------------------------------------------- response side
+
+
+def _usage_fields(include_usage: bool) -> dict:
+    """With stream_options.include_usage every chunk carries "usage": null, the last a total."""
+    return {"usage": None} if include_usage else {}
+
+
+async def _completion_chunks(gen: Generation, model: str, include_usage: bool
+                             ) -> AsyncIterator[dict]:
+    head = dict(id=f"cmpl-{gen.request_id}", created=gen.created, model=model)
+    async for c, text in gen.events():
+        if not text and not c.finished:
+            continue
+        choice = CompletionChoice(index=c.index, text=text, finish_reason=c.finish_reason)
+        chunk = CompletionChunk(**head, choices=[choice]).model_dump(exclude={"usage"})
+        yield {**chunk, **_usage_fields(include_usage)}
+    if include_usage:
+        yield CompletionChunk(**head, choices=[], usage=gen.usage()).model_dump()
+
+
+async def _chat_chunks(gen: Generation, model: str, include_usage: bool) -> AsyncIterator[dict]:
+    head = dict(id=f"chatcmpl-{gen.request_id}", created=gen.created, model=model)
+
+    def chunk(choice: ChatChunkChoice) -> dict:
+        body = ChatCompletionChunk(**head, choices=[choice]).model_dump(exclude={"usage"})
+        body["choices"][0]["delta"] = choice.delta.model_dump(exclude_none=True)
+        return {**body, **_usage_fields(include_usage)}
+
+    for c in gen.choices:
+        yield chunk(ChatChunkChoice(index=c.index, delta=ChatDelta(role="assistant", content="")))
+    async for c, text in gen.events():
+        if not text and not c.finished:
+            continue
+        delta = ChatDelta(content=text) if text else ChatDelta()
+        yield chunk(ChatChunkChoice(index=c.index, delta=delta, finish_reason=c.finish_reason))
+    if include_usage:
+        yield ChatCompletionChunk(**head, choices=[], usage=gen.usage()).model_dump()
+
+
+def _completion_response(gen: Generation, model: str) -> CompletionResponse:
+    return CompletionResponse(
+        id=f"cmpl-{gen.request_id}", created=gen.created, model=model, usage=gen.usage(),
+        choices=[CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason)
+                 for c in gen.choices],
+    )
+
+
+def _chat_response(gen: Generation, model: str) -> ChatCompletionResponse:
+    return ChatCompletionResponse(
+        id=f"chatcmpl-{gen.request_id}", created=gen.created, model=model, usage=gen.usage(),
+        choices=[ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
+                            finish_reason=c.finish_reason) for c in gen.choices],
+    )
+
+
+# ---------------------------------------------------------------- request counting
+
+
+class _CountRequests:
+    """Pure ASGI middleware: counts /v1 responses by endpoint and status (streams included)."""
+
+    def __init__(self, app: Any, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_status(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            path = scope["path"] if scope["path"] in _ENDPOINTS else "other"
+            self.metrics.observe_request(path, status)

@@ -1,0 +1,59 @@
+"""A uvicorn server in a background thread on a free loopback port: for tests, the soak
+script and notebooks. The app's lifespan (engine thread start/stop) runs as in `serve`.
+
+Data flow: BackgroundServer(app) -> uvicorn.Server in a thread -> base_url for clients.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from types import TracebackType
+
+import uvicorn
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class BackgroundServer:
+    """`with BackgroundServer(app) as srv: httpx.get(srv.base_url + "/health")`."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None,
+                 log_level: str = "warning") -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        config = uvicorn.Config(app, host=host, port=self.port, log_level=log_level,
+                                lifespan="on", timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("uvicorn exited during start-up (see its log)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"uvicorn did not start within {timeout} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout)
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

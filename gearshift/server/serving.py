@@ -1,0 +1,229 @@
+"""From a validated OpenAI request to engine requests and back: tokenise the prompt(s), check
+them against the context, submit one engine request per choice, then assemble a complete
+response or a stream of server-sent events.
+
+Data flow: app.py handler -> prepare_* (tokenise, check) -> Generation.submit ->
+AsyncEngine (one request per choice, one shared queue) -> Generation.events ->
+(choice index, delta) -> JSON body or SSE chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from gearshift.engine.async_engine import AsyncEngine, EngineDeadError, StreamFailure
+from gearshift.request import SamplingParams, SamplingParamsError
+from gearshift.server.errors import APIError
+from gearshift.server.metrics import ServerMetrics
+from gearshift.server.protocol import ChatCompletionRequest, CompletionRequest, Usage
+
+_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+@dataclass(slots=True)
+class Choice:
+    """What one choice (one engine request) produced so far."""
+
+    index: int
+    request_id: str
+    prompt_index: int
+    text: str = ""
+    num_tokens: int = 0
+    finish_reason: str | None = None
+    finished: bool = False
+    first_token_time: float | None = None
+
+
+@dataclass
+class Generation:
+    """The engine requests behind one HTTP request: prompts x n choices."""
+
+    engine: AsyncEngine
+    metrics: ServerMetrics
+    prompts: list[list[int]]  # token ids per prompt
+    params: list[SamplingParams]  # per choice
+    n: int
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    arrival: float = field(default_factory=time.monotonic)
+    created: int = field(default_factory=lambda: int(time.time()))
+    choices: list[Choice] = field(default_factory=list)
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    _by_id: dict[str, Choice] = field(default_factory=dict)
+
+    async def submit(self) -> None:
+        """Add every choice to the engine; on any failure abort those already added."""
+        for i in range(len(self.params)):
+            c = Choice(index=i, request_id=f"{self.request_id}-{i}", prompt_index=i // self.n)
+            self.choices.append(c)
+            self._by_id[c.request_id] = c
+        results = await asyncio.gather(
+            *(
+                self.engine.add_request(
+                    c.request_id, self.prompts[c.prompt_index], self.params[c.index], self.queue
+                )
+                for c in self.choices
+            ),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            self.abort()
+            err = errors[0]
+            if isinstance(err, EngineDeadError):
+                raise APIError(503, str(err), code="engine_unavailable")
+            if isinstance(err, ValueError):  # PromptError, SamplingParamsError
+                raise APIError(400, str(err), param="prompt", code="invalid_prompt")
+            raise err
+        self.metrics.prompt_tokens.inc(sum(len(p) for p in self.prompts))
+
+    def abort(self) -> None:
+        """Abort every unfinished choice (client gone, or a failed submit)."""
+        for c in self.choices:
+            if not c.finished:
+                self.engine.abort(c.request_id)
+
+    @property
+    def done(self) -> bool:
+        return all(c.finished for c in self.choices)
+
+    async def events(self) -> AsyncIterator[tuple[Choice, str]]:
+        """(choice, new text) as deltas arrive, until every choice finished."""
+        while not self.done:
+            item = await self.queue.get()
+            if isinstance(item, StreamFailure):
+                raise EngineDeadError(str(item.error)) from item.error
+            c = self._by_id.get(item.request_id)
+            if c is None or c.finished:
+                continue
+            now = time.monotonic()
+            if item.new_token_ids:
+                c.num_tokens += len(item.new_token_ids)
+                if c.first_token_time is None:
+                    c.first_token_time = now
+            c.text += item.new_text
+            if item.finished:
+                c.finished = True
+                c.finish_reason = item.finish_reason
+                self.metrics.observe_generation(
+                    arrival=self.arrival, first_token=c.first_token_time, end=now,
+                    num_tokens=c.num_tokens, finish_reason=c.finish_reason,
+                )
+            yield c, item.new_text
+
+    def usage(self) -> Usage:
+        prompt = sum(len(p) for p in self.prompts)
+        completion = sum(c.num_tokens for c in self.choices)
+        return Usage(
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        )
+
+
+# ---------------------------------------------------------------- preparation
+
+
+def check_model(engine: AsyncEngine, model: str | None) -> None:
+    if model is not None and model != engine.model_name:
+        raise APIError(
+            404, f"the model {model!r} does not exist; this server serves {engine.model_name!r}",
+            param="model", code="model_not_found",
+        )
+
+
+def tokenize_prompt(engine: AsyncEngine, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, list):
+        return list(prompt)
+    if engine.tokenizer is None:
+        raise APIError(400, "this model has no tokenizer: send the prompt as a list of token ids",
+                       param="prompt", code="no_tokenizer")
+    ids = engine.tokenizer.encode(prompt)
+    if not ids:
+        raise APIError(400, "prompt is empty after tokenisation", param="prompt")
+    return list(ids)
+
+
+def chat_prompt(engine: AsyncEngine, req: ChatCompletionRequest) -> list[int]:
+    tok = engine.tokenizer
+    if tok is None or not getattr(tok, "chat_template", None):
+        raise APIError(400, "this model has no chat template: use /v1/completions",
+                       param="messages", code="no_chat_template")
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:
+        text = tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=req.add_generation_prompt
+        )
+    except Exception as e:  # jinja2 errors (e.g. the template's raise_exception)
+        raise APIError(400, f"the chat template rejected the messages: {e}",
+                       param="messages") from None
+    ids = tok.encode(text, add_special_tokens=False)
+    if not ids:
+        raise APIError(400, "the chat prompt is empty", param="messages")
+    return list(ids)
+
+
+def check_context(engine: AsyncEngine, prompt_len: int, max_tokens: int | None) -> int:
+    """The max_tokens to use (None: the rest of the context); 400 when it does not fit."""
+    limit = engine.max_model_len
+    if prompt_len >= limit:
+        raise APIError(
+            400, f"the prompt has {prompt_len} tokens; this model's context is {limit} tokens",
+            param="prompt", code="context_length_exceeded",
+        )
+    if max_tokens is None:
+        return limit - prompt_len
+    if prompt_len + max_tokens > limit:
+        raise APIError(
+            400,
+            f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = "
+            f"{prompt_len + max_tokens} exceeds this model's context of {limit} tokens",
+            param="max_tokens", code="context_length_exceeded",
+        )
+    return max_tokens
+
+
+def sampling_params(
+    req: CompletionRequest | ChatCompletionRequest, max_tokens: int, choice: int
+) -> SamplingParams:
+    """Params of one choice: with a seed, choice i samples with seed + i."""
+    kwargs: dict[str, Any] = dict(
+        max_tokens=max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=-1 if req.top_k in (0, -1) else req.top_k,
+        seed=None if req.seed is None else req.seed + choice,
+        stop=list(req.stop) if req.stop else None,
+        stop_token_ids=req.stop_token_ids,
+        ignore_eos=req.ignore_eos,
+    )
+    if req.speculative is not None and "speculative" in _SAMPLING_FIELDS:
+        kwargs["speculative"] = req.speculative
+    try:
+        return SamplingParams(**kwargs)
+    except SamplingParamsError as e:
+        raise APIError(400, str(e), code="invalid_value") from None
+
+
+def prepare_completion(engine: AsyncEngine, metrics: ServerMetrics,
+                       req: CompletionRequest) -> Generation:
+    check_model(engine, req.model)
+    prompts = [tokenize_prompt(engine, p) for p in req.prompts]
+    max_tokens = [check_context(engine, len(p), req.max_tokens) for p in prompts]
+    params = [
+        sampling_params(req, max_tokens[i // req.n], i % req.n)
+        for i in range(len(prompts) * req.n)
+    ]
+    return Generation(engine, metrics, prompts, params, req.n)
+
+
+def prepare_chat(engine: AsyncEngine, metrics: ServerMetrics,
+                 req: ChatCompletionRequest) -> Generation:
+    check_model(engine, req.model)
+    prompt = chat_prompt(engine, req)
+    max_tokens = check_context(engine, len(prompt), req.max_new_tokens)
+    params = [sampling_params(req, max_tokens, i) for i in range(req.n)]
+    return Generation(engine, metrics, [prompt], params, req.n)

@@ -1,0 +1,188 @@
+"""Bad requests against a live server (fake engine): each gets its documented status and an
+OpenAI-shaped error naming the problem, and /health stays OK after every one.
+
+Data flow (tests only): httpx -> uvicorn -> app (auth, body, protocol, serving) -> error JSON.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from fake_engine import fake_server
+
+KEY = "s3cret-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+CHAT_OK = {"messages": [{"role": "user", "content": "hi"}]}
+MAX_BODY = 64 * 1024
+MAX_MODEL_LEN = 256
+
+# (name, method, path, request kwargs, status, expected error param or code)
+BAD_REQUESTS = [
+    ("no api key", "POST", "/v1/completions", {"json": {"prompt": "x"}, "headers": {}},
+     401, "invalid_api_key"),
+    ("wrong api key", "POST", "/v1/completions",
+     {"json": {"prompt": "x"}, "headers": {"Authorization": "Bearer nope"}}, 401, "invalid_api_key"),
+    ("wrong auth scheme", "GET", "/v1/models", {"headers": {"Authorization": f"Basic {KEY}"}},
+     401, "invalid_api_key"),
+    ("malformed json", "POST", "/v1/completions", {"content": b'{"prompt": '}, 400, "invalid_json"),
+    ("non-utf8 body", "POST", "/v1/completions", {"content": b'{"prompt": "\xff\xfe"}'},
+     400, "invalid_encoding"),
+    ("empty body", "POST", "/v1/completions", {"content": b""}, 400, "invalid_json"),
+    ("json array body", "POST", "/v1/completions", {"json": [1, 2]}, 400, "invalid_json"),
+    ("NaN temperature", "POST", "/v1/completions",
+     {"content": b'{"prompt": "x", "temperature": NaN}'}, 400, "temperature"),
+    ("missing prompt", "POST", "/v1/completions", {"json": {"max_tokens": 4}}, 400, "prompt"),
+    ("prompt wrong type", "POST", "/v1/completions", {"json": {"prompt": 5}}, 400, "prompt"),
+    ("token list with a string", "POST", "/v1/completions", {"json": {"prompt": [1, "a"]}},
+     400, "prompt"),
+    ("empty prompt", "POST", "/v1/completions", {"json": {"prompt": ""}}, 400, "prompt"),
+    ("empty token list", "POST", "/v1/completions", {"json": {"prompt": []}}, 400, "prompt"),
+    ("token id out of vocab", "POST", "/v1/completions", {"json": {"prompt": [5, 999999]}},
+     400, "prompt"),
+    ("max_tokens string", "POST", "/v1/completions", {"json": {"prompt": "x", "max_tokens": "9"}},
+     400, "max_tokens"),
+    ("max_tokens zero", "POST", "/v1/completions", {"json": {"prompt": "x", "max_tokens": 0}},
+     400, "max_tokens"),
+    ("max_tokens negative", "POST", "/v1/completions", {"json": {"prompt": "x", "max_tokens": -5}},
+     400, "max_tokens"),
+    ("max_tokens float", "POST", "/v1/completions", {"json": {"prompt": "x", "max_tokens": 2.5}},
+     400, "max_tokens"),
+    ("prompt + max_tokens beyond context", "POST", "/v1/completions",
+     {"json": {"prompt": "x", "max_tokens": MAX_MODEL_LEN}}, 400, "context_length_exceeded"),
+    ("prompt alone beyond context", "POST", "/v1/chat/completions",
+     {"json": {"messages": [{"role": "user", "content": "y" * 400}]}}, 400,
+     "context_length_exceeded"),
+    ("temperature negative", "POST", "/v1/completions", {"json": {"prompt": "x", "temperature": -1}},
+     400, "temperature"),
+    ("temperature too high", "POST", "/v1/completions", {"json": {"prompt": "x", "temperature": 9}},
+     400, "temperature"),
+    ("top_p zero", "POST", "/v1/completions", {"json": {"prompt": "x", "top_p": 0}}, 400, "top_p"),
+    ("top_p above one", "POST", "/v1/completions", {"json": {"prompt": "x", "top_p": 1.5}},
+     400, "top_p"),
+    ("top_k negative", "POST", "/v1/completions", {"json": {"prompt": "x", "top_k": -3}},
+     400, "top_k"),
+    ("n zero", "POST", "/v1/completions", {"json": {"prompt": "x", "n": 0}}, 400, "n"),
+    ("n too large", "POST", "/v1/completions", {"json": {"prompt": "x", "n": 1000}}, 400, "n"),
+    ("seed negative", "POST", "/v1/completions", {"json": {"prompt": "x", "seed": -1}}, 400, "seed"),
+    ("stream not a bool", "POST", "/v1/completions", {"json": {"prompt": "x", "stream": "yes"}},
+     400, "stream"),
+    ("stop empty string", "POST", "/v1/completions", {"json": {"prompt": "x", "stop": [""]}},
+     400, "stop"),
+    ("stop wrong type", "POST", "/v1/completions", {"json": {"prompt": "x", "stop": 7}}, 400, "stop"),
+    ("logprobs unsupported", "POST", "/v1/completions", {"json": {"prompt": "x", "logprobs": 2}},
+     400, "logprobs"),
+    ("penalty unsupported", "POST", "/v1/completions",
+     {"json": {"prompt": "x", "presence_penalty": 1.0}}, 400, "presence_penalty"),
+    ("unknown model", "POST", "/v1/completions", {"json": {"prompt": "x", "model": "gpt-9"}},
+     404, "model_not_found"),
+    ("unknown model (chat)", "POST", "/v1/chat/completions", {"json": {**CHAT_OK, "model": "nope"}},
+     404, "model_not_found"),
+    ("chat without messages", "POST", "/v1/chat/completions", {"json": {"max_tokens": 3}},
+     400, "messages"),
+    ("chat empty messages", "POST", "/v1/chat/completions", {"json": {"messages": []}},
+     400, "messages"),
+    ("chat unknown role", "POST", "/v1/chat/completions",
+     {"json": {"messages": [{"role": "robot", "content": "x"}]}}, 400, "messages.0.role"),
+    ("chat content wrong type", "POST", "/v1/chat/completions",
+     {"json": {"messages": [{"role": "user", "content": 42}]}}, 400, "messages.0.content"),
+    ("chat max_completion_tokens zero", "POST", "/v1/chat/completions",
+     {"json": {**CHAT_OK, "max_completion_tokens": 0}}, 400, "max_completion_tokens"),
+    ("chat tools unsupported", "POST", "/v1/chat/completions",
+     {"json": {**CHAT_OK, "tools": [{"type": "function"}]}}, 400, "tools"),
+    ("body over the size limit", "POST", "/v1/completions",
+     {"json": {"prompt": "z" * (MAX_BODY + 10)}}, 413, "body_too_large"),
+    ("unknown route", "POST", "/v1/engines", {"json": {}}, 404, None),
+    ("wrong method", "GET", "/v1/completions", {}, 405, None),
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with fake_server(api_key=KEY, max_body_bytes=MAX_BODY, max_model_len=MAX_MODEL_LEN) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize(("method", "path", "kwargs", "status", "expected"),
+                         [case[1:] for case in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_request(server, method, path, kwargs, status, expected):
+    kwargs = dict(kwargs)
+    headers = kwargs.pop("headers", AUTH)
+    with httpx.Client(base_url=server.base_url, timeout=10) as client:
+        r = client.request(method, path, headers=headers, **kwargs)
+        assert r.status_code == status, r.text
+        body = r.json()
+        assert set(body) == {"error"}
+        err = body["error"]
+        assert set(err) == {"message", "type", "param", "code"}
+        assert isinstance(err["message"], str) and err["message"]
+        assert isinstance(err["type"], str) and err["type"]
+        if expected is not None:
+            assert expected in (err["param"], err["code"]), err
+            if err["param"] is not None:  # the message names the offending field
+                assert err["param"].split(".")[0] in err["message"], err
+        if status == 401:
+            assert r.headers.get("content-type", "").startswith("application/json")
+        health = client.get("/health")
+        assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert not server.engine.live_request_ids()
+
+
+def test_table_is_large_enough():
+    assert len(BAD_REQUESTS) >= 20
+    assert {c[4] for c in BAD_REQUESTS} >= {400, 401, 404, 413}
+
+
+def test_good_request_after_bad_ones(server):
+    with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=10) as client:
+        for case in BAD_REQUESTS[:10]:
+            client.request(case[1], case[2], **{k: v for k, v in case[3].items() if k != "headers"})
+        r = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 5, "temperature": 0})
+        assert r.status_code == 200
+        assert r.json()["usage"]["completion_tokens"] == 5
+        metrics = client.get("/metrics").text
+    assert 'gearshift_requests_total{endpoint="/v1/completions",status="400"}' in metrics
+    assert 'gearshift_requests_total{endpoint="/v1/completions",status="200"}' in metrics
+
+
+def test_overload_returns_503_with_retry_after():
+    """With admission paused, the waiting queue fills; the next request gets 503."""
+    with fake_server(max_waiting=3, max_num_seqs=1) as srv:
+        srv.engine.paused.set()
+        body = {"prompt": "x", "max_tokens": 2}
+        with httpx.Client(base_url=srv.base_url, timeout=10) as client:
+            import concurrent.futures as cf
+
+            with cf.ThreadPoolExecutor(3) as pool:
+                waiting = [pool.submit(client.post, "/v1/completions", json=body)
+                           for _ in range(3)]
+                _wait_for(lambda: srv.async_engine.num_waiting == 3)
+                r = client.post("/v1/completions", json=body)
+                assert r.status_code == 503
+                assert r.headers["retry-after"] == "1"
+                assert r.json()["error"]["code"] == "overloaded"
+                r = client.post("/v1/completions", json={**body, "n": 1})
+                assert r.status_code == 503
+                assert client.get("/health").status_code == 200
+                srv.engine.paused.clear()
+                assert [f.result().status_code for f in waiting] == [200, 200, 200]
+            assert client.post("/v1/completions", json=body).status_code == 200
+
+
+def test_engine_failure_fails_requests_and_health():
+    with fake_server(step_delay=0.01) as srv, httpx.Client(base_url=srv.base_url) as client:
+        srv.engine.fail_next_step = RuntimeError("device on fire")
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
+        assert r.status_code == 503
+        assert "device on fire" in r.json()["error"]["message"]
+        assert client.get("/health").status_code == 503
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
+        assert r.status_code == 503
+
+
+def _wait_for(cond, timeout: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
