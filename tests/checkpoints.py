@@ -169,9 +169,7 @@ def load_hf_model(path: str | Path) -> torch.nn.Module:
     """The HF oracle for a tiny checkpoint: fp32, eval mode, eager attention, no EOS stop."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager"
-    )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     model.generation_config.eos_token_id = None  # the oracle decodes through EOS
     return model.eval()
 

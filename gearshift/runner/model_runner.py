@@ -27,6 +27,8 @@ class ModelRunner:
         self.config = config
         self.device = torch.device(config.device)
         if self.device.type == "cuda":
+            if self.device.index is None:
+                self.device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)
         dtype = DTYPES[config.dtype]
         t0 = time.perf_counter()
@@ -44,6 +46,8 @@ class ModelRunner:
         self.graphs: DecodeGraphRunner | None = None
         if config.use_cuda_graphs and config.attention_backend == "triton":
             t0 = time.perf_counter()
+            self.attn.reserve_decode_workspace(config.max_num_seqs, model_cfg.num_heads,
+                                               model_cfg.head_dim)
             self.graphs = DecodeGraphRunner(self._forward_logits, config.max_num_seqs, self.device)
             self.graphs.capture()
             log.info("captured %d decode graphs in %.1fs", len(self.graphs.graphs),
