@@ -44,7 +44,9 @@ def run_offline(llm, *, num_prompts: int, input_len: int, output_len: int, seed:
         t0 = time.perf_counter()
         outs = engine.step()
         dt = time.perf_counter() - t0
-        steps.append({"mode": engine.last_step.get("mode"), "batch_size": engine.last_step.get("batch_size"),
+        last = engine.last_step
+        steps.append({"mode": last.get("mode"), "batch_size": last.get("batch_size"),
+                      "device_ms": last.get("device_ms"),
                       "running_before": bs, "waiting_before": waiting,
                       "time_ms": dt * 1e3, "new_tokens": len(outs)})
         bar.update(len(outs))
@@ -62,9 +64,16 @@ def run_offline(llm, *, num_prompts: int, input_len: int, output_len: int, seed:
         "decode_step_ms_mean": statistics.fmean(decode) if decode else None,
         "decode_step_ms_p90": _pct(decode, 0.9),
         "decode_step_ms_median_no_queue": statistics.median(full_decode) if full_decode else None,
+        "decode_device_ms_median": _median([s["device_ms"] for s in steps if s["mode"] == "decode"]),
+        "extend_step_ms_median": _median([s["time_ms"] for s in steps if s["mode"] == "extend"]),
         "preemptions": engine.stats()["preemptions"],
         "step_log": steps,
     }
+
+
+def _median(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -100,7 +109,8 @@ def print_table(result: dict) -> None:
     t.add_column("value", justify="right")
     for key in ("num_prompts", "input_len", "output_len", "elapsed_s", "output_tok_per_s",
                 "total_tok_per_s", "steps", "decode_steps", "decode_step_ms_median",
-                "decode_step_ms_p90", "decode_step_ms_median_no_queue", "preemptions"):
+                "decode_step_ms_p90", "decode_step_ms_median_no_queue", "decode_device_ms_median",
+                "extend_step_ms_median", "preemptions"):
         v = result[key]
         t.add_row(key, f"{v:.2f}" if isinstance(v, float) else str(v))
     Console().print(t)

@@ -112,7 +112,8 @@ class Engine:
         s["decode_steps" if plan.mode is ForwardMode.DECODE else "extend_steps"] += 1
         s["tokens_computed"] += plan.num_tokens
         self.last_step = {"mode": plan.mode.value, "batch_size": plan.batch_size,
-                          "num_tokens": plan.num_tokens, "time_s": dt}
+                          "num_tokens": plan.num_tokens, "time_s": dt,
+                          "device_ms": self.runner.last_device_ms()}
         s["tokens_generated"] += len(outputs)
         s["step_time_s"] += dt
         log.debug("step %s bs=%d tokens=%d %.2fms", plan.mode.name, plan.batch_size,

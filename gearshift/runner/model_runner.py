@@ -43,6 +43,8 @@ class ModelRunner:
                                    model_cfg.head_dim, config.max_num_seqs, self.max_model_len,
                                    dtype, self.device)
         self.attn = create_backend(config.attention_backend, self.kv, model_cfg.head_dim ** -0.5)
+        self._events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                        if self.device.type == "cuda" else None)
         self.graphs: DecodeGraphRunner | None = None
         if config.use_cuda_graphs and config.attention_backend == "triton":
             t0 = time.perf_counter()
@@ -82,11 +84,21 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, fb: ForwardBatch, sb: SamplingBatch) -> torch.Tensor:
         """Returns sampled token ids [padded_bs] (device). No host sync."""
+        if self._events:
+            self._events[0].record()
         if self.graphs is not None and self.graphs.can_run(fb):
             logits = self.graphs.replay(fb)
         else:
             logits = self._forward_logits(fb)
-        return sample(logits[: fb.padded_batch_size], sb)
+        tokens = sample(logits[: fb.padded_batch_size], sb)
+        if self._events:
+            self._events[1].record()
+        return tokens
+
+    def last_device_ms(self) -> float | None:
+        """Device time of the latest run() (forward + sampling). Call only after the host
+        has synchronised on that step's tokens, so reading the events never waits."""
+        return self._events[0].elapsed_time(self._events[1]) if self._events else None
 
     @torch.inference_mode()
     def logits(self, fb: ForwardBatch, all_tokens: bool = False) -> torch.Tensor:
