@@ -1,0 +1,226 @@
+"""`gearshift bench serve`: load a running OpenAI-compatible server with an async streaming
+client and measure time to first token (TTFT), time per output token (TPOT), inter-token
+latency (ITL) and throughput; prints a table and writes JSON.
+
+Data flow: args -> synthetic prompts -> Poisson (or immediate) arrivals, at most
+`concurrency` in flight -> POST /v1/completions (stream, include_usage, ignore_eos) ->
+per-request timings -> percentiles -> table + JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import httpx
+from tqdm.auto import tqdm
+
+WORDS = ("time gear shift speculative decoding model token batch server quick brown fox jumps "
+         "over the lazy dog hello world").split()
+
+
+@dataclass(slots=True)
+class RequestResult:
+    ok: bool
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0  # seconds from send to the first text chunk
+    latency: float = 0.0  # seconds from send to [DONE]
+    itl: list[float] = field(default_factory=list)  # gaps between text chunks
+    error: str = ""
+
+
+def add_serve_bench_args(p) -> None:
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root URL")
+    p.add_argument("--model", default=None, help="model name (default: the server's first)")
+    p.add_argument("--api-key", default=None, help="default: $GEARSHIFT_API_KEY")
+    p.add_argument("--concurrency", type=int, default=16, help="most requests in flight")
+    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="Poisson arrivals per second (default: all at once)")
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens")
+    p.add_argument("--output-len", type=int, default=128, help="generated tokens (ignore_eos)")
+    p.add_argument("--prompt-kind", choices=["ids", "text"], default="ids",
+                   help="ids: exact lengths from token ids in [10, 256); text: random words")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=1, help="untimed requests first")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--output-json", default="bench_serve.json")
+
+
+def run_serve_bench(args) -> int:
+    if args.concurrency < 1 or args.num_prompts < 1 or args.input_len < 1 or args.output_len < 1:
+        raise ValueError("--concurrency, --num-prompts, --input-len and --output-len must be >= 1")
+    if args.request_rate <= 0:
+        raise ValueError("--request-rate must be > 0")
+    result = asyncio.run(bench(args))
+    print_table(result)
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.output_json}")
+    return 0 if result["failed"] == 0 else 1
+
+
+def make_prompts(n: int, input_len: int, kind: str, seed: int) -> list[str | list[int]]:
+    rng = random.Random(seed)
+    if kind == "ids":
+        return [[rng.randrange(10, 256) for _ in range(input_len)] for _ in range(n)]
+    return [" ".join(rng.choice(WORDS) for _ in range(input_len)) for _ in range(n)]
+
+
+async def bench(args) -> dict:
+    api_key = args.api_key or os.environ.get("GEARSHIFT_API_KEY")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=args.concurrency + 4)
+    timeout = httpx.Timeout(args.timeout, connect=30.0)
+    async with httpx.AsyncClient(base_url=args.base_url.rstrip("/"), headers=headers,
+                                 limits=limits, timeout=timeout) as client:
+        model = args.model or await _first_model(client)
+        prompts = make_prompts(args.num_prompts + args.warmup, args.input_len,
+                               args.prompt_kind, args.seed)
+
+        def body(prompt: str | list[int]) -> dict:
+            return {"model": model, "prompt": prompt, "max_tokens": args.output_len,
+                    "temperature": args.temperature, "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True}}
+
+        for prompt in prompts[: args.warmup]:
+            await one_request(client, body(prompt))
+        sem = asyncio.Semaphore(args.concurrency)
+        rng = random.Random(args.seed + 1)
+        bar = tqdm(total=args.num_prompts, desc="bench serve", unit="req")
+
+        async def limited(prompt: str | list[int]) -> RequestResult:
+            async with sem:
+                r = await one_request(client, body(prompt))
+            bar.update(1)
+            return r
+
+        start = time.perf_counter()
+        tasks = []
+        for prompt in prompts[args.warmup:]:
+            tasks.append(asyncio.create_task(limited(prompt)))
+            if args.request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(args.request_rate))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+        bar.close()
+    return summarize(results, duration, args, model)
+
+
+async def _first_model(client: httpx.AsyncClient) -> str:
+    try:
+        r = await client.get("/v1/models")
+    except httpx.HTTPError as e:
+        raise ValueError(f"cannot reach the server at {client.base_url}: {e}") from None
+    if r.status_code != 200:
+        raise ValueError(f"GET /v1/models answered {r.status_code}: {r.text[:200]}")
+    return r.json()["data"][0]["id"]
+
+
+async def one_request(client: httpx.AsyncClient, body: dict) -> RequestResult:
+    """One streamed completion, timed chunk by chunk."""
+    start = time.perf_counter()
+    chunk_times: list[float] = []
+    res = RequestResult(ok=False)
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    res.ok = True
+                    break
+                obj = json.loads(data)
+                if "error" in obj:
+                    res.error = obj["error"].get("message", "error event")
+                    return res
+                if obj.get("usage"):
+                    res.prompt_tokens = obj["usage"]["prompt_tokens"]
+                    res.output_tokens = obj["usage"]["completion_tokens"]
+                if any(ch.get("text") for ch in obj.get("choices", [])):
+                    chunk_times.append(time.perf_counter())
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+        return res
+    res.latency = time.perf_counter() - start
+    if chunk_times:
+        res.ttft = chunk_times[0] - start
+        res.itl = [b - a for a, b in zip(chunk_times, chunk_times[1:], strict=False)]
+    return res
+
+
+def _pcts(xs: list[float]) -> dict:
+    if not xs:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    xs = sorted(xs)
+
+    def pick(q: float) -> float:
+        return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] * 1e3
+
+    return {"mean": statistics.fmean(xs) * 1e3, "p50": pick(0.5), "p90": pick(0.9),
+            "p99": pick(0.99)}
+
+
+def summarize(results: list[RequestResult], duration: float, args, model: str) -> dict:
+    ok = [r for r in results if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens for r in ok)
+    tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "base_url": args.base_url, "model": model,
+        "config": {k: getattr(args, k) for k in ("concurrency", "num_prompts", "request_rate",
+                                                 "input_len", "output_len", "prompt_kind",
+                                                 "temperature", "seed")},
+        "completed": len(ok), "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:10],
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration,
+        "output_tok_per_s": out_tokens / duration,
+        "total_tok_per_s": (in_tokens + out_tokens) / duration,
+        "prompt_tokens": in_tokens, "output_tokens": out_tokens,
+        "ttft_ms": _pcts([r.ttft for r in ok]),
+        "tpot_ms": _pcts(tpot),
+        "itl_ms": _pcts([g for r in ok for g in r.itl]),
+        "e2e_ms": _pcts([r.latency for r in ok]),
+    }
+
+
+def print_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cfg = result["config"]
+    t = Table(title=f"gearshift bench serve: {result['model']} @ {result['base_url']} "
+                    f"(concurrency {cfg['concurrency']}, rate {cfg['request_rate']}/s, "
+                    f"in {cfg['input_len']} / out {cfg['output_len']})")
+    for col in ("metric", "mean", "p50", "p90", "p99"):
+        t.add_column(col, justify="right" if col != "metric" else "left")
+    for key, label in (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"),
+                       ("itl_ms", "ITL (ms)"), ("e2e_ms", "E2E latency (ms)")):
+        row = result[key]
+        t.add_row(label, *("-" if row[q] is None else f"{row[q]:.2f}"
+                           for q in ("mean", "p50", "p90", "p99")))
+    console = Console()
+    console.print(t)
+    console.print(
+        f"completed {result['completed']}  failed {result['failed']}  "
+        f"duration {result['duration_s']:.2f} s  requests/s {result['request_throughput']:.2f}  "
+        f"output tok/s {result['output_tok_per_s']:.1f}  total tok/s "
+        f"{result['total_tok_per_s']:.1f}"
+    )
+    for err in result["errors"]:
+        console.print(f"[red]error[/red]: {err}")
