@@ -32,10 +32,10 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch,
                 attn: AttentionBackend) -> torch.Tensor:
         # input_ids, positions: [T] -> residual stream before the final norm: [T, hidden]
-        h = self.embed_tokens(input_ids)
+        h, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            h = layer(positions, h, fb, attn)
-        return h
+            h, residual = layer(positions, h, residual, fb, attn)
+        return h + residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [B, hidden] (rows selected by logits_indices) -> logits: [B, vocab] float32

@@ -1,0 +1,50 @@
+"""Elementwise ops of the decoder layers, dispatched by device: fused Triton kernels on
+CUDA (models/kernels/), plain torch elsewhere (the references the kernels are tested
+against). One place decides, so layers.py reads as the math.
+
+Data flow: models/layers.py -> ops.* -> kernels (CUDA) | torch references (CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.models.kernels.activation import silu_and_mul_ref
+from gearshift.models.kernels.norm import fused_add_rms_norm_ref, rms_norm_ref
+from gearshift.models.kernels.rope import apply_rope_ref
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.is_cuda:
+        from gearshift.models.kernels.norm import rms_norm as kernel
+
+        return kernel(x, weight, eps)
+    return rms_norm_ref(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual); on CUDA `residual` is updated in place."""
+    if x.is_cuda:
+        from gearshift.models.kernels.norm import fused_add_rms_norm as kernel
+
+        return kernel(x, residual, weight, eps)
+    return fused_add_rms_norm_ref(x, residual, weight, eps)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox RoPE; on CUDA q and k (views into the fused qkv output) are rotated in place."""
+    if q.is_cuda:
+        from gearshift.models.kernels.rope import apply_rope as kernel
+
+        return kernel(q, k, positions, cos, sin)
+    return apply_rope_ref(q, k, positions, cos, sin)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if gate_up.is_cuda:
+        from gearshift.models.kernels.activation import silu_and_mul as kernel
+
+        return kernel(gate_up)
+    return silu_and_mul_ref(gate_up)
