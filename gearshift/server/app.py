@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from gearshift.engine.async_engine import AsyncEngine, EngineDeadError
 from gearshift.server.errors import APIError, error_body, from_validation_error, install_error_handlers
@@ -132,12 +133,16 @@ async def read_json(request: Request, max_bytes: int) -> dict:
         raise APIError(413, f"request body of {length} bytes exceeds the limit of {max_bytes}",
                        code="body_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise APIError(413, f"request body exceeds the limit of {max_bytes} bytes",
-                           code="body_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise APIError(413, f"request body exceeds the limit of {max_bytes} bytes",
+                               code="body_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:  # nobody will read the answer; 499 as in nginx, for the metrics
+        raise APIError(499, "client disconnected while sending the body",
+                       code="client_disconnected") from None
     body = b"".join(chunks)
     if not body.strip():
         raise APIError(400, "request body is empty: send a JSON object", code="invalid_json")

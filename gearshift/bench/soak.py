@@ -1,0 +1,229 @@
+"""Bounded soak test of the server: thousands of requests with random parameters, random
+client disconnects and some malformed requests, on loopback only; stops by itself (request
+count or time limit) and checks that nothing answered 5xx, no KV slot leaked and the server
+is still healthy.
+
+    python -m gearshift.bench.soak --model DIR [--num-requests 3000] [--concurrency 32]
+
+Data flow: args -> Engine -> AsyncEngine -> app on 127.0.0.1 (BackgroundServer) <- random
+httpx clients; at the end GET /metrics (KV gauges) + /health -> summary table + JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+
+import httpx
+
+BAD_BODIES = [
+    b'{"prompt": ',
+    b'{"prompt": "\xff"}',
+    b"[1, 2, 3]",
+    b'{"prompt": "x", "max_tokens": 0}',
+    b'{"prompt": "x", "temperature": -1}',
+    b'{"prompt": "", "max_tokens": 3}',
+    b'{"prompt": "x", "model": "no-such-model"}',
+    b'{"prompt": [1, "a"]}',
+    b'{"prompt": "x", "max_tokens": 100000000}',
+    b'{"prompt": "x", "n": 0}',
+]
+WORDS = "once upon a time the fox said hello world to the lazy dog and ran far away".split()
+
+
+def random_body(rng: random.Random, model: str, chat: bool) -> dict:
+    body: dict = {"model": model, "max_tokens": rng.randint(1, 48)}
+    text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 24)))
+    if chat:
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text if rng.random() < 0.8 else [rng.randrange(10, 256)
+                                                          for _ in range(rng.randint(1, 40))]
+    if rng.random() < 0.5:
+        body["temperature"] = round(rng.uniform(0.0, 1.5), 2)
+    if rng.random() < 0.3:
+        body["top_p"] = round(rng.uniform(0.1, 1.0), 2)
+    if rng.random() < 0.3:
+        body["top_k"] = rng.choice([-1, 1, 5, 50])
+    if rng.random() < 0.3:
+        body["seed"] = rng.randrange(1 << 20)
+    if rng.random() < 0.2:
+        body["n"] = rng.randint(2, 3)
+    if rng.random() < 0.2:
+        body["stop"] = [rng.choice(WORDS), rng.choice("aeiou .")]
+    if rng.random() < 0.3:
+        body["ignore_eos"] = True
+    if rng.random() < 0.2:
+        body["speculative"] = rng.random() < 0.5
+    if rng.random() < 0.5:
+        body["stream"] = True
+        if rng.random() < 0.5:
+            body["stream_options"] = {"include_usage": True}
+    return body
+
+
+async def one(client: httpx.AsyncClient, rng: random.Random, model: str,
+              disconnect_prob: float, bad_prob: float) -> str:
+    """One random request; returns an outcome label ('200', '400', 'disconnect', ...)."""
+    if rng.random() < bad_prob:
+        r = await client.post("/v1/completions", content=rng.choice(BAD_BODIES))
+        return str(r.status_code)
+    chat = rng.random() < 0.4
+    body = random_body(rng, model, chat)
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    leave = rng.random() < disconnect_prob
+    if body.get("stream"):
+        leave_after = rng.randint(0, 3)  # SSE events to read before hanging up
+        async with client.stream("POST", path, json=body) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return str(r.status_code)
+            if leave and leave_after == 0:
+                return "disconnect"
+            seen = 0
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                seen += 1
+                if line == "data: [DONE]":
+                    return "200"
+                if line.startswith('data: {"error"'):
+                    return "stream-error"
+                if leave and seen >= leave_after:
+                    return "disconnect"
+        return "truncated"
+    if leave:
+        try:
+            await client.post(path, json=body, timeout=rng.uniform(0.001, 0.2))
+        except httpx.TimeoutException:
+            return "disconnect"
+        return "200"
+    r = await client.post(path, json=body)
+    return str(r.status_code)
+
+
+async def soak(base_url: str, *, num_requests: int, concurrency: int, time_limit: float,
+               seed: int = 0, disconnect_prob: float = 0.1, bad_prob: float = 0.05,
+               progress: bool = True) -> dict:
+    """Drive a running server; returns counts by outcome and the end-state checks."""
+    if not base_url.startswith(("http://127.0.0.1", "http://localhost", "http://[::1]")):
+        raise ValueError("the soak runs on loopback only (http://127.0.0.1:PORT)")
+    rng = random.Random(seed)
+    outcomes: Counter[str] = Counter()
+    deadline = time.monotonic() + time_limit
+    started = time.monotonic()
+    limits = httpx.Limits(max_connections=concurrency + 8)
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        next_index = 0
+
+        async def worker() -> None:
+            nonlocal next_index
+            wrng = random.Random(rng.random())
+            while next_index < num_requests and time.monotonic() < deadline:
+                next_index += 1
+                try:
+                    outcomes[await one(client, wrng, model, disconnect_prob, bad_prob)] += 1
+                except httpx.HTTPError as e:
+                    outcomes[f"client-error:{type(e).__name__}"] += 1
+                if progress and sum(outcomes.values()) % 250 == 0:
+                    print(f"soak: {sum(outcomes.values())} requests, {dict(outcomes)}",
+                          file=sys.stderr, flush=True)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.monotonic() - started
+        kv = await _wait_idle(client, timeout=30.0)
+        health = (await client.get("/health")).status_code
+        metrics_5xx = await _count_5xx(client)
+    server_errors = sum(v for k, v in outcomes.items() if k.startswith("5"))
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"), "model": model,
+        "requests": sum(outcomes.values()), "elapsed_s": elapsed,
+        "requests_per_s": sum(outcomes.values()) / elapsed, "outcomes": dict(outcomes),
+        "server_5xx": server_errors, "metrics_5xx": metrics_5xx, "kv": kv,
+        "health": health,
+        "passed": server_errors == 0 and metrics_5xx == 0 and health == 200
+        and kv["kv_slots_free"] + kv["kv_slots_cached"] == kv["kv_slots_total"]
+        and not any(k.startswith(("client-error", "stream-error", "truncated")) for k in outcomes),
+    }
+
+
+async def _metrics(client: httpx.AsyncClient) -> list[tuple[str, float]]:
+    text = (await client.get("/metrics")).text
+    rows = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            rows.append((name, float(value)))
+    return rows
+
+
+async def _wait_idle(client: httpx.AsyncClient, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = dict(await _metrics(client))
+        kv = {k: int(rows.get(f"gearshift_{k}", -1))
+              for k in ("kv_slots_free", "kv_slots_total", "kv_slots_cached")}
+        kv["running"] = int(rows.get("gearshift_num_requests_running", -1))
+        kv["waiting"] = int(rows.get("gearshift_num_requests_waiting", -1))
+        idle = kv["running"] == 0 and kv["waiting"] == 0
+        if (idle and kv["kv_slots_free"] + kv["kv_slots_cached"] == kv["kv_slots_total"]) or \
+                time.monotonic() > deadline:
+            return kv
+        await asyncio.sleep(0.1)
+
+
+async def _count_5xx(client: httpx.AsyncClient) -> int:
+    return int(sum(v for name, v in await _metrics(client)
+                   if name.startswith("gearshift_requests_total") and 'status="5' in name))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gearshift.bench.soak", description=__doc__)
+    p.add_argument("--model", default=None, help="model directory (default: embedded model)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--kv-cache-tokens", type=int, default=16384)
+    p.add_argument("--spec-policy", default=None, help="passed to the engine when supported")
+    p.add_argument("--num-requests", type=int, default=3000)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--time-limit", type=float, default=540.0, help="seconds (<= 600)")
+    p.add_argument("--disconnect-prob", type=float, default=0.1)
+    p.add_argument("--bad-prob", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-json", default="soak.json")
+    args = p.parse_args(argv)
+    if not 0 < args.time_limit <= 600:
+        raise SystemExit("error: --time-limit must be in (0, 600] seconds")
+
+    from gearshift.engine.async_engine import AsyncEngine
+    from gearshift.engine.engine import Engine
+    from gearshift.llm import build_engine_config
+    from gearshift.server.app import build_app
+    from gearshift.server.background import BackgroundServer
+
+    options = {"spec_policy": args.spec_policy} if args.spec_policy else {}
+    config = build_engine_config(args.model, device=args.device, max_num_seqs=args.max_num_seqs,
+                                 kv_cache_tokens=args.kv_cache_tokens, **options)
+    engine = Engine(config)
+    with BackgroundServer(build_app(AsyncEngine(engine))) as srv:
+        result = asyncio.run(soak(
+            srv.base_url, num_requests=args.num_requests, concurrency=args.concurrency,
+            time_limit=args.time_limit, seed=args.seed, disconnect_prob=args.disconnect_prob,
+            bad_prob=args.bad_prob))
+    result["config"] = vars(args)
+    result["engine_stats"] = engine.stats()
+    print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=1))
+    with open(args.output_json, "w") as f:
+        json.dump(result, f, indent=1)
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""A short soak against a fake-engine server: random parameters, disconnects and bad bodies;
+no 5xx, no live request left, KV slots all free, still healthy.
+
+Data flow (tests only): gearshift.bench.soak.soak -> httpx -> uvicorn -> FakeEngine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fake_engine import fake_server
+
+from gearshift.bench.soak import soak
+
+
+def test_short_soak_passes():
+    with fake_server(step_delay=0.001, max_num_seqs=16, max_model_len=1024) as srv:
+        result = asyncio.run(soak(srv.base_url, num_requests=300, concurrency=16,
+                                  time_limit=60, seed=1, disconnect_prob=0.2, bad_prob=0.1,
+                                  progress=False))
+        srv.wait_idle()
+    assert result["passed"], result
+    assert result["requests"] == 300
+    outcomes = result["outcomes"]
+    assert outcomes.get("200", 0) > 150
+    assert outcomes.get("disconnect", 0) > 10 and outcomes.get("400", 0) > 5
+
+
+def test_soak_refuses_non_loopback():
+    with pytest.raises(ValueError, match="loopback"):
+        asyncio.run(soak("http://10.0.0.1:8000", num_requests=1, concurrency=1, time_limit=1))
