@@ -82,6 +82,9 @@ def build_app(
         if not engine.is_alive:
             raise APIError(503, f"the engine is not running: {engine.error!r}",
                            code="engine_unavailable")
+        if num_choices > max_waiting:
+            raise APIError(400, f"this request asks for {num_choices} choices (n x prompts); "
+                           f"this server queues at most {max_waiting}", param="n")
         if engine.num_waiting + num_choices > max_waiting:
             raise APIError(
                 503, f"server overloaded: {engine.num_waiting} requests waiting "

@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     from gearshift.llm import build_engine_config
     from gearshift.server.app import build_app
 
-    if args.max_waiting < 0 or args.max_body_bytes < 1:
-        raise ConfigError("--max-waiting must be >= 0 and --max-body-bytes >= 1")
+    if args.max_waiting < 1 or args.max_body_bytes < 1:
+        raise ConfigError("--max-waiting and --max-body-bytes must be >= 1")
     api_key = args.api_key or os.environ.get("GEARSHIFT_API_KEY") or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("binding %s without an API key: anyone who can reach it can use it",

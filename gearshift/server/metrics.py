@@ -96,7 +96,18 @@ class ServerMetrics:
         self.kv_free.set(mem.get("kv_slots_free", 0))
         self.kv_total.set(mem.get("kv_slots_total", 0))
         self.kv_cached.set(mem.get("kv_slots_cached", 0))
-        for name, value in snapshot.stats.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                self.engine_stats.labels(name=str(name)).set(value)
+        for name, value in _flatten(snapshot.stats):
+            self.engine_stats.labels(name=name).set(value)
         return generate_latest(self.registry)
+
+
+def _flatten(stats: dict, prefix: str = "") -> list[tuple[str, float]]:
+    """Numeric leaves of Engine.stats(); nested dicts (e.g. steps by K) as 'key.subkey'."""
+    rows: list[tuple[str, float]] = []
+    for key, value in stats.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            rows += _flatten(value, name + ".")
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            rows.append((name, value))
+    return rows

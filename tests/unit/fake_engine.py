@@ -185,7 +185,7 @@ class FakeEngine:
         return len(self.waiting)
 
     def stats(self) -> dict:
-        return dict(self._stats)
+        return dict(self._stats, steps_by_k={self.tokens_per_step - 1: self._stats["steps"]})
 
     # ---------------------------------------------------------------- test helpers
     def live_request_ids(self) -> set[str]:

@@ -162,6 +162,8 @@ def test_overload_returns_503_with_retry_after():
                 assert r.json()["error"]["code"] == "overloaded"
                 r = client.post("/v1/completions", json={**body, "n": 1})
                 assert r.status_code == 503
+                r = client.post("/v1/completions", json={**body, "n": 4})  # can never fit
+                assert r.status_code == 400 and r.json()["error"]["param"] == "n"
                 assert client.get("/health").status_code == 200
                 srv.engine.paused.clear()
                 assert [f.result().status_code for f in waiting] == [200, 200, 200]
