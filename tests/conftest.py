@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -27,6 +28,9 @@ def _quiet_transformers() -> None:
 
 
 _quiet_transformers()
+# Tiny models gain nothing from intra-op threads, and on a shared 2-core CI box spinning
+# worker threads make every forward ~10x slower.
+torch.set_num_threads(1)
 
 
 def assert_idle_invariant(llm) -> None:
