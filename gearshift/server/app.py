@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -43,6 +44,7 @@ from gearshift.server.serving import Generation, prepare_chat, prepare_completio
 DEFAULT_MAX_WAITING = 512
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 _ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+_LONE_SURROGATE_HINT = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def build_app(
@@ -159,9 +161,17 @@ async def read_json(request: Request, max_bytes: int) -> dict:
     except json.JSONDecodeError as e:
         raise APIError(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} "
                        f"column {e.colno}", code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "request body is nested too deeply", code="invalid_json") from None
     if not isinstance(obj, dict):
         raise APIError(400, f"request body must be a JSON object, not {type(obj).__name__}",
                        code="invalid_json")
+    if _LONE_SURROGATE_HINT.search(text):  # "\ud800" escapes parse to unencodable strings
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, "request body contains an unpaired UTF-16 surrogate escape",
+                           code="invalid_encoding") from None
     return obj
 
 

@@ -18,9 +18,17 @@ MAX_STOP = 16  # most stop strings
 
 
 class _Strict(BaseModel):
-    """Strict JSON types: "10" is not an int, 1 is not a bool; unknown keys are ignored."""
+    """Strict JSON types: "10" is not an int, 1 is not a bool; unknown keys are ignored;
+    an explicit null means "the default" (as clients send for unset options)."""
 
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
 
 class StreamOptions(_Strict):

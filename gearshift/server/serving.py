@@ -141,7 +141,10 @@ def tokenize_prompt(engine: AsyncEngine, prompt: str | list[int]) -> list[int]:
     if engine.tokenizer is None:
         raise APIError(400, "this model has no tokenizer: send the prompt as a list of token ids",
                        param="prompt", code="no_tokenizer")
-    ids = engine.tokenizer.encode(prompt)
+    try:
+        ids = engine.tokenizer.encode(prompt)
+    except Exception as e:  # the tokenizer refused the text
+        raise APIError(400, f"could not tokenise the prompt: {e}", param="prompt") from None
     if not ids:
         raise APIError(400, "prompt is empty after tokenisation", param="prompt")
     return list(ids)
@@ -160,7 +163,10 @@ def chat_prompt(engine: AsyncEngine, req: ChatCompletionRequest) -> list[int]:
     except Exception as e:  # jinja2 errors (e.g. the template's raise_exception)
         raise APIError(400, f"the chat template rejected the messages: {e}",
                        param="messages") from None
-    ids = tok.encode(text, add_special_tokens=False)
+    try:
+        ids = tok.encode(text, add_special_tokens=False)
+    except Exception as e:
+        raise APIError(400, f"could not tokenise the chat prompt: {e}", param="messages") from None
     if not ids:
         raise APIError(400, "the chat prompt is empty", param="messages")
     return list(ids)

@@ -28,6 +28,10 @@ BAD_REQUESTS = [
     ("non-utf8 body", "POST", "/v1/completions", {"content": b'{"prompt": "\xff\xfe"}'},
      400, "invalid_encoding"),
     ("empty body", "POST", "/v1/completions", {"content": b""}, 400, "invalid_json"),
+    ("json nested too deeply", "POST", "/v1/completions",
+     {"content": b"[" * 20_000 + b"]" * 20_000}, 400, "invalid_json"),
+    ("unpaired surrogate escape", "POST", "/v1/completions",
+     {"content": b'{"prompt": "\\ud800 hi"}'}, 400, "invalid_encoding"),
     ("json array body", "POST", "/v1/completions", {"json": [1, 2]}, 400, "invalid_json"),
     ("NaN temperature", "POST", "/v1/completions",
      {"content": b'{"prompt": "x", "temperature": NaN}'}, 400, "temperature"),
@@ -87,6 +91,9 @@ BAD_REQUESTS = [
      {"json": {"messages": [{"role": "user", "content": 42}]}}, 400, "messages.0.content"),
     ("chat max_completion_tokens zero", "POST", "/v1/chat/completions",
      {"json": {**CHAT_OK, "max_completion_tokens": 0}}, 400, "max_completion_tokens"),
+    ("chat image content", "POST", "/v1/chat/completions",
+     {"json": {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}}, 400,
+     "messages.0.content"),
     ("chat tools unsupported", "POST", "/v1/chat/completions",
      {"json": {**CHAT_OK, "tools": [{"type": "function"}]}}, 400, "tools"),
     ("body over the size limit", "POST", "/v1/completions",
@@ -130,6 +137,14 @@ def test_bad_request(server, method, path, kwargs, status, expected):
 def test_table_is_large_enough():
     assert len(BAD_REQUESTS) >= 20
     assert {c[4] for c in BAD_REQUESTS} >= {400, 401, 404, 413}
+
+
+def test_null_means_default(server):
+    body = {"prompt": "ab", "max_tokens": None, "temperature": None, "n": None, "stop": None,
+            "seed": None, "stream": None, "model": None}
+    r = httpx.post(server.base_url + "/v1/completions", json=body, headers=AUTH)
+    assert r.status_code == 200
+    assert r.json()["usage"]["completion_tokens"] == 16  # the OpenAI default max_tokens
 
 
 def test_good_request_after_bad_ones(server):
