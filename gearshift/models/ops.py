@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.models.kernels.activation import silu_and_mul_ref
-from gearshift.models.kernels.norm import fused_add_rms_norm_ref, rms_norm_ref
-from gearshift.models.kernels.rope import apply_rope_ref
+from gearshift.models.reference_ops import (
+    apply_rope_ref,
+    fused_add_rms_norm_ref,
+    rms_norm_ref,
+    silu_and_mul_ref,
+)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -8,6 +8,8 @@ device req_to_token table.
 
 from __future__ import annotations
 
+from array import array
+
 import torch
 
 from gearshift.attention.base import KVCache
@@ -68,10 +70,11 @@ class BatchBuilder:
         seeds += [0] * pad
         steps += [0] * pad
 
-        ints = torch.tensor(
-            input_ids + positions + out_loc + token_rows + rows + seq + extend + start + prefix
-            + logits_idx + top_k + seeds + steps, dtype=torch.int64)
-        floats = torch.tensor(temps + top_p, dtype=torch.float32)
+        # array.array converts a list in one C loop; torch.tensor(list) is ~10x slower
+        ints = torch.frombuffer(array(
+            "q", input_ids + positions + out_loc + token_rows + rows + seq + extend + start
+            + prefix + logits_idx + top_k + seeds + steps), dtype=torch.int64)
+        floats = torch.frombuffer(array("f", temps + top_p), dtype=torch.float32)
         if self.pin:
             ints, floats = ints.pin_memory(), floats.pin_memory()
         ints = ints.to(self.device, non_blocking=True)

@@ -18,14 +18,12 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from gearshift.models.reference_ops import silu_and_mul_ref  # noqa: F401 (re-exported)
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _BLOCK = 1024
 
 
-def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
-    """Plain torch: exactly layers.MLP's activation."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return torch.nn.functional.silu(gate) * up
 
 
 @triton.jit

@@ -22,23 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
+from gearshift.models.reference_ops import fused_add_rms_norm_ref, rms_norm_ref  # noqa: F401 (re-exported)
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _MAX_COLS = 32768  # one row must fit in one program's registers
 
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Plain torch: exactly layers.RMSNorm.forward."""
-    dtype = x.dtype
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(dtype)
 
 
-def fused_add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain torch, out of place: (rms_norm(x + residual), x + residual)."""
-    new_residual = x + residual
-    return rms_norm_ref(new_residual, weight, eps), new_residual
 
 
 @triton.jit

@@ -20,25 +20,11 @@ import torch
 import triton
 import triton.language as tl
 
+from gearshift.models.reference_ops import apply_rope_ref  # noqa: F401 (re-exported)
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def apply_rope_ref(
-    q: torch.Tensor,  # [T, Hq, D]
-    k: torch.Tensor,  # [T, Hkv, D]
-    positions: torch.Tensor,  # [T] int
-    cos: torch.Tensor,  # [max_pos, D/2] fp32
-    sin: torch.Tensor,  # [max_pos, D/2] fp32
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain torch, out of place: exactly layers.RotaryEmbedding.forward."""
-    cos_t = cos[positions][:, None, :]  # [T, 1, D/2]
-    sin_t = sin[positions][:, None, :]
-
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat((x1 * cos_t - x2 * sin_t, x2 * cos_t + x1 * sin_t), dim=-1).to(x.dtype)
-
-    return rotate(q), rotate(k)
 
 
 @triton.jit
