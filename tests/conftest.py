@@ -6,6 +6,13 @@ Data flow (tests only): tests/checkpoints.py -> session-scoped model dirs -> LLM
 
 from __future__ import annotations
 
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before anything imports triton: kernels run interpreted
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
