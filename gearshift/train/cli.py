@@ -1,0 +1,57 @@
+"""`gearshift train-tiny-lm` and `gearshift make-bench-model`.
+
+Data flow: argv -> gearshift/cli.py -> register() here -> tiny_lm.train / widen.make_bench_model.
+Heavy imports (torch, transformers) happen only when a subcommand runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_TARGET = Path(__file__).resolve().parents[1] / "default_model" / "target"
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _train_tiny_lm(args: argparse.Namespace) -> int:
+    from gearshift.train import tiny_lm
+
+    tiny_lm.train(args)
+    return 0
+
+
+def _make_bench_model(args: argparse.Namespace) -> int:
+    import torch
+
+    from gearshift.train import widen
+
+    out = widen.make_bench_model(
+        args.src, args.shape, args.out, seed=args.seed, dtype=getattr(torch, args.dtype),
+        device=args.device, shard_gb=args.shard_gb,
+    )
+    print(f"bench model written to {out}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the training subcommands to the `gearshift` parser."""
+    from gearshift.train import tiny_lm
+
+    p = sub.add_parser("train-tiny-lm", help="train the default tiny Llama target")
+    tiny_lm.build_parser(p)
+    p.set_defaults(func=_train_tiny_lm)
+
+    p = sub.add_parser(
+        "make-bench-model",
+        help="embed a small trained Llama into a bigger Llama shape (same tokens, big cost)",
+    )
+    p.add_argument("--shape", required=True,
+                   help="preset name (gearshift/presets/NAME.json) or path to a config.json")
+    p.add_argument("--out", required=True, help="output checkpoint directory")
+    p.add_argument("--src", default=str(DEFAULT_TARGET),
+                   help="small checkpoint to embed (default: the shipped target)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16")
+    p.add_argument("--device", default="cpu", help="where random weights are generated")
+    p.add_argument("--shard-gb", type=float, default=4.0, help="max safetensors shard size")
+    p.set_defaults(func=_make_bench_model)
