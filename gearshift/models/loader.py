@@ -69,6 +69,9 @@ def safetensors_files(path: Path) -> dict[str, Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = json.loads(index.read_text()).get("weight_map") or {}
+        absent = sorted({f for f in weight_map.values() if not (path / f).is_file()})
+        if absent:
+            raise ConfigError(f"shard file(s) {absent} listed in {index.name} are missing from {str(path)!r}")
         return {name: path / fname for name, fname in weight_map.items()}
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -87,6 +90,8 @@ def load_model(cfg: ModelConfig, path: Path | None, *, dtype: str, device: str,
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, max_positions)
     model = model.to(DTYPES[dtype]).to_empty(device=device)
+    if cfg.tie_word_embeddings:  # to_empty gave lm_head its own storage: share it again
+        model.lm_head.weight = model.embed_tokens.weight
     model.rotary.init_cache(device)
     if path is None:
         _fill_dummy(model, seed)

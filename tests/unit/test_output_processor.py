@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerFast
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
 from gearshift.engine.output_processor import OutputProcessor
 from gearshift.request import SamplingParams
