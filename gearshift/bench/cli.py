@@ -11,10 +11,8 @@ def register(sub) -> None:
     p = bsub.add_parser("offline", help="engine throughput and step time on synthetic prompts")
     offline.add_args(p)
     p.set_defaults(func=offline.run)
-    try:
-        from gearshift.bench.serve import add_serve_bench_args, run_serve_bench
-    except ImportError:  # the server bench is optional until its module lands
-        return
+    from gearshift.bench.serve import add_serve_bench_args, run_serve_bench
+
     p = bsub.add_parser("serve", help="load a running server with an async client")
     add_serve_bench_args(p)
     p.set_defaults(func=run_serve_bench)
