@@ -1,4 +1,4 @@
-"""The device-side description of one forward pass, derived from a StepPlan.
+r"""The device-side description of one forward pass, derived from a StepPlan.
 
 Data flow: Scheduler.schedule() -> StepPlan -> BatchBuilder.prepare(plan) -> ForwardBatch
 -> ModelRunner (model forward, attention backend) -> sampled token ids.
@@ -14,6 +14,18 @@ Token layout of an EXTEND batch (requests packed back to back, no padding):
 
 A DECODE batch is the same with every extend_len == 1 (and may be padded to a captured
 CUDA-graph size: padded rows point at the reserved dummy slot 0 and dummy row 0).
+
+VERIFY and DRAFT batches carry a `TreeAttention`: every query token sees the committed
+keys of its request (req_to_token[row, :prefix_len]) plus an explicit list of extra key
+slots (its tree ancestors among this step's tokens, and itself). A chain is the tree in
+which each token's extras are all earlier tokens of the chain:
+
+    verify tokens of one request (root = pending token x, drafts a..e, topk 2):
+        x                      extra_slots (by node):  x: [x]
+       / \                                             a: [x a]      b: [x b]
+      a   b                                            c: [x a c]    d: [x a d]
+     / \   \                                           e: [x b e]
+    c   d   e
 """
 
 from __future__ import annotations
@@ -27,6 +39,19 @@ import torch
 class ForwardMode(enum.Enum):
     EXTEND = "extend"  # prefill chunks (decode requests may ride along as 1-token extends)
     DECODE = "decode"  # exactly one new token per request; CUDA-graph friendly
+    VERIFY = "verify"  # target over the pending token + draft chain/tree (tree attention)
+    DRAFT = "draft"  # one draft-model step over the current frontier of the draft tree
+    DRAFT_EXTEND = "draft_extend"  # draft over newly committed tokens (extend attention)
+
+
+@dataclass(slots=True)
+class TreeAttention:
+    """Per-token key sets for VERIFY / DRAFT (written by the speculative batch builder)."""
+
+    token_rows: torch.Tensor  # [num_tokens] int64: req_to_token row of each query token
+    prefix_lens: torch.Tensor  # [num_tokens] int32: committed keys req_to_token[row, :len]
+    extra_slots: torch.Tensor  # [num_tokens, max_extra] int64: more key slots, -1 = none
+    max_prefix_len: int  # host copy of max(prefix_lens)
 
 
 @dataclass(slots=True)
@@ -52,3 +77,4 @@ class ForwardBatch:
     prefix_lens_cpu: list[int]
     max_seq_len: int
     max_extend_len: int
+    tree: TreeAttention | None = None  # VERIFY / DRAFT only

@@ -56,6 +56,8 @@ class AttentionBackend(ABC):
                 fb: ForwardBatch) -> torch.Tensor:
         """q: [num_tokens, num_heads, head_dim]; returns the same shape."""
         self.store_kv(k, v, layer_id, fb)
+        if fb.tree is not None:
+            return self.tree(q, layer_id, fb)
         if fb.mode.name == "DECODE":
             return self.decode(q, layer_id, fb)
         return self.extend(q, layer_id, fb)
@@ -65,6 +67,22 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor: ...
+
+    def tree(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        """Each token attends to its prefix plus its extra slots (fb.tree); no causal order.
+        Plain-torch reference (any device); backends with a kernel override it."""
+        from gearshift.attention.torch_backend import _attend
+
+        t = fb.tree
+        p = t.max_prefix_len
+        prefix = self.kv.req_to_token[t.token_rows, :p].long()  # [T, P]
+        pos = torch.arange(p, device=q.device)
+        slots = torch.cat([prefix, t.extra_slots.clamp_min(0)], dim=1)  # [T, P + M]
+        valid = torch.cat([pos[None, :] < t.prefix_lens[:, None], t.extra_slots >= 0], dim=1)
+        k = self.kv.k[layer_id][slots].transpose(1, 2)  # [T, Hkv, P + M, D]
+        v = self.kv.v[layer_id][slots].transpose(1, 2)
+        out = _attend(q[:, :, None, :], k, v, valid[:, None, None, :], self.sm_scale)
+        return out[:, :, 0, :]  # [T, Hq, D]
 
 
 def create_backend(name: str, kv: KVCache, sm_scale: float) -> AttentionBackend:
