@@ -7,7 +7,7 @@ Data flow: cli / LLM(...) -> EngineConfig -> Engine (scheduler, runner, KV pool)
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 SUPPORTED_ARCHITECTURES = {
@@ -142,7 +142,15 @@ class EngineConfig:
     max_model_len: int | None = None  # None: min(max_position_embeddings, KV capacity)
     cuda_graphs: bool = True  # decode graphs per padded batch size (CUDA only)
     seed: int = 0
-    extra: dict = field(default_factory=dict)
+    # speculative decoding (None = off; see gearshift/spec/)
+    speculative_algorithm: str | None = None  # "eagle3" | "draft" | "ngram"
+    draft_model: str | None = None  # EAGLE-3 head or draft model directory
+    num_draft_tokens: int = 4  # K: draft depth (chain length)
+    draft_topk: int = 1  # 1 = chain; > 1 = tree expanding the top-k per step
+    num_verify_tokens: int | None = None  # tree budget incl. the root; None: K + 1 for chains
+    spec_policy: str = "always"
+    ngram_min: int = 1  # n-gram lookup: shortest suffix to match
+    ngram_max: int = 4  # longest suffix to match
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -161,6 +169,39 @@ class EngineConfig:
             raise ConfigError("max_num_batched_tokens must be >= 1")
         if not 0.0 < self.kv_memory_fraction < 1.0:
             raise ConfigError("kv_memory_fraction must be in (0, 1)")
+        self._validate_spec()
+
+    def _validate_spec(self) -> None:
+        algo = self.speculative_algorithm
+        if algo is None:
+            return
+        if algo not in ("eagle3", "draft", "ngram"):
+            raise ConfigError(f"speculative_algorithm must be eagle3, draft or ngram, not {algo!r}")
+        if algo == "draft" and not self.draft_model:
+            raise ConfigError("speculative_algorithm='draft' needs draft_model=DIR")
+        if not 1 <= self.num_draft_tokens <= 16:
+            raise ConfigError("num_draft_tokens must be in [1, 16]")
+        if not 1 <= self.draft_topk <= 8:
+            raise ConfigError("draft_topk must be in [1, 8]")
+        if algo == "ngram" and self.draft_topk != 1:
+            raise ConfigError("ngram proposes chains only: draft_topk must be 1")
+        if self.num_verify_tokens is not None and not (
+                2 <= self.num_verify_tokens <= 1 + self.num_draft_tokens * self.draft_topk ** 2):
+            raise ConfigError("num_verify_tokens must be in [2, 1 + num_draft_tokens * draft_topk^2]")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ConfigError("need 1 <= ngram_min <= ngram_max")
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculative_algorithm is not None
+
+    @property
+    def verify_nodes(self) -> int:
+        """Tokens one speculating request sends to verification (root included)."""
+        if self.draft_topk == 1:
+            return self.num_draft_tokens + 1
+        return self.num_verify_tokens or min(1 + self.num_draft_tokens * self.draft_topk,
+                                             1 + self.num_draft_tokens * self.draft_topk ** 2)
 
     @property
     def use_cuda_graphs(self) -> bool:

@@ -30,11 +30,18 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch,
-                attn: AttentionBackend) -> torch.Tensor:
-        # input_ids, positions: [T] -> residual stream before the final norm: [T, hidden]
+                attn: AttentionBackend, capture: tuple[int, ...] = ()):
+        """input_ids, positions: [T] -> residual stream before the final norm [T, hidden].
+        With `capture` (layer ids), also the residual stream after each of those layers,
+        concatenated: [T, len(capture) * hidden] (EAGLE-3 features)."""
         h, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        aux = []
+        for i, layer in enumerate(self.layers):
             h, residual = layer(positions, h, residual, fb, attn)
+            if i in capture:
+                aux.append(h + residual)
+        if capture:
+            return h + residual, torch.cat(aux, dim=-1)
         return h + residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ class StepPlan:
     prefix_lens: list[int] = field(default_factory=list)  # tokens already in the KV cache
     sample: list[bool] = field(default_factory=list)  # the chunk reaches the end: sample a token
     preempted: list[Request] = field(default_factory=list)  # sent back to waiting while planning
+    draft_lens: list[int] = field(default_factory=list)  # K per request (VERIFY); else empty
 
     @property
     def batch_size(self) -> int:
@@ -30,6 +31,10 @@ class StepPlan:
     @property
     def num_tokens(self) -> int:
         return sum(self.extend_lens)
+
+    @property
+    def speculating(self) -> bool:
+        return any(self.draft_lens)
 
     @property
     def is_empty(self) -> bool:

@@ -12,7 +12,9 @@ Policy per step:
   2. Waiting requests are admitted FIFO while the token budget, the KV pool (keeping one
      free slot per running request in reserve) and max_num_seqs allow; a long prompt is
      prefilled in chunks over several steps.
-The plan counts slots; BatchBuilder.prepare allocates exactly what the plan counts.
+  3. A pure decode batch asks the speculation policy (if any) for K per request, before
+     anything is allocated; if the pool cannot hold the drafts, the step plans K = 0.
+The plan counts slots; BatchBuilder.prepare / SpecWorker.prepare allocate exactly that.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from gearshift.forward_batch import ForwardMode
+from gearshift.policy.base import Policy, PolicyView
 from gearshift.request import Request, RequestStatus
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
 from gearshift.scheduler.plan import StepPlan
@@ -38,8 +41,12 @@ class StepOutput:
 
 class Scheduler:
     def __init__(self, slots: SlotPool, rows: ReqRowPool, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, max_model_len: int) -> None:
+                 max_num_batched_tokens: int, max_model_len: int, policy: Policy | None = None,
+                 max_draft_len: int = 0, spec_slots=None) -> None:
         self.slots, self.rows = slots, rows
+        self.policy = policy  # None: no speculation configured
+        self.max_draft_len = max_draft_len
+        self.spec_slots = spec_slots  # K -> KV slots a speculating request needs this step
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -106,7 +113,23 @@ class Scheduler:
             reserve += 1
         if plan.reqs and all(n == 1 and s for n, s in zip(plan.extend_lens, plan.sample)):
             plan.mode = ForwardMode.DECODE
+            if self.policy is not None:
+                self._plan_speculation(plan, free)
         return plan
+
+    def _plan_speculation(self, plan: StepPlan, free: int) -> None:
+        """Decide K per request now, before allocation: the plan is final from here on."""
+        view = PolicyView(plan.reqs, len(self.waiting), self.max_draft_len)
+        ks = [max(0, min(k, self.max_draft_len)) for k in self.policy.plan(view)]
+        room = self.max_model_len  # drafts may not run past the context limit
+        ks = [min(k, room - r.num_tokens - 1, r.params.max_tokens - len(r.output_token_ids) - 1)
+              if k else 0 for k, r in zip(ks, plan.reqs)]
+        ks = [max(k, 0) for k in ks]
+        extra = sum(self.spec_slots(k) - 1 for k in ks if k)
+        if not any(ks) or extra > free:
+            return
+        plan.draft_lens = ks
+        plan.mode = ForwardMode.VERIFY
 
     def _preempt(self, req: Request, plan: StepPlan) -> int:
         freed = len(req.slots)
@@ -135,6 +158,33 @@ class Scheduler:
                 self.running.remove(req)
                 self._finish(req, reason)
             outputs.append(StepOutput(req.request_id, [tok], reason is not None, reason))
+        return outputs
+
+    def commit_spec(self, plan: StepPlan, new_tokens: list[list[int]],
+                    kept_slots: list[list[int]], freed_slots: list[list[int]]) -> list[StepOutput]:
+        """A VERIFY step: `new_tokens[i]` = accepted drafts + bonus for plan.reqs[i];
+        `kept_slots[i]` hold the KV of the pending token and the accepted drafts (in
+        position order); `freed_slots[i]` are the rejected candidates and draft scratch."""
+        outputs: list[StepOutput] = []
+        for req, toks, kept, freed in zip(plan.reqs, new_tokens, kept_slots, freed_slots):
+            self.slots.free(freed)
+            if req.is_finished:
+                self.slots.free(kept)
+                continue
+            req.slots.extend(kept)
+            req.num_computed_tokens += len(kept)
+            emitted: list[int] = []
+            reason = None
+            for tok in toks:
+                req.output_token_ids.append(tok)
+                emitted.append(tok)
+                reason = self._finish_reason(req, tok)
+                if reason is not None:
+                    break
+            if reason is not None:
+                self.running.remove(req)
+                self._finish(req, reason)
+            outputs.append(StepOutput(req.request_id, emitted, reason is not None, reason))
         return outputs
 
     def _finish_reason(self, req: Request, tok: int) -> str | None:

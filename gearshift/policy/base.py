@@ -1,0 +1,31 @@
+"""Policy contract. A policy is pure CPU: it sees a PolicyView (the running requests of a
+decode step, the queue) and returns a draft length K per request (0 = plain decode).
+The scheduler asks it BEFORE anything is allocated; the plan then fixes K for the step.
+
+Data flow: Scheduler.schedule() -> Policy.plan(view) -> StepPlan.draft_lens.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from gearshift.request import Request
+
+
+@dataclass(slots=True)
+class PolicyView:
+    requests: list[Request]  # the decode batch, in batch order
+    num_waiting: int  # queued requests
+    max_k: int  # the configured draft depth (graphs and buffers exist up to it)
+
+
+class Policy(ABC):
+    @abstractmethod
+    def plan(self, view: PolicyView) -> list[int]:
+        """Draft length per request of view.requests, each in [0, view.max_k]."""
+
+    @staticmethod
+    def eligible(req: Request) -> bool:
+        """Requests that opted out (SamplingParams(speculative=False)) never speculate."""
+        return req.params.speculative

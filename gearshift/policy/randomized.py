@@ -1,0 +1,20 @@
+"""`random`: a seeded policy that changes every request's K every step (0 included).
+For tests: it exercises every transition between plain decode and speculation."""
+
+from __future__ import annotations
+
+import random
+
+from gearshift.policy.base import Policy, PolicyView
+
+
+class RandomPolicy(Policy):
+    def __init__(self, max_k: int, seed: int = 0) -> None:
+        self.max_k = max_k
+        self.rng = random.Random(seed)
+
+    def plan(self, view: PolicyView) -> list[int]:
+        k = min(self.max_k, view.max_k)
+        if self.rng.random() < 0.3:  # whole steps at K=0 too, so the DECODE path is exercised
+            return [0] * len(view.requests)
+        return [self.rng.randint(0, k) if self.eligible(r) else 0 for r in view.requests]

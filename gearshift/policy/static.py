@@ -1,0 +1,19 @@
+"""Built-in static policies: `off` (never speculate) and `always` (fixed K)."""
+
+from __future__ import annotations
+
+from gearshift.policy.base import Policy, PolicyView
+
+
+class OffPolicy(Policy):
+    def plan(self, view: PolicyView) -> list[int]:
+        return [0] * len(view.requests)
+
+
+class AlwaysPolicy(Policy):
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def plan(self, view: PolicyView) -> list[int]:
+        k = min(self.k, view.max_k)
+        return [k if self.eligible(r) else 0 for r in view.requests]

@@ -1,0 +1,115 @@
+"""Lossless verification of a draft tree against the target's logits (device, no sync).
+
+Greedy rows use one-hot target distributions, which turns both schemes below into
+"accept while the draft equals the target's argmax, then emit the argmax":
+  * chains whose drafts were SAMPLED from the draft distribution q (draft_probs given):
+    standard speculative rejection sampling: accept d_j with probability
+    min(1, p(d_j) / q(d_j)); at the first rejection emit a sample of norm(max(p - q, 0));
+    after K acceptances emit a sample of p.
+  * trees (and chains drafted deterministically): the draft nodes are point masses, so at
+    each node the children are tried in order: child y is accepted with probability
+    p(y) / sum(p) of the current residual p, else p(y) := 0 and the next child is tried;
+    if none is accepted, emit a sample of the residual. This is sampling from p by
+    sequential tests, hence exactly lossless (SpecInfer-style multi-draft, target-only).
+Randomness is counter-based (runner/sampler.py): (request seed ^ salt, output index).
+
+Data flow: spec/worker.py: target VERIFY logits [B, N, V] + DraftTree -> VerifyResult ->
+host (one sync) -> Scheduler.commit_spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gearshift.runner.sampler import SamplingBatch, apply_top_k_top_p, seeded_uniform
+from gearshift.spec.tree import DraftTree, children_mask
+
+SALT_ACCEPT = 0x5EED0001
+SALT_RESIDUAL = 0x5EED0002
+SALT_DRAFT = 0x5EED0003  # used by proposers that sample drafts
+
+
+@dataclass(slots=True)
+class VerifyResult:
+    num_accepted: torch.Tensor  # [B] int64: accepted draft tokens (the bonus not counted)
+    path: torch.Tensor  # [B, D+1] int64 node index per depth (root first; padded with the last)
+    tokens: torch.Tensor  # [B, D+1] int64: accepted drafts then the bonus token at [num_accepted]
+
+
+def target_probs(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    """logits: [B, N, V] -> processed target distributions p [B, N, V] (one-hot for greedy)."""
+    b, n, v = logits.shape
+    temps = sb.temperatures[:, None, None]
+    probs = torch.softmax(logits / temps.clamp_min(1e-5), dim=-1)
+    if sb.need_top_k or sb.need_top_p:
+        flat = apply_top_k_top_p(probs.view(b * n, v), sb.top_k.repeat_interleave(n),
+                                 sb.top_p.repeat_interleave(n), sb.need_top_k, sb.need_top_p)
+        probs = flat.view(b, n, v)
+        probs = probs / probs.sum(-1, keepdim=True)
+    if sb.any_greedy:
+        onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        probs = torch.where(temps == 0, onehot, probs)
+    return probs
+
+
+def _sample(p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """One draw per row of the (unnormalised) distribution p [B, V] (exponential race)."""
+    exp = -torch.log(seeded_uniform(seeds ^ SALT_RESIDUAL, steps, p.shape[-1]))
+    return (p / exp).argmax(-1)
+
+
+def verify(tree: DraftTree, valid: torch.Tensor, logits: torch.Tensor, sb: SamplingBatch,
+           max_depth: int, max_children: int) -> VerifyResult:
+    """tree nodes [B, N]; valid [B, N] bool; logits [B, N, V] float32 (target at each node)."""
+    b, n, _ = logits.shape
+    dev = logits.device
+    p_all = target_probs(logits, sb)  # [B, N, V]
+    rows = torch.arange(b, device=dev)
+    kids = children_mask(tree.parents) & valid[:, None, :]  # [B, N(parent), N(child)]
+    order = torch.where(kids, torch.arange(n, device=dev), n).sort(-1).values[..., :max_children]
+    child_idx = torch.where(order < n, order, -1)  # [B, N, C] children in node order
+
+    cur = torch.zeros(b, dtype=torch.long, device=dev)
+    alive = torch.ones(b, dtype=torch.bool, device=dev)
+    accepted = torch.zeros(b, dtype=torch.long, device=dev)
+    residual = p_all[:, 0].clone()  # [B, V] distribution to draw from at the stop node
+    path, toks = [cur], []
+    use_q = tree.draft_probs is not None
+    for d in range(max_depth):
+        step = sb.steps + d
+        p = p_all[rows, cur].clone()  # [B, V]
+        moved = torch.zeros(b, dtype=torch.bool, device=dev)
+        nxt = cur.clone()
+        u = seeded_uniform(sb.seeds ^ SALT_ACCEPT, step, max_children)  # [B, C]
+        for c in range(max_children):
+            child = child_idx[rows, cur, c]  # [B]
+            ok = (child >= 0) & alive & ~moved
+            y = tree.tokens[rows, child.clamp_min(0)]
+            py = p.gather(1, y[:, None])[:, 0]
+            if use_q:
+                qy = tree.draft_probs[rows, child.clamp_min(0)].gather(1, y[:, None])[:, 0]
+                take = ok & (u[:, c] * qy < py)
+                reject_now = ok & ~take  # residual max(p - q, 0)
+                q = tree.draft_probs[rows, child.clamp_min(0)]
+                p = torch.where(reject_now[:, None], (p - q).clamp_min(0.0), p)
+            else:
+                take = ok & (u[:, c] * p.sum(-1) < py)
+                p = torch.where((ok & ~take)[:, None], p.scatter(1, y[:, None], 0.0), p)
+            nxt = torch.where(take, child, nxt)
+            moved |= take
+        # requests that stopped here draw their token from what is left of p
+        stop_now = alive & ~moved
+        residual = torch.where(stop_now[:, None], p, residual)
+        accepted += moved.long()
+        alive &= moved
+        cur = nxt
+        path.append(cur)
+        toks.append(tree.tokens[rows, cur])
+    # survivors of all depths draw the bonus from the target at their last node
+    residual = torch.where(alive[:, None], p_all[rows, cur], residual)
+    bonus = _sample(residual, sb.seeds, sb.steps + accepted)
+    tokens = torch.stack(toks + [bonus], dim=1) if toks else bonus[:, None]  # [B, D+1]
+    tokens = tokens.scatter(1, accepted[:, None], bonus[:, None])
+    return VerifyResult(accepted, torch.stack(path, dim=1), tokens)
