@@ -1,4 +1,9 @@
-"""Causal extend (prefill) attention (Triton) against the plain-torch backend."""
+"""Causal extend (prefill) attention (Triton) against the plain-torch backend.
+
+Under the interpreter a tile is 16 rows (tokens x query heads of one KV group), so the
+requests below span many tiles, GQA groups of 3 leave padded head rows, a group of 24
+needs two head blocks, and a batch of 42 makes the tile search read extend_lens in chunks.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,13 @@ import pytest
 import torch
 
 from gearshift.attention.base import KVCache
-from gearshift.attention.kernels.extend import extend_attention
+from gearshift.attention.kernels import extend as extend_kernels
+from gearshift.attention.kernels.extend import (
+    extend_attention,
+    extend_config,
+    num_tiles_bound,
+    warmup_extend,
+)
 from gearshift.attention.torch_backend import TorchBackend
 from gearshift.attention.triton_backend import TritonBackend
 from gearshift.forward_batch import ForwardBatch, ForwardMode
@@ -43,7 +54,8 @@ def extend_batch(kv: KVCache, rows: torch.Tensor, requests: list[tuple[int, int]
     )
 
 
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 4, 64), (8, 2, 128), (8, 1, 32)])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim",
+                         [(4, 4, 64), (8, 2, 128), (8, 1, 32), (6, 2, 48)])
 def test_backend_extend_matches_torch(slot_pool, device, num_heads, num_kv_heads, head_dim):
     kv, rows = slot_pool([p + n for p, n in REQUESTS], num_kv_heads, head_dim, num_layers=2)
     fb = extend_batch(kv, rows, REQUESTS)
@@ -100,3 +112,58 @@ def test_extend_half_precision_on_gpu(slot_pool, dtype):
     expected = TorchBackend(kv, 128 ** -0.5).extend(q, 0, fb)
     actual = TritonBackend(kv, 128 ** -0.5).extend(q, 0, fb)
     torch.testing.assert_close(actual, expected, atol=2e-2, rtol=2e-2)
+
+
+def run_kernel(kv: KVCache, fb: ForwardBatch, q: torch.Tensor, scale: float) -> torch.Tensor:
+    out = torch.full_like(q, float("nan"))  # rows the kernel misses stay NaN
+    return extend_attention(q, kv.k[0], kv.v[0], kv.req_to_token, fb.req_pool_indices,
+                            fb.seq_lens, fb.extend_lens, fb.extend_start_loc, scale, out,
+                            max_extend_len=fb.max_extend_len)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(8, 2, 32), (24, 1, 16)])
+def test_decode_rows_mixed_with_prefills(slot_pool, device, num_heads, num_kv_heads, head_dim):
+    gen = torch.Generator().manual_seed(5)
+    prefixes = torch.randint(0, 40, (40,), generator=gen).tolist()
+    decode_rows = [(p, 1) for p in prefixes]
+    requests = decode_rows[:25] + [(0, 37), (21, 9)] + decode_rows[25:]
+    kv, rows = slot_pool([p + n for p, n in requests], num_kv_heads, head_dim, seed=6)
+    fb = extend_batch(kv, rows, requests)
+    q = torch.randn(fb.num_tokens, num_heads, head_dim, device=device)
+    expected = TorchBackend(kv, 0.25).extend(q, 0, fb)
+    torch.testing.assert_close(run_kernel(kv, fb, q, 0.25), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_block_config_depends_on_model_shape_only():
+    cfg = extend_config(torch.bfloat16, 32, 8, 128)
+    assert cfg is extend_config(torch.bfloat16, 32, 8, 128)  # one variant per model shape
+    assert cfg.block_t * cfg.block_g >= 16  # tl.dot needs M >= 16
+    assert cfg.block_g == 4  # the 4 query heads of a group share each K/V block
+    # the grid bound covers every tile of any batch, and is exact for pure decode
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(200):
+        bs = int(torch.randint(1, 70, (1,), generator=gen))
+        lens = torch.randint(0, 300, (bs,), generator=gen).tolist()
+        tiles = sum(-(-n // cfg.block_t) for n in lens)
+        assert num_tiles_bound(cfg, bs, sum(lens), max(lens)) >= tiles
+    assert num_tiles_bound(cfg, 64, 64, 1) == 64
+    assert num_tiles_bound(cfg, 64, 63 + 512, 512) == 63 + -(-512 // cfg.block_t)
+
+
+def compiled_variants() -> int:
+    return sum(len(caches[0]) for caches in extend_kernels._extend_kernel.device_caches.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled variants exist on a GPU only")
+def test_warmup_compiles_the_only_variant_serving_needs(slot_pool):
+    requests = [(600, 1)] * 63 + [(0, 512)]
+    kv, rows = slot_pool([p + n for p, n in requests], 8, 128, dtype=torch.bfloat16, seed=8)
+    warmup_extend(kv.k[0], kv.v[0], kv.req_to_token, 32)
+    compiled = compiled_variants()
+    for batch in (requests, requests[:1], requests[-1:], [(3, 17), (0, 1)]):
+        fb = extend_batch(kv, rows[:len(batch)], batch)
+        q = torch.randn(fb.num_tokens, 32, 128, device="cuda", dtype=torch.bfloat16)
+        expected = TorchBackend(kv, 128 ** -0.5).extend(q, 0, fb)
+        torch.testing.assert_close(run_kernel(kv, fb, q, 128 ** -0.5), expected,
+                                   atol=2e-2, rtol=2e-2)
+    assert compiled_variants() == compiled

@@ -1,4 +1,4 @@
-"""Extend (prefill chunk) attention over the slot pool: causal flash attention in Triton.
+"""Extend (prefill chunk) attention over the slot pool: GQA-grouped causal flash attention.
 
 Data flow: TritonBackend.extend -> extend_attention -> out. The backend has already
 stored this step's K/V at out_cache_loc, so every key (cached prefix and new tokens) is
@@ -6,21 +6,35 @@ read through req_to_token[row, position] -> slot.
 
 Queries are packed request after request (see forward_batch.py). Query i of request b
 sits at absolute position prefix_b + i, prefix_b = seq_len_b - extend_len_b, and sees
-keys 0..prefix_b + i of its own request:
+keys 0..prefix_b + i of its own request.
 
-    keys      0 .. prefix-1 | prefix .. seq_len-1
-    query 0   x  x  x  x  x | x
-    query 1   x  x  x  x  x | x  x
-    query 2   x  x  x  x  x | x  x  x
+One program = one tile: BLOCK_T query tokens of one request x the query heads of one KV
+group (BLOCK_G of them), stacked on the M side of tl.dot, so each K/V block is read once
+per group. Row r of the tile is token r // BLOCK_G, head r % BLOCK_G (G = 4, BLOCK_T = 2):
 
-Grid: (batch, num_heads, cdiv(max_extend_len, BLOCK_M)); blocks past a request's
-extend_len exit at once. Online softmax in the log2 domain, fp32 accumulators.
+    row    0   1   2   3 | 4   5   6   7            keys 0 .. prefix-1 | prefix ..
+    token  t0  t0  t0  t0| t1  t1  t1  t1      t0   x  x  x  x  x      | x
+    head   h0  h1  h2  h3| h0  h1  h2  h3      t1   x  x  x  x  x      | x  x
+
+Keys below the tile's first query position are seen by every row: they are read in whole
+BLOCK_N blocks with no mask; only the last one or two blocks apply the causal mask.
+
+Grid: (tiles, num_kv_heads * head_blocks). The tiles of all requests are numbered back
+to back (request 0's tiles, then request 1's, ...; each request's last, longest tile
+first); a program finds its request by a prefix sum over extend_lens, so a request with
+one new token costs one tile, not cdiv(max_extend_len, BLOCK_T) programs that exit.
+
+Compiled variants: the block config depends only on (dtype, num_heads, num_kv_heads,
+head_dim, GPU generation) and the batch size is not specialised, so a model compiles
+exactly one variant; `warmup_extend` compiles it at start-up. Online softmax in the log2
+domain, fp32 accumulators.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -31,90 +45,182 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _extend_kernel(
-    Q, K, V, Out, ReqToToken, ReqPoolIdx, SeqLens, ExtendLens, ExtendStart,
-    sm_scale_log2,
-    stride_qt, stride_qh,
-    stride_ks, stride_kh,
-    stride_vs, stride_vh,
-    stride_ot, stride_oh,
-    stride_rt,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+def _find_tile(ExtendLens, bs, tile, BLOCK_T: tl.constexpr, SCAN: tl.constexpr):
+    """(request, tiles of that request, index among them) of global tile `tile`.
+
+    The request is -1 when `tile` lies past the last tile of the batch.
+    """
+    req = tl.zeros([], dtype=tl.int32) - 1
+    req_tiles = tl.zeros([], dtype=tl.int32)
+    local = tl.zeros([], dtype=tl.int32)
+    base = tl.zeros([], dtype=tl.int32)  # tiles of the requests before this chunk
+    for c0 in range(0, bs, SCAN):
+        offs = c0 + tl.arange(0, SCAN)
+        lens = tl.load(ExtendLens + offs, mask=offs < bs, other=0).to(tl.int32)
+        n = (lens + BLOCK_T - 1) // BLOCK_T  # [SCAN] tiles per request
+        end = base + tl.cumsum(n, 0)  # [SCAN] one past each request's last tile
+        hit = (end - n <= tile) & (tile < end)  # at most one True in the whole batch
+        req = tl.maximum(req, tl.max(tl.where(hit, offs, -1), 0))
+        req_tiles += tl.sum(tl.where(hit, n, 0), 0)
+        local += tl.sum(tl.where(hit, tile - (end - n), 0), 0)
+        base += tl.sum(n, 0)
+    return req, req_tiles, local
+
+
+@triton.jit
+def _attend_keys(
+    acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, start, end, sm_scale_log2,
+    stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    head = tl.program_id(1)
-    m_start = tl.program_id(2) * BLOCK_M
+    """Online-softmax update of the tile with keys start..end-1 of one request.
 
-    extend_len = tl.load(ExtendLens + b)
-    if m_start >= extend_len:
-        return
-    seq_len = tl.load(SeqLens + b)
-    prefix = seq_len - extend_len
-    q_start = tl.load(ExtendStart + b).to(tl.int64)
-    row = tl.load(ReqPoolIdx + b).to(tl.int64)
-    kv_head = head // GROUP
-
-    offs_m = m_start + tl.arange(0, BLOCK_M)
+    CAUSAL=False: every row sees every key and end - start is a multiple of BLOCK_N.
+    """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_m = offs_m < extend_len
     mask_d = offs_d < HEAD_DIM
-    tokens = q_start + offs_m  # [BLOCK_M] rows of q / out
-    q = tl.load(Q + tokens[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                mask=mask_m[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
-    q_pos = prefix + offs_m  # [BLOCK_M] absolute positions
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    kv_end = tl.minimum(seq_len, prefix + m_start + BLOCK_M)  # last query of the block + 1
-    for n0 in range(0, kv_end, BLOCK_N):
-        pos = n0 + offs_n  # [BLOCK_N]
-        mask_n = pos < kv_end
-        slots = tl.load(ReqToToken + row * stride_rt + pos, mask=mask_n, other=0).to(tl.int64)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(K + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-        v = tl.load(V + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+    even_d: tl.constexpr = HEAD_DIM == BLOCK_D
+    slot_ptrs = ReqToToken + row * stride_rt
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n  # [BLOCK_N] key positions
+        if CAUSAL:
+            mask_n = pos < end
+            slots = tl.load(slot_ptrs + pos, mask=mask_n, other=0).to(tl.int64)
+            kv_mask = mask_n[:, None] & mask_d[None, :]
+        else:
+            slots = tl.load(slot_ptrs + pos).to(tl.int64)
+            kv_mask = mask_d[None, :]
+        k_ptrs = K + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :]
+        v_ptrs = V + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :]
+        if CAUSAL or not even_d:
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         s = s * sm_scale_log2
-        visible = (pos[None, :] <= q_pos[:, None]) & mask_n[None, :]
-        s = tl.where(visible, s, float("-inf"))
+        if CAUSAL:
+            visible = (pos[None, :] <= q_pos[:, None]) & mask_n[None, :]
+            s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    return acc, l_i, m_i
 
-    l_i = tl.where(mask_m, l_i, 1.0)  # rows past extend_len are never stored
+
+@triton.jit(do_not_specialize=["bs"])
+def _extend_kernel(
+    Q, K, V, Out, ReqToToken, ReqPoolIdx, SeqLens, ExtendLens, ExtendStart,
+    bs, sm_scale_log2,
+    stride_qt, stride_qh,
+    stride_ks, stride_kh,
+    stride_vs, stride_vh,
+    stride_ot, stride_oh,
+    stride_rt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, SCAN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    head_blocks: tl.constexpr = (GROUP + BLOCK_G - 1) // BLOCK_G
+    kv_head = tl.program_id(1) // head_blocks
+    g_start = (tl.program_id(1) % head_blocks) * BLOCK_G
+    b, req_tiles, local = _find_tile(ExtendLens, bs, tl.program_id(0), BLOCK_T, SCAN)
+    if b < 0:
+        return
+    m_start = (req_tiles - 1 - local) * BLOCK_T  # longest tile first
+    extend_len = tl.load(ExtendLens + b)
+    seq_len = tl.load(SeqLens + b)
+    prefix = seq_len - extend_len
+    q_start = tl.load(ExtendStart + b).to(tl.int64)
+    row = tl.load(ReqPoolIdx + b).to(tl.int64)
+
+    offs_r = tl.arange(0, BLOCK_T * BLOCK_G)
+    offs_t = m_start + offs_r // BLOCK_G  # [BLOCK_M] token of each row, within the request
+    offs_g = g_start + offs_r % BLOCK_G  # [BLOCK_M] head of each row, within the group
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = (offs_t < extend_len) & (offs_g < GROUP)
+    mask_d = offs_d < HEAD_DIM
+    tokens = q_start + offs_t  # [BLOCK_M] rows of q / out
+    heads = kv_head * GROUP + offs_g  # [BLOCK_M]
+    q = tl.load(Q + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_r[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    q_pos = prefix + offs_t  # [BLOCK_M] absolute positions
+
+    m_i = tl.full([BLOCK_T * BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_T * BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_T * BLOCK_G, BLOCK_D], dtype=tl.float32)
+    # keys every row sees, in whole blocks; then the rest up to the tile's last query
+    seen_by_all = (prefix + m_start) // BLOCK_N * BLOCK_N
+    kv_end = tl.minimum(seq_len, prefix + m_start + BLOCK_T)
+    acc, l_i, m_i = _attend_keys(
+        acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, 0, seen_by_all,
+        sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
+        HEAD_DIM, BLOCK_N, BLOCK_D, False, DOT_PRECISION)
+    acc, l_i, m_i = _attend_keys(
+        acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, seen_by_all, kv_end,
+        sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
+        HEAD_DIM, BLOCK_N, BLOCK_D, True, DOT_PRECISION)
+
+    # every row (even a masked one) saw key seen_by_all <= its position, so l_i > 0
     out = acc / l_i[:, None]
-    tl.store(Out + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+    tl.store(Out + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             out.to(Out.dtype.element_ty), mask=mask_r[:, None] & mask_d[None, :])
+
+
+@dataclass(frozen=True)
+class ExtendConfig:
+    block_t: int  # query tokens per tile
+    block_g: int  # query heads per tile (of one KV group); M = block_t * block_g rows
+    block_n: int  # keys per inner-loop block
+    num_warps: int
+    num_stages: int
+    scan: int  # extend_lens read per step of the tile search
 
 
 @functools.cache
-def _device_info(index: int) -> tuple[int, int]:
-    """(SM count, compute capability major) of a CUDA device."""
-    props = torch.cuda.get_device_properties(index)
-    return props.multi_processor_count, props.major
+def extend_config(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int,
+                  capability: int = 9) -> ExtendConfig:
+    """Block config from the model's shape and the GPU's major compute capability only
+    (never from the batch), so a model compiles one variant.
 
-
-def _extend_blocks(q: torch.Tensor, bs: int, max_extend_len: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this call (host ints only)."""
+    GPU, 16-bit, head_dim <= 128: M = 64 rows (G = 4: 16 tokens x 4 heads), BLOCK_N = 64.
+    On Hopper that is one warpgroup (4 warps, wgmma m64) at ~185 registers and ~81 KB of
+    shared memory (two programs an SM); 3 stages prefetch the slot ids two blocks ahead
+    and K/V one block ahead as cp.async, where 2 stages leave a blocking slot-id load in
+    every iteration, for +1 KB. Before Hopper 4 warps spill at this tile: 8 warps. M stays
+    at 64, not 128: a 1-token request fills only G of the rows, so a taller tile doubles
+    its wasted MMA and softmax work, and prefill attention is a small share of a step.
+    """
+    group = num_heads // num_kv_heads
     if _INTERPRET:
-        return 16, 16, 1, 1
-    head_dim = q.shape[2]
-    if q.dtype == torch.float32 or head_dim > 128:
-        return 32, 32, 4, 2
-    big_m_programs = bs * q.shape[1] * triton.cdiv(max_extend_len, 128)
-    sm_count, major = _device_info(q.device.index or 0)
-    if major >= 9 and big_m_programs >= 2 * sm_count:
-        return 128, 64, 8, 2
-    return 64, 64, 4, 2
+        rows, block_n, num_warps, num_stages, scan = 16, 32, 1, 1, 32
+    elif dtype == torch.float32:
+        rows, block_n, num_warps, num_stages, scan = 32, 32, 4, 2, 128
+    elif head_dim > 128:
+        rows, block_n, num_warps, num_stages, scan = 64, 32, 8, 2, 128
+    else:
+        rows, block_n, num_stages, scan = 64, 64, 3, 128
+        num_warps = 4 if capability >= 9 or head_dim <= 64 else 8
+    block_g = min(triton.next_power_of_2(group), rows)
+    return ExtendConfig(rows // block_g, block_g, block_n, num_warps, num_stages, scan)
+
+
+@functools.cache
+def _capability(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def num_tiles_bound(cfg: ExtendConfig, bs: int, num_tokens: int, max_extend_len: int) -> int:
+    """Upper bound on sum(cdiv(extend_len_b, block_t)) from host ints (the grid's x)."""
+    per_request = bs * triton.cdiv(max_extend_len, cfg.block_t)
+    packed = (num_tokens + bs * (cfg.block_t - 1)) // cfg.block_t
+    return min(per_request, packed)
 
 
 def extend_attention(
@@ -129,7 +235,7 @@ def extend_attention(
     sm_scale: float,
     out: torch.Tensor,  # [num_tokens, num_heads, head_dim], written in place
     *,
-    max_extend_len: int,  # host int: max(extend_lens), sizes the grid
+    max_extend_len: int,  # host int: max(extend_lens), bounds the grid
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its prefix and themselves."""
     num_tokens, num_heads, head_dim = q.shape
@@ -141,20 +247,44 @@ def extend_attention(
     if bs == 0 or num_tokens == 0 or max_extend_len <= 0:
         return out
 
-    block_m, block_n, num_warps, num_stages = _extend_blocks(q, bs, max_extend_len)
-    grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))
+    group = num_heads // num_kv_heads
+    capability = _capability(q.device.index or 0) if q.is_cuda else 9
+    cfg = extend_config(q.dtype, num_heads, num_kv_heads, head_dim, capability)
+    grid = (num_tiles_bound(cfg, bs, num_tokens, max_extend_len),
+            num_kv_heads * triton.cdiv(group, cfg.block_g))
     _extend_kernel[grid](
         q, k_cache, v_cache, out, req_to_token, req_pool_indices, seq_lens, extend_lens,
         extend_start_loc,
-        sm_scale * _LOG2E,
+        bs, sm_scale * _LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1),
         out.stride(0), out.stride(1),
         req_to_token.stride(0),
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(head_dim),
+        GROUP=group, HEAD_DIM=head_dim,
+        BLOCK_T=cfg.block_t, BLOCK_G=cfg.block_g, BLOCK_N=cfg.block_n,
+        BLOCK_D=triton.next_power_of_2(head_dim), SCAN=cfg.scan,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
+
+
+def warmup_extend(k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
+                  num_heads: int) -> None:
+    """Compile the model's one extend variant before serving (Triton compiles lazily).
+
+    k_cache, v_cache: one layer's [num_slots + 1, num_kv_heads, head_dim] (every layer
+    shares the variant). Runs a 1-token request on the dummy row 0 / slot 0, with the
+    index dtypes of ForwardBatch (req_pool_indices int64, the others int32). Query
+    strides are only specialised by divisibility by 16, so a packed-qkv view of q reuses
+    the variant compiled for a contiguous q whenever head_dim is a multiple of 16.
+    """
+    device = k_cache.device
+    head_dim = k_cache.shape[2]
+    q = torch.zeros(1, num_heads, head_dim, dtype=k_cache.dtype, device=device)
+    one = torch.ones(1, dtype=torch.int32, device=device)
+    extend_attention(q, k_cache, v_cache, req_to_token,
+                     torch.zeros(1, dtype=torch.int64, device=device), one, one,
+                     torch.zeros(1, dtype=torch.int32, device=device), 1.0, torch.empty_like(q),
+                     max_extend_len=1)
