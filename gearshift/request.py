@@ -74,6 +74,8 @@ class Request:
     finish_reason: str | None = None  # "length" | "stop" | "abort"
     stop_text_len: int | None = None  # set by detokenizer when a stop string matched
     arrival_index: int = 0  # FIFO order; preemption takes the newest
+    spec_proposed: int = 0  # draft tokens sent to verification (written by SpecWorker)
+    spec_accepted: int = 0  # of which the target accepted
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -105,3 +107,10 @@ class RequestOutput:
     text: str
     finish_reason: str | None  # "length" | "stop" | None while running
     finished: bool = False
+    spec: SpecCounts | None = None  # speculation counters (None when not speculating)
+
+
+@dataclass(slots=True)
+class SpecCounts:
+    proposed: int  # draft tokens verified for this request
+    accepted: int  # draft tokens the target accepted

@@ -53,6 +53,16 @@ class Engine:
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
         )
         self.builder = BatchBuilder(self.slots, self.rows, self.runner.kv, self.runner.device)
+        self.spec = None
+        if config.speculative:
+            from gearshift.policy import create_policy
+            from gearshift.spec.worker import SpecWorker
+
+            self.spec = SpecWorker(config, self.runner, self.slots, self.builder)
+            self.scheduler.policy = create_policy(config)
+            self.scheduler.max_draft_len = config.num_draft_tokens
+            self.scheduler.spec_slots = self.spec.slots_needed
+        self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._stats = {"steps": 0, "decode_steps": 0, "extend_steps": 0, "tokens_computed": 0,
                        "tokens_generated": 0, "step_time_s": 0.0}
@@ -99,10 +109,16 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
+        if plan.mode is ForwardMode.VERIFY:
+            outputs = self.spec.verify_step(plan, self.scheduler)
+            self._account(plan, outputs, time.perf_counter() - t0)
+            return outputs
         pad = self.runner.decode_pad(plan.batch_size) if plan.mode is ForwardMode.DECODE else None
         fb, sb = self.builder.prepare(plan, pad_to=pad)
-        tokens = self.runner.run(fb, sb)
+        tokens, aux = self.runner.run(fb, sb)
         outputs = self.scheduler.commit(plan, tokens[: plan.batch_size].tolist())  # the one sync
+        if self.spec is not None:  # the draft follows every committed token, at any K
+            self.spec.draft_extend_after(plan, aux)
         self._account(plan, outputs, time.perf_counter() - t0)
         return outputs
 
@@ -114,7 +130,7 @@ class Engine:
         self.last_step = {"mode": plan.mode.value, "batch_size": plan.batch_size,
                           "num_tokens": plan.num_tokens, "time_s": dt,
                           "device_ms": self.runner.last_device_ms()}
-        s["tokens_generated"] += len(outputs)
+        s["tokens_generated"] += sum(len(o.new_token_ids) for o in outputs)
         s["step_time_s"] += dt
         log.debug("step %s bs=%d tokens=%d %.2fms", plan.mode.name, plan.batch_size,
                   plan.num_tokens, dt * 1e3)
@@ -125,8 +141,27 @@ class Engine:
                 "kv_slots_cached": self.slots.num_cached}
 
     def stats(self) -> dict:
-        return dict(self._stats, preemptions=self.scheduler.num_preemptions,
-                    running=self.num_running(), waiting=self.num_waiting())
+        out = dict(self._stats, preemptions=self.scheduler.num_preemptions,
+                   running=self.num_running(), waiting=self.num_waiting())
+        if self.spec is not None:
+            out["spec"] = self.spec_stats()
+        return out
+
+    def spec_stats(self) -> dict:
+        """Speculation counters: steps by K, proposed / accepted draft tokens, acceptance
+        rate and the histogram of accepted lengths (empty without speculation)."""
+        if self.spec is None:
+            return {}
+        s = self.spec.stats
+        proposed, accepted = s["proposed"], s["accepted"]
+        return {
+            "algorithm": self.config.speculative_algorithm, "policy": self.config.spec_policy,
+            "steps_by_k": {int(k.split(".")[1]): v for k, v in s.items() if k.startswith("steps_by_k.")},
+            "proposed": proposed, "accepted": accepted,
+            "acceptance_rate": accepted / proposed if proposed else 0.0,
+            "accept_len_hist": {int(k.split(".")[1]): v for k, v in s.items()
+                                if k.startswith("accept_len.")},
+        }
 
     def prefill_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Logits [len, vocab] of every prompt position in one EXTEND pass (oracle for tests).

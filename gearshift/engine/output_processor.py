@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gearshift.request import RequestOutput, SamplingParams
+from gearshift.request import RequestOutput, SamplingParams, SpecCounts
 from gearshift.scheduler.scheduler import StepOutput
 
 
@@ -38,6 +38,7 @@ class _State:
     read_offset: int = 0
     finished: bool = False
     finish_reason: str | None = None
+    spec: tuple[int, int] | None = None  # (proposed, accepted) speculation counters
 
 
 class OutputProcessor:
@@ -57,6 +58,7 @@ class OutputProcessor:
             return RequestDelta(out.request_id, [], "", True, st.finish_reason)
         new_ids = list(out.new_token_ids)
         st.token_ids.extend(new_ids)
+        st.spec = out.spec
         stop_hit = False
         if self.tokenizer is not None:
             new_text = self._decode_new(st)
@@ -77,8 +79,9 @@ class OutputProcessor:
 
     def final(self, request_id: str) -> RequestOutput:
         st = self._states.pop(request_id)
+        spec = SpecCounts(*st.spec) if st.spec is not None else None
         return RequestOutput(request_id, st.prompt_token_ids, st.token_ids, st.text,
-                             st.finish_reason, st.finished)
+                             st.finish_reason, st.finished, spec)
 
     def abort(self, request_id: str) -> None:
         self._states.pop(request_id, None)

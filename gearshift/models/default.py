@@ -18,3 +18,10 @@ def default_target_dir() -> Path:
     if not (path / "config.json").is_file():
         raise ConfigError(f"the embedded default model is missing at {path}; pass --model DIR")
     return path
+
+
+def default_head_dir() -> Path:
+    path = DEFAULT_MODEL_DIR / "eagle3"
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"the embedded EAGLE-3 head is missing at {path}; pass --draft-model DIR")
+    return path

@@ -56,11 +56,11 @@ def default_batch_sizes(max_bs: int) -> list[int]:
 
 class DecodeGraphRunner:
     def __init__(self, forward_logits, max_bs: int, device: torch.device) -> None:
-        self.forward_logits = forward_logits  # (ForwardBatch) -> logits [bs, vocab]
+        self.forward_logits = forward_logits  # (ForwardBatch) -> logits [bs, vocab] (, aux)
         self.sizes = default_batch_sizes(max_bs)
         self.buf = _StaticBuffers.allocate(max_bs, device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, object] = {}  # static output tensor(s) per graph
         self.pool = None
 
     def can_run(self, fb: ForwardBatch) -> bool:
@@ -88,7 +88,7 @@ class DecodeGraphRunner:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
 
-    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+    def replay(self, fb: ForwardBatch):
         bs = fb.padded_batch_size
         b = self.buf
         b.input_ids[:bs].copy_(fb.input_ids)

@@ -34,6 +34,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         # positions beyond the KV capacity can never be used; size RoPE for the model's limit
         max_pos = config.max_model_len or model_cfg.max_position_embeddings
+        self.max_positions = max_pos
         self.model = load_model(model_cfg, model_path, dtype=config.dtype, device=config.device,
                                 max_positions=max_pos, seed=config.seed)
         log.info("loaded model in %.1fs", time.perf_counter() - t0)
@@ -46,14 +47,26 @@ class ModelRunner:
         self._events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                         if self.device.type == "cuda" else None)
         self.graphs: DecodeGraphRunner | None = None
-        if config.use_cuda_graphs and config.attention_backend == "triton":
-            t0 = time.perf_counter()
-            self.attn.reserve_decode_workspace(config.max_num_seqs, model_cfg.num_heads,
-                                               model_cfg.head_dim)
-            self.graphs = DecodeGraphRunner(self._forward_logits, config.max_num_seqs, self.device)
-            self.graphs.capture()
-            log.info("captured %d decode graphs in %.1fs", len(self.graphs.graphs),
-                     time.perf_counter() - t0)
+        self.capture: tuple[int, ...] = ()  # target layers whose outputs the draft consumes
+
+    def prepare_hot_path(self, capture: tuple[int, ...] = ()) -> None:
+        """Compile kernels and capture the decode CUDA graphs (with `capture` outputs when a
+        draft consumes target features). Called once the engine knows its draft."""
+        self.capture = capture
+        if self.config.attention_backend == "triton" and self.device.type == "cuda":
+            from gearshift.attention.kernels.extend import warmup_extend
+
+            warmup_extend(self.kv.k[0], self.kv.v[0], self.kv.req_to_token,
+                          self.model.config.num_heads)
+        if not (self.config.use_cuda_graphs and self.config.attention_backend == "triton"):
+            return
+        t0 = time.perf_counter()
+        cfg = self.model.config
+        self.attn.reserve_decode_workspace(self.config.max_num_seqs, cfg.num_heads, cfg.head_dim)
+        self.graphs = DecodeGraphRunner(self._forward_logits, self.config.max_num_seqs, self.device)
+        self.graphs.capture()
+        log.info("captured %d decode graphs in %.1fs", len(self.graphs.graphs),
+                 time.perf_counter() - t0)
 
     def _kv_capacity(self, cfg: ModelConfig, dtype: torch.dtype) -> int:
         if self.config.kv_cache_tokens is not None:
@@ -77,23 +90,42 @@ class ModelRunner:
     def decode_pad(self, bs: int) -> int:
         return self.graphs.padded_size(bs) if self.graphs else bs
 
-    def _forward_logits(self, fb: ForwardBatch) -> torch.Tensor:
+    def _forward_logits(self, fb: ForwardBatch):
+        """-> logits [padded_bs, vocab] (and aux features [T, 3H] when capturing)."""
+        if self.capture:
+            hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn, self.capture)
+            return self.model.compute_logits(hidden[fb.logits_indices]), aux
         hidden = self.model(fb.input_ids, fb.positions, fb, self.attn)  # [T, hidden]
-        return self.model.compute_logits(hidden[fb.logits_indices])  # [padded_bs, vocab]
+        return self.model.compute_logits(hidden[fb.logits_indices])
 
     @torch.inference_mode()
-    def run(self, fb: ForwardBatch, sb: SamplingBatch) -> torch.Tensor:
-        """Returns sampled token ids [padded_bs] (device). No host sync."""
+    def run(self, fb: ForwardBatch, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> (sampled token ids [padded_bs], aux features or None), on device. No host sync."""
         if self._events:
             self._events[0].record()
         if self.graphs is not None and self.graphs.can_run(fb):
-            logits = self.graphs.replay(fb)
+            out = self.graphs.replay(fb)
         else:
-            logits = self._forward_logits(fb)
+            out = self._forward_logits(fb)
+        logits, aux = out if self.capture else (out, None)
         tokens = sample(logits[: fb.padded_batch_size], sb)
         if self._events:
             self._events[1].record()
-        return tokens
+        return tokens, aux
+
+    @torch.inference_mode()
+    def forward_all(self, fb: ForwardBatch, capture: tuple[int, ...] = ()):
+        """Logits of every token [T, vocab] (VERIFY), and aux features when capturing."""
+        if self._events:
+            self._events[0].record()
+        if capture:
+            hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn, capture)
+        else:
+            hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn), None
+        logits = self.model.compute_logits(hidden)
+        if self._events:
+            self._events[1].record()
+        return logits, aux
 
     def last_device_ms(self) -> float | None:
         """Device time of the latest run() (forward + sampling). Call only after the host

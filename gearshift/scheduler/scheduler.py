@@ -37,6 +37,7 @@ class StepOutput:
     new_token_ids: list[int]
     finished: bool
     finish_reason: str | None  # "length" | "stop" | "abort" | None
+    spec: tuple[int, int] | None = None  # (proposed, accepted) so far, when speculation is on
 
 
 class Scheduler:
@@ -157,8 +158,12 @@ class Scheduler:
             if reason is not None:
                 self.running.remove(req)
                 self._finish(req, reason)
-            outputs.append(StepOutput(req.request_id, [tok], reason is not None, reason))
+            outputs.append(StepOutput(req.request_id, [tok], reason is not None, reason,
+                                      self._spec_counts(req)))
         return outputs
+
+    def _spec_counts(self, req: Request) -> tuple[int, int] | None:
+        return (req.spec_proposed, req.spec_accepted) if self.policy is not None else None
 
     def commit_spec(self, plan: StepPlan, new_tokens: list[list[int]],
                     kept_slots: list[list[int]], freed_slots: list[list[int]]) -> list[StepOutput]:
@@ -184,7 +189,8 @@ class Scheduler:
             if reason is not None:
                 self.running.remove(req)
                 self._finish(req, reason)
-            outputs.append(StepOutput(req.request_id, emitted, reason is not None, reason))
+            outputs.append(StepOutput(req.request_id, emitted, reason is not None, reason,
+                                      self._spec_counts(req)))
         return outputs
 
     def _finish_reason(self, req: Request, tok: int) -> str | None:

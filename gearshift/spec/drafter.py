@@ -1,0 +1,168 @@
+"""Draft-tree expansion shared by the model-based proposers (EAGLE-3 head, draft model).
+
+Depth 1 comes from the proposer's first-level logits. Each further depth runs ONE draft
+forward over the current beams (W = topk rows per request, tree attention over the
+committed draft KV plus the beam's ancestors' scratch slots), then
+  * chains (topk = 1): the next token is the argmax, or a sample of the processed draft
+    distribution q for sampling requests (q is kept for rejection sampling);
+  * trees (topk > 1): every beam's top-k children become candidates scored by cumulative
+    draft log-probability; the best topk candidates are the next beams (EAGLE-2 style).
+Finally the best (num_verify_tokens - 1) candidates form the tree (ancestors always score
+higher than their descendants, so the selection is ancestor-closed).
+
+Data flow: SpecWorker -> Proposer.propose -> expand(...) -> DraftTree. No host sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from gearshift.forward_batch import ForwardBatch, ForwardMode, TreeAttention
+from gearshift.runner.sampler import SamplingBatch, apply_top_k_top_p, seeded_uniform
+from gearshift.spec.tree import DraftTree
+from gearshift.spec.verify import SALT_DRAFT
+
+# (token ids [R] in target vocab, hidden [R, H] | None, ForwardBatch) -> (logits [R, Vd], hidden)
+StepFn = Callable[[torch.Tensor, torch.Tensor | None, ForwardBatch],
+                  tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@dataclass(slots=True)
+class ExpandInputs:
+    roots: torch.Tensor  # [B] pending tokens
+    first_logits: torch.Tensor  # [B, Vd] draft logits for depth 1
+    first_hidden: torch.Tensor | None  # [B, H] (EAGLE-3: the prenorm hidden that made them)
+    prefix_lens: torch.Tensor  # [B] int64: committed tokens L (draft KV rows 0..L-1 exist)
+    rows: torch.Tensor  # [B] int64 req_to_token rows
+    scratch: torch.Tensor  # [B, (K-1) * topk] int64 scratch slots (0 = dummy for idle rows)
+    base_scratch: torch.Tensor  # [B, nb] slots every draft row also sees (draft model: root)
+    pos_offset: int  # position of a depth-d beam's row = L + d + pos_offset
+    depth: int  # K
+    topk: int
+    num_nodes: int  # verify budget incl. the root (chain: K + 1)
+    max_prefix_len: int  # host max of prefix_lens
+
+
+def process_probs(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    """Draft distribution q with the requests' temperature / top-k / top-p. [B, V]."""
+    probs = torch.softmax(logits / sb.temperatures[:, None].clamp_min(1e-5), dim=-1)
+    if sb.need_top_k or sb.need_top_p:
+        probs = apply_top_k_top_p(probs, sb.top_k, sb.top_p, sb.need_top_k, sb.need_top_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Tensor | None,
+           target_vocab: int) -> DraftTree:
+    b, k, w = x.roots.shape[0], x.depth, x.topk
+    dev = x.roots.device
+    to_t = (lambda ids: to_target[ids]) if to_target is not None else (lambda ids: ids)
+    sampling = w == 1 and not sb.all_greedy
+    cand_tok, cand_score, cand_parent, qs = [], [], [], []
+
+    def choose(logits: torch.Tensor, depth_index: int):
+        """[B, W, Vd] -> (tokens [B, W*topk or W], logp, parent beam [.]) for one depth."""
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        if w > 1:
+            top = logp.topk(w, dim=-1)  # [B, W, w]
+            return top.indices.flatten(1), top.values.flatten(1), None
+        ids = logits.argmax(-1)  # [B, 1]
+        if sampling:
+            q = process_probs(logits[:, 0], sb)  # [B, Vd]
+            exp = -torch.log(seeded_uniform(sb.seeds ^ SALT_DRAFT, sb.steps + depth_index,
+                                            q.shape[-1]))
+            drawn = (q / exp).argmax(-1, keepdim=True)
+            greedy = sb.temperatures[:, None] == 0
+            ids = torch.where(greedy, ids, drawn)
+            onehot = torch.zeros_like(q).scatter_(-1, ids, 1.0)
+            qs.append(torch.where(greedy, onehot, q))
+        return ids, logp.gather(-1, ids[..., None])[..., 0], None
+
+    # depth 1
+    tok, lp, _ = choose(x.first_logits[:, None, :], 0)  # [B, w]
+    beam_tok, beam_score = tok, lp
+    beam_node = torch.arange(w, device=dev).expand(b, w)  # candidate index of each beam
+    beam_hidden = (x.first_hidden[:, None, :].expand(b, w, -1)
+                   if x.first_hidden is not None else None)
+    beam_anc = torch.empty(b, w, 0, dtype=torch.long, device=dev)  # ancestors' scratch slots
+    cand_tok.append(tok)
+    cand_score.append(lp)
+    cand_parent.append(torch.full((b, w), -1, dtype=torch.long, device=dev))
+    base = x.base_scratch
+    for d in range(2, k + 1):
+        own = x.scratch[:, (d - 2) * w:(d - 1) * w]  # [B, W]
+        extra = torch.cat([base[:, None, :].expand(b, w, -1), beam_anc, own[..., None]], dim=-1)
+        positions = x.prefix_lens[:, None] + (d - 1 + x.pos_offset)  # row of a depth d-1 beam
+        fb = _draft_batch(to_t(beam_tok).reshape(-1), positions.expand(b, w).reshape(-1),
+                          own.reshape(-1), x.rows.repeat_interleave(w),
+                          x.prefix_lens.repeat_interleave(w), extra.reshape(b * w, -1),
+                          x.max_prefix_len)
+        hid = beam_hidden.reshape(b * w, -1) if beam_hidden is not None else None
+        logits, new_hidden = step(fb.input_ids, hid, fb)
+        logits = logits.view(b, w, -1)
+        tok, lp, _ = choose(logits, d - 1)
+        n_prev = sum(t.shape[1] for t in cand_tok)
+        if w > 1:
+            score = (beam_score[:, :, None] + lp.view(b, w, w)).flatten(1)  # [B, w*w]
+            parent_beam = torch.arange(w, device=dev).repeat_interleave(w).expand(b, -1)
+        else:
+            score, parent_beam = beam_score + lp, torch.zeros(b, 1, dtype=torch.long, device=dev)
+        cand_tok.append(tok)
+        cand_score.append(score)
+        cand_parent.append(beam_node.gather(1, parent_beam))
+        keep = score.topk(w, dim=-1).indices  # [B, w] best candidates become beams
+        pb = parent_beam.gather(1, keep)
+        beam_tok, beam_score = tok.gather(1, keep), score.gather(1, keep)
+        beam_node = n_prev + keep
+        if new_hidden is not None:
+            beam_hidden = new_hidden.view(b, w, -1).gather(
+                1, pb[..., None].expand(-1, -1, new_hidden.shape[-1]))
+        beam_anc = torch.cat([beam_anc.gather(1, pb[..., None].expand(-1, -1, beam_anc.shape[-1])),
+                              own.gather(1, pb)[..., None]], dim=-1)
+    return _select(x, cand_tok, cand_score, cand_parent, qs, to_t, target_vocab, to_target)
+
+
+def _select(x: ExpandInputs, cand_tok, cand_score, cand_parent, qs, to_t, target_vocab,
+            to_target) -> DraftTree:
+    tokens = torch.cat(cand_tok, dim=1)  # [B, M]
+    scores = torch.cat(cand_score, dim=1)
+    parents = torch.cat(cand_parent, dim=1)
+    b, m = tokens.shape
+    n = min(x.num_nodes - 1, m)
+    sel = scores.topk(n, dim=-1).indices.sort(-1).values  # creation order = topological
+    lookup = torch.full((b, m + 1), -1, dtype=torch.long, device=tokens.device)  # cand -> node
+    lookup.scatter_(1, sel, torch.arange(1, n + 1, device=tokens.device).expand(b, n))
+    par = parents.gather(1, sel)  # candidate index of the parent, -1 = root
+    node_parent = torch.where(par < 0, 0, lookup.gather(1, par.clamp_min(0)))  # -1: not kept
+    depth = torch.zeros(b, n + 1, dtype=torch.long, device=tokens.device)
+    full_parent = torch.cat([torch.full((b, 1), -1, device=tokens.device, dtype=torch.long),
+                             node_parent], dim=1)
+    for _ in range(x.depth):  # depth = 1 + depth(parent); nodes are topologically ordered
+        depth = torch.where(full_parent >= 0, depth.gather(1, full_parent.clamp_min(0)) + 1, 0)
+    probs = None
+    if qs:  # chains only: q over the target vocabulary, row per node
+        q = torch.stack(qs, dim=1)  # [B, K, Vd]
+        if to_target is not None:
+            q = torch.zeros(b, q.shape[1], target_vocab, device=q.device).index_add_(
+                2, to_target, q)
+        probs = torch.cat([torch.zeros_like(q[:, :1]), q], dim=1)
+    node_tokens = torch.cat([x.roots[:, None], to_t(tokens.gather(1, sel))], dim=1)
+    return DraftTree(node_tokens, full_parent, depth, probs)
+
+
+def _draft_batch(input_ids, positions, out_loc, token_rows, prefix_lens, extra, max_prefix):
+    r = input_ids.shape[0]
+    ones = torch.ones(r, dtype=torch.int32, device=input_ids.device)
+    ar = torch.arange(r, device=input_ids.device)
+    return ForwardBatch(
+        mode=ForwardMode.DRAFT, batch_size=r, padded_batch_size=r, num_tokens=r,
+        input_ids=input_ids, positions=positions, out_cache_loc=out_loc,
+        req_pool_indices=token_rows, seq_lens=(prefix_lens + 1).to(torch.int32),
+        extend_lens=ones, extend_start_loc=ar.to(torch.int32),
+        prefix_lens=prefix_lens.to(torch.int32), logits_indices=ar, seq_lens_cpu=[],
+        extend_lens_cpu=[], prefix_lens_cpu=[], max_seq_len=max_prefix + 1, max_extend_len=1,
+        tree=TreeAttention(token_rows, prefix_lens.to(torch.int32), extra, max_prefix),
+    )

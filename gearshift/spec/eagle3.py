@@ -1,0 +1,67 @@
+"""EAGLE-3 proposer: a one-layer draft head fed with three target layers' hidden states.
+
+Draft row t consumes (token t+1, target feature of position t) and predicts token t+2;
+`draft_extend` runs it over newly committed rows and stores, per request, the last row's
+prenorm hidden state and draft logits: the seeds of the next step's depth 1.
+
+Data flow: target forward (captures aux layers) -> commit -> draft_extend(features) ->
+[next VERIFY step] propose: seeds -> drafter.expand (K-1 head steps) -> DraftTree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.attention.base import KVCache, create_backend
+from gearshift.config import EngineConfig, ModelConfig
+from gearshift.forward_batch import ForwardBatch
+from gearshift.models.eagle3_loader import load_eagle3
+from gearshift.models.loader import DTYPES
+from gearshift.spec.drafter import ExpandInputs, expand
+from gearshift.spec.proposer import ProposeContext, Proposer
+from gearshift.spec.tree import DraftTree
+
+
+class Eagle3Proposer(Proposer):
+    needs_features = True
+    shifted_inputs = True
+
+    def __init__(self, config: EngineConfig, head_dir: str, target_cfg: ModelConfig,
+                 target_model: torch.nn.Module, target_kv: KVCache, max_positions: int,
+                 max_rows: int) -> None:
+        self.head = load_eagle3(head_dir, target_cfg, dtype=config.dtype, device=config.device,
+                                max_positions=max_positions, target_embed=target_model.embed_tokens)
+        cfg = self.head.config
+        self.aux_layers = tuple(cfg.aux_layer_ids(target_cfg.num_layers))
+        dev = target_kv.k.device
+        kv = KVCache.allocate(1, target_kv.k.shape[1] - 1, cfg.num_kv_heads, cfg.head_dim, 1, 1,
+                              DTYPES[config.dtype], dev)
+        kv.req_to_token = target_kv.req_to_token  # same slot ids as the target
+        self.kv = kv
+        self.attn = create_backend(config.attention_backend, kv, cfg.head_dim ** -0.5)
+        self.target_vocab = target_cfg.vocab_size
+        dtype = DTYPES[config.dtype]
+        self.seed_hidden = torch.zeros(max_rows + 1, cfg.hidden_size, dtype=dtype, device=dev)
+        self.seed_logits = torch.zeros(max_rows + 1, cfg.draft_vocab_size, device=dev)
+        self.to_target = torch.arange(cfg.draft_vocab_size, device=dev) + self.head.d2t  # [Vd]
+
+    def scratch_slots(self, k: int, topk: int) -> int:
+        return (k - 1) * topk
+
+    def draft_extend(self, fb: ForwardBatch, features: torch.Tensor | None) -> None:
+        h = self.head(fb.input_ids, features, fb.positions, fb, self.attn)  # [T, H]
+        last = h[fb.logits_indices]  # [B, H]
+        self.seed_hidden[fb.req_pool_indices] = last
+        self.seed_logits[fb.req_pool_indices] = self.head.compute_logits(last)
+
+    def _step(self, ids, hidden, fb):
+        h = self.head(ids, hidden, fb.positions, fb, self.attn)
+        return self.head.compute_logits(h), h
+
+    def propose(self, ctx: ProposeContext) -> tuple[DraftTree, None]:
+        b = ctx.roots.shape[0]
+        x = ExpandInputs(ctx.roots, self.seed_logits[ctx.rows], self.seed_hidden[ctx.rows],
+                         ctx.prefix_lens, ctx.rows, ctx.scratch,
+                         ctx.scratch.new_zeros(b, 0), -1, ctx.max_depth, ctx.topk, ctx.num_nodes,
+                         max(ctx.prefix_lens_cpu))
+        return expand(x, self._step, ctx.sampling, self.to_target, self.target_vocab), None

@@ -1,0 +1,51 @@
+"""Proposer contract: keep the draft's state current over committed tokens
+(`draft_extend`), and propose a DraftTree for the speculating requests of a step.
+
+Data flow: SpecWorker -> Proposer.draft_extend (after every commit) and
+Proposer.propose (VERIFY steps, before the target runs).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from gearshift.forward_batch import ForwardBatch
+from gearshift.request import Request
+from gearshift.runner.sampler import SamplingBatch
+from gearshift.spec.tree import DraftTree
+
+
+@dataclass(slots=True)
+class ProposeContext:
+    reqs: list[Request]  # the VERIFY batch, in order (K may be 0 for some)
+    draft_lens: list[int]  # K per request
+    max_depth: int  # max(draft_lens)
+    topk: int
+    num_nodes: int  # nodes per speculating request, root included
+    roots: torch.Tensor  # [B] pending tokens (device)
+    prefix_lens: torch.Tensor  # [B] committed tokens L (device)
+    prefix_lens_cpu: list[int]
+    rows: torch.Tensor  # [B] req_to_token rows (device)
+    scratch: torch.Tensor  # [B, S] scratch slots (device; 0 = dummy for idle requests)
+    sampling: SamplingBatch
+
+
+class Proposer(ABC):
+    needs_features = False  # EAGLE-3: the draft consumes target hidden states
+    aux_layers: tuple[int, ...] = ()
+    shifted_inputs = False  # draft row t consumes token t+1 (EAGLE) instead of token t
+
+    @abstractmethod
+    def scratch_slots(self, k: int, topk: int) -> int:
+        """KV slots one request needs for draft rows while proposing K tokens."""
+
+    def draft_extend(self, fb: ForwardBatch, features: torch.Tensor | None) -> None:  # noqa: B027
+        """Run the draft over newly committed rows (extend layout over owned slots).
+        Stateless proposers (n-gram) keep nothing, so the default does nothing."""
+
+    @abstractmethod
+    def propose(self, ctx: ProposeContext) -> tuple[DraftTree, list[int] | None]:
+        """-> (tree [B, N], nodes per request or None = all). Device work, no host sync."""

@@ -1,0 +1,213 @@
+"""SpecWorker: one VERIFY step (draft -> verify -> commit -> draft-extend), and the
+draft-extend that keeps the draft current after plain EXTEND / DECODE steps.
+
+    plan (K per request, from the policy; slots already counted by the scheduler)
+      -> prepare: allocate node slots + draft scratch per request      (host)
+      -> proposer.propose -> DraftTree [B, N]                          (device)
+      -> target VERIFY over the valid nodes, tree attention            (device)
+      -> verify: accepted path + bonus per request                     (device)
+      -> one host sync -> Scheduler.commit_spec (keep the path's slots, free the rest)
+      -> req_to_token[row, L..L+a] = path slots -> proposer.draft_extend(accepted rows)
+
+Data flow: Engine.step -> SpecWorker.verify_step (VERIFY plans) / draft_extend_after.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from gearshift.config import EngineConfig
+from gearshift.forward_batch import ForwardBatch, ForwardMode, TreeAttention
+from gearshift.request import Request
+from gearshift.runner.model_runner import ModelRunner
+from gearshift.scheduler.batch import BatchBuilder, Stager, sampling_batch, stage_sampling
+from gearshift.scheduler.kv_pool import SlotPool
+from gearshift.scheduler.plan import StepPlan
+from gearshift.scheduler.scheduler import Scheduler, StepOutput
+from gearshift.spec.proposer import ProposeContext, Proposer
+from gearshift.spec.tree import ancestor_mask
+from gearshift.spec.verify import verify
+
+
+def create_proposer(config: EngineConfig, runner: ModelRunner) -> Proposer:
+    algo = config.speculative_algorithm
+    if algo == "ngram":
+        from gearshift.spec.ngram import NgramProposer
+
+        return NgramProposer(config.ngram_min, config.ngram_max)
+    if algo == "draft":
+        from gearshift.spec.draft_model import DraftModelProposer
+
+        return DraftModelProposer(config, runner.model.config, runner.kv, runner.max_positions)
+    from gearshift.models.default import default_head_dir
+    from gearshift.spec.eagle3 import Eagle3Proposer
+
+    head = config.draft_model or str(default_head_dir())
+    return Eagle3Proposer(config, head, runner.model.config, runner.model, runner.kv,
+                          runner.max_positions, config.max_num_seqs)
+
+
+class SpecWorker:
+    def __init__(self, config: EngineConfig, runner: ModelRunner, slots: SlotPool,
+                 builder: BatchBuilder) -> None:
+        self.runner, self.slots, self.builder = runner, slots, builder
+        self.proposer = create_proposer(config, runner)
+        self.topk = config.draft_topk
+        self.max_k = config.num_draft_tokens
+        self.tree_nodes = config.verify_nodes
+        self.capture = self.proposer.aux_layers if self.proposer.needs_features else ()
+        self.stats = Counter()  # steps_by_k.*, proposed, accepted, accept_len.*
+
+    # ------------------------------------------------------------------ sizing
+    def nodes(self, k: int) -> int:
+        if k == 0:
+            return 1
+        return 1 + k if self.topk == 1 else self.tree_nodes
+
+    def scratch(self, k: int) -> int:
+        if k == 0:
+            return 0
+        return self.proposer.scratch_slots(k if self.topk == 1 else self.max_k, self.topk)
+
+    def slots_needed(self, k: int) -> int:
+        """KV slots a request needs for a step with draft length k (1 = plain decode)."""
+        return self.nodes(k) + self.scratch(k)
+
+    # ------------------------------------------------------------------ plain steps
+    def draft_extend_after(self, plan: StepPlan, aux: torch.Tensor | None) -> None:
+        """After an EXTEND / DECODE step: the draft covers the tokens it just computed."""
+        reqs, prefix, extend, token_idx = [], [], [], []
+        start = 0
+        for req, p, n in zip(plan.reqs, plan.prefix_lens, plan.extend_lens):
+            if not req.is_finished:
+                reqs.append(req)
+                prefix.append(p)
+                extend.append(n)
+                token_idx.extend(range(start, start + n))
+            start += n
+        self._draft_extend(reqs, prefix, extend, aux, token_idx)
+
+    def _draft_extend(self, reqs: list[Request], prefix: list[int], extend: list[int],
+                      aux: torch.Tensor | None, token_idx: list[int]) -> None:
+        if not reqs:
+            return
+        shift = 1 if self.proposer.shifted_inputs else 0
+        ids: list[int] = []
+        for req, p, n in zip(reqs, prefix, extend):
+            ids.extend(req.token_slice(p + shift, p + n + shift))
+        fb = self.builder.extend_batch(ForwardMode.DRAFT_EXTEND, reqs, prefix, extend, ids)
+        feats = None
+        if aux is not None:
+            idx = torch.tensor(token_idx, dtype=torch.long).to(aux.device, non_blocking=True)
+            feats = aux.index_select(0, idx)
+        self.proposer.draft_extend(fb, feats)
+
+    # ------------------------------------------------------------------ VERIFY steps
+    @torch.inference_mode()
+    def verify_step(self, plan: StepPlan, scheduler: Scheduler) -> list[StepOutput]:
+        reqs, ks = plan.reqs, plan.draft_lens
+        b = len(reqs)
+        node_slots, scratch = [], []
+        for k in ks:
+            node_slots.append(self.slots.alloc(self.nodes(k)))
+            scratch.append(self.slots.alloc(self.scratch(k)))
+        depth = max(ks)
+        n_max = max(len(s) for s in node_slots) if self.topk == 1 else self.tree_nodes
+        s_max = max(self.scratch(k) for k in ks)
+        st = Stager(self.runner.device)
+        st.add_ints("roots", [r.output_token_ids[-1] for r in reqs])
+        st.add_ints("prefix", [r.num_computed_tokens for r in reqs])
+        st.add_ints("rows", [r.req_pool_index for r in reqs])
+        st.add_ints("scratch", [x for s in scratch for x in s + [0] * (s_max - len(s))])
+        st.add_ints("node_slots", [x for s in node_slots for x in s + [0] * (n_max - len(s))])
+        stage_sampling(st, reqs, 0)
+        d = st.to_device()
+        sb = sampling_batch(d, reqs)
+        prefix_cpu = [r.num_computed_tokens for r in reqs]
+        ctx = ProposeContext(reqs, ks, depth, self.topk, n_max, d["roots"], d["prefix"],
+                             prefix_cpu, d["rows"], d["scratch"].view(b, s_max), sb)
+        tree, nodes_override = self.proposer.propose(ctx)
+        n_tree = tree.num_nodes  # a tree is smaller than its budget when K was capped
+        n_nodes = nodes_override or [min(len(s), n_tree) if k else 1
+                                     for s, k in zip(node_slots, ks)]
+        flat_cpu = [i * n_tree + j for i, n in enumerate(n_nodes) for j in range(n)]
+        offsets = [sum(n_nodes[:i]) for i in range(b)]
+        tok_rows = [r.req_pool_index for r, n in zip(reqs, n_nodes) for _ in range(n)]
+        tok_prefix = [p for p, n in zip(prefix_cpu, n_nodes) for _ in range(n)]
+        st2 = Stager(self.runner.device)
+        st2.add_ints("flat", flat_cpu)
+        st2.add_ints("rows", tok_rows)
+        st2.add_ints("prefix", tok_prefix)
+        d2 = st2.to_device()
+        slots_bn = d["node_slots"].view(b, n_max)[:, :n_tree] if n_max >= n_tree else \
+            torch.nn.functional.pad(d["node_slots"].view(b, n_max), (0, n_tree - n_max))
+        fb = self._verify_batch(tree, slots_bn, d2, depth, max(prefix_cpu))
+        logits_t, aux = self.runner.forward_all(fb, self.capture)  # [T, V]
+        logits = torch.zeros(b * n_tree, logits_t.shape[-1], device=logits_t.device)
+        logits[d2["flat"]] = logits_t
+        valid = torch.zeros(b * n_tree, dtype=torch.bool, device=logits_t.device)
+        valid[d2["flat"]] = True
+        res = verify(tree, valid.view(b, n_tree), logits.view(b, n_tree, -1), sb, depth,
+                     self.topk)
+        packed = torch.cat([res.num_accepted[:, None], res.path, res.tokens], 1).tolist()  # sync
+        new_tokens, kept, freed = [], [], []
+        for i in range(b):
+            a = packed[i][0]
+            path = packed[i][1:depth + 2][:a + 1]
+            new_tokens.append(packed[i][depth + 2:][:a + 1])
+            kept.append([node_slots[i][j] for j in path])
+            keep = set(path)
+            freed.append([s for j, s in enumerate(node_slots[i]) if j not in keep] + scratch[i])
+            self._account(reqs[i], ks[i], n_nodes[i] - 1, a)
+        self._record_paths(reqs, kept, prefix_cpu)
+        outputs = scheduler.commit_spec(plan, new_tokens, kept, freed)
+        live = [i for i, r in enumerate(reqs) if not r.is_finished]
+        token_idx = [offsets[i] + j for i in live for j in packed[i][1:depth + 2][:packed[i][0] + 1]]
+        self._draft_extend([reqs[i] for i in live], [prefix_cpu[i] for i in live],
+                           [packed[i][0] + 1 for i in live], aux, token_idx)
+        return outputs
+
+    def _verify_batch(self, tree, slots_bn, d2, depth: int, max_prefix: int) -> ForwardBatch:
+        b, n = tree.tokens.shape
+        flat = d2["flat"]
+        anc = ancestor_mask(tree.parents, depth)  # [B, N, N]
+        extra = torch.where(anc, slots_bn[:, None, :], -1).view(b * n, n)[flat]  # [T, N]
+        positions = d2["prefix"] + tree.depths.view(-1)[flat]
+        t = flat.shape[0]
+        ar = torch.arange(t, device=flat.device)
+        ones = torch.ones(t, dtype=torch.int32, device=flat.device)
+        prefix32 = d2["prefix"].to(torch.int32)
+        return ForwardBatch(
+            mode=ForwardMode.VERIFY, batch_size=t, padded_batch_size=t, num_tokens=t,
+            input_ids=tree.tokens.view(-1)[flat], positions=positions,
+            out_cache_loc=slots_bn.reshape(-1)[flat], req_pool_indices=d2["rows"],
+            seq_lens=prefix32 + 1, extend_lens=ones, extend_start_loc=ar.to(torch.int32),
+            prefix_lens=prefix32, logits_indices=ar, seq_lens_cpu=[], extend_lens_cpu=[],
+            prefix_lens_cpu=[], max_seq_len=max_prefix + 1, max_extend_len=1,
+            tree=TreeAttention(d2["rows"], prefix32, extra, max_prefix),
+        )
+
+    def _record_paths(self, reqs: list[Request], kept: list[list[int]], prefix: list[int]) -> None:
+        """req_to_token[row, L + j] = slot of the j-th kept node (a tree path needs no copy)."""
+        rows, pos, slots = [], [], []
+        for req, ks, p in zip(reqs, kept, prefix):
+            rows.extend([req.req_pool_index] * len(ks))
+            pos.extend(range(p, p + len(ks)))
+            slots.extend(ks)
+        st = Stager(self.runner.device)
+        st.add_ints("rows", rows)
+        st.add_ints("pos", pos)
+        st.add_ints("slots", slots)
+        d = st.to_device()
+        self.runner.kv.req_to_token[d["rows"], d["pos"]] = d["slots"].to(torch.int32)
+
+    def _account(self, req: Request, k: int, proposed: int, accepted: int) -> None:
+        self.stats[f"steps_by_k.{k}"] += 1
+        if k:
+            self.stats["proposed"] += proposed
+            self.stats["accepted"] += accepted
+            self.stats[f"accept_len.{accepted}"] += 1
+            req.spec_proposed += proposed
+            req.spec_accepted += accepted
