@@ -35,13 +35,13 @@ class LlamaForCausalLM(nn.Module):
         With `capture` (layer ids), also the residual stream after each of those layers,
         concatenated: [T, len(capture) * hidden] (EAGLE-3 features)."""
         h, residual = self.embed_tokens(input_ids), None
-        aux = []
+        aux: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             h, residual = layer(positions, h, residual, fb, attn)
             if i in capture:
-                aux.append(h + residual)
+                aux[i] = h + residual
         if capture:
-            return h + residual, torch.cat(aux, dim=-1)
+            return h + residual, torch.cat([aux[i] for i in capture], dim=-1)
         return h + residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
