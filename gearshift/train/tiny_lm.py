@@ -161,6 +161,8 @@ def train(args: argparse.Namespace) -> dict:
     out, tok_dir = Path(args.out), Path(args.tokenizer)
     data_dir = Path(args.data) if args.data else out.parent / f"{out.name}_tokens"
     tokens = prepare_tokens(tok_dir, data_dir, args.max_files)
+    if args.prepare_only:
+        return {"data": str(data_dir), **{s: int(a.size) for s, a in tokens.items()}}
     vocab_size = tk.load_tokenizer(tok_dir).get_vocab_size()
     cfg = llama_config(args, vocab_size)
     model = LlamaForCausalLM(cfg).to(args.device)
@@ -291,6 +293,8 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--max-files", type=int, default=None, help="first N files per split")
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="build the token-id cache (e.g. to carry to another machine) and exit")
     ap.add_argument("--hidden-size", type=int, default=256)
     ap.add_argument("--intermediate-size", type=int, default=640)
     ap.add_argument("--num-layers", type=int, default=8)

@@ -106,8 +106,11 @@ def widen_config(small_cfg: dict, big_cfg: dict) -> dict:
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if key in small_cfg:
             cfg[key] = small_cfg[key]
+    # Always a plain Llama: a Qwen shape becomes a Llama of its dimensions (no qkv bias,
+    # no qk-norm), which costs within a hair of the original.
     cfg["architectures"] = ["LlamaForCausalLM"]
     cfg["model_type"] = "llama"
+    cfg["attention_bias"] = cfg["mlp_bias"] = False
     cfg["head_dim"] = b["hd"]
     cfg["rms_norm_eps"] = (s["d"] * s["eps"] - a2) / b["d"]
     cfg["gearshift_widened"] = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
@@ -45,3 +46,21 @@ def test_trains_saves_and_reloads(tmp_path) -> None:
 
     cached = tiny_lm.prepare_tokens(tok_dir, tmp_path / "lm_tokens", max_files=6)
     assert cached["train"].dtype == np.uint16 and cached["train"].size > 1000
+
+
+SHIPPED = tiny_lm.DEFAULT_TOKENIZER  # gearshift/default_model/target
+
+
+def test_shipped_target_loads_and_writes_python() -> None:
+    if not (SHIPPED / "model.safetensors").exists():
+        pytest.skip("no shipped weights")
+    report = json.loads((SHIPPED / "training.json").read_text())
+    model = LlamaForCausalLM.from_pretrained(SHIPPED, dtype=torch.float32).eval()
+    assert model.config.head_dim == 128 and 7e6 < report["num_parameters"] < 12e6
+    assert sum(p.numel() for p in model.parameters()) == report["num_parameters"]
+    tok = AutoTokenizer.from_pretrained(SHIPPED)
+    ids = tok("import os\n\n\ndef main():\n", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=12, do_sample=False)
+    text = tok.decode(out[0, ids.shape[1]:])
+    assert text.startswith("    ")  # a function body is indented
