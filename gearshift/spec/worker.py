@@ -22,7 +22,14 @@ from gearshift.config import EngineConfig
 from gearshift.forward_batch import ForwardBatch, ForwardMode, TreeAttention
 from gearshift.request import Request
 from gearshift.runner.model_runner import ModelRunner
-from gearshift.scheduler.batch import BatchBuilder, Stager, sampling_batch, stage_sampling
+from gearshift.scheduler.batch import (
+    BatchBuilder,
+    Stager,
+    forward_batch,
+    sampling_batch,
+    stage_forward,
+    stage_sampling,
+)
 from gearshift.scheduler.kv_pool import SlotPool
 from gearshift.scheduler.plan import StepPlan
 from gearshift.scheduler.scheduler import Scheduler, StepOutput
@@ -132,23 +139,24 @@ class SpecWorker:
         n_tree = tree.num_nodes  # a tree is smaller than its budget when K was capped
         n_nodes = nodes_override or [min(len(s), n_tree) if k else 1
                                      for s, k in zip(node_slots, ks)]
-        flat_cpu = [i * n_tree + j for i, n in enumerate(n_nodes) for j in range(n)]
         offsets = [sum(n_nodes[:i]) for i in range(b)]
-        tok_rows = [r.req_pool_index for r, n in zip(reqs, n_nodes) for _ in range(n)]
-        tok_prefix = [p for p, n in zip(prefix_cpu, n_nodes) for _ in range(n)]
-        st2 = Stager(self.runner.device)
-        st2.add_ints("flat", flat_cpu)
-        st2.add_ints("rows", tok_rows)
-        st2.add_ints("prefix", tok_prefix)
-        d2 = st2.to_device()
-        slots_bn = d["node_slots"].view(b, n_max)[:, :n_tree] if n_max >= n_tree else \
-            torch.nn.functional.pad(d["node_slots"].view(b, n_max), (0, n_tree - n_max))
-        fb = self._verify_batch(tree, slots_bn, d2, depth, max(prefix_cpu))
+        if self.topk == 1:  # chains verify as a causal extend over positions L..L+K
+            fb, flat = self._chain_verify_batch(reqs, tree, node_slots, n_nodes, n_tree)
+        else:
+            st2 = Stager(self.runner.device)
+            st2.add_ints("flat", [i * n_tree + j for i, n in enumerate(n_nodes) for j in range(n)])
+            st2.add_ints("rows", [r.req_pool_index for r, n in zip(reqs, n_nodes) for _ in range(n)])
+            st2.add_ints("prefix", [p for p, n in zip(prefix_cpu, n_nodes) for _ in range(n)])
+            d2 = st2.to_device()
+            flat = d2["flat"]
+            slots_bn = d["node_slots"].view(b, n_max)[:, :n_tree] if n_max >= n_tree else \
+                torch.nn.functional.pad(d["node_slots"].view(b, n_max), (0, n_tree - n_max))
+            fb = self._tree_verify_batch(tree, slots_bn, d2, depth, max(prefix_cpu))
         logits_t, aux = self.runner.forward_all(fb, self.capture)  # [T, V]
         logits = torch.zeros(b * n_tree, logits_t.shape[-1], device=logits_t.device)
-        logits[d2["flat"]] = logits_t
+        logits[flat] = logits_t
         valid = torch.zeros(b * n_tree, dtype=torch.bool, device=logits_t.device)
-        valid[d2["flat"]] = True
+        valid[flat] = True
         res = verify(tree, valid.view(b, n_tree), logits.view(b, n_tree, -1), sb, depth,
                      self.topk)
         packed = torch.cat([res.num_accepted[:, None], res.path, res.tokens], 1).tolist()  # sync
@@ -169,7 +177,23 @@ class SpecWorker:
                            [packed[i][0] + 1 for i in live], aux, token_idx)
         return outputs
 
-    def _verify_batch(self, tree, slots_bn, d2, depth: int, max_prefix: int) -> ForwardBatch:
+    def _chain_verify_batch(self, reqs, tree, node_slots, n_nodes, n_tree):
+        """Node j of a chain sits at position L + j: record its slot in req_to_token and
+        verify with ordinary causal extend attention (the prefix is read once per request)."""
+        st = Stager(self.runner.device)
+        flat = [i * n_tree + j for i, n in enumerate(n_nodes) for j in range(n)]
+        prefix = [r.num_computed_tokens for r in reqs]
+        out_loc = [s for slots, n in zip(node_slots, n_nodes) for s in slots[:n]]
+        stage_forward(st, [r.req_pool_index for r in reqs], prefix, n_nodes, [0] * len(flat),
+                      out_loc)
+        st.add_ints("flat", flat)
+        d = st.to_device()
+        d["input_ids"] = tree.tokens.view(-1)[d["flat"]]
+        fb = forward_batch(d, ForwardMode.VERIFY, len(reqs), prefix, n_nodes, self.runner.kv)
+        fb.logits_indices = torch.arange(fb.num_tokens, device=fb.input_ids.device)
+        return fb, d["flat"]
+
+    def _tree_verify_batch(self, tree, slots_bn, d2, depth: int, max_prefix: int) -> ForwardBatch:
         b, n = tree.tokens.shape
         flat = d2["flat"]
         anc = ancestor_mask(tree.parents, depth)  # [B, N, N]
