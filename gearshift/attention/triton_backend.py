@@ -21,6 +21,7 @@ from gearshift.attention.kernels.decode import (
     workspace_row,
 )
 from gearshift.attention.kernels.extend import extend_attention
+from gearshift.attention.kernels.tree import tree_attention
 from gearshift.forward_batch import ForwardBatch
 
 
@@ -70,6 +71,21 @@ class TritonBackend(AttentionBackend):
             fb.req_pool_indices, fb.seq_lens, self.sm_scale, out,
             num_kv_splits=splits,
             workspace=self._decode_workspace(bs, num_heads, head_dim, splits),
+        )
+
+    def tree(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        # q: [num_tokens, num_heads, head_dim]; keys per token: prefix + extra slots (fb.tree)
+        # Graph-safe like decode: splits depend on num_tokens only, scratch is the decode
+        # workspace (reserve_decode_workspace(max_tokens, ...) before capture).
+        num_tokens, num_heads, head_dim = q.shape
+        splits = self.num_kv_splits(num_tokens)
+        t = fb.tree
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        return tree_attention(
+            q, self.kv.k[layer_id], self.kv.v[layer_id], self.kv.req_to_token,
+            t.token_rows, t.prefix_lens, t.extra_slots, self.sm_scale, out,
+            num_kv_splits=splits,
+            workspace=self._decode_workspace(num_tokens, num_heads, head_dim, splits),
         )
 
     def extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
