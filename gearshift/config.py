@@ -148,7 +148,7 @@ class EngineConfig:
     num_draft_tokens: int = 4  # K: draft depth (chain length)
     draft_topk: int = 1  # 1 = chain; > 1 = tree expanding the top-k per step
     num_verify_tokens: int | None = None  # tree budget incl. the root; None: K + 1 for chains
-    spec_policy: str = "always"
+    spec_policy: str = "goodput"  # goodput | always | off | threshold | threshold-vllm | random
     ngram_min: int = 1  # n-gram lookup: shortest suffix to match
     ngram_max: int = 4  # longest suffix to match
 
@@ -188,6 +188,10 @@ class EngineConfig:
         if self.num_verify_tokens is not None and not (
                 2 <= self.num_verify_tokens <= 1 + self.num_draft_tokens * self.draft_topk ** 2):
             raise ConfigError("num_verify_tokens must be in [2, 1 + num_draft_tokens * draft_topk^2]")
+        if self.spec_policy not in ("goodput", "always", "off", "threshold", "threshold-vllm",
+                                    "random"):
+            raise ConfigError(f"unknown spec_policy {self.spec_policy!r} (goodput, always, off, "
+                              "threshold, threshold-vllm, random)")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError("need 1 <= ngram_min <= ngram_max")
 

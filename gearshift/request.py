@@ -76,6 +76,8 @@ class Request:
     arrival_index: int = 0  # FIFO order; preemption takes the newest
     spec_proposed: int = 0  # draft tokens sent to verification (written by SpecWorker)
     spec_accepted: int = 0  # of which the target accepted
+    spec_alpha_num: float = 0.0  # EMA of accepted drafts (per-token acceptance estimate)
+    spec_alpha_den: float = 0.0  # EMA of accepted drafts + rejections
 
     @property
     def all_token_ids(self) -> list[int]:

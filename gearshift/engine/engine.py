@@ -56,10 +56,15 @@ class Engine:
         self.spec = None
         if config.speculative:
             from gearshift.policy import create_policy
+            from gearshift.policy.profile import build_cost_model
             from gearshift.spec.worker import SpecWorker
 
             self.spec = SpecWorker(config, self.runner, self.slots, self.builder)
-            self.scheduler.policy = create_policy(config)
+            self.scheduler.policy = create_policy(
+                config, lambda: build_cost_model(self.runner, config.num_draft_tokens,
+                                                 config.max_num_seqs, self.spec.draft_frac,
+                                                 self.spec.tokens_per_k),
+                pad=self.runner.decode_pad)
             self.scheduler.max_draft_len = config.num_draft_tokens
             self.scheduler.spec_slots = self.spec.slots_needed
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
@@ -112,6 +117,7 @@ class Engine:
         if plan.mode is ForwardMode.VERIFY:
             outputs = self.spec.verify_step(plan, self.scheduler)
             self._account(plan, outputs, time.perf_counter() - t0)
+            self._observe_cost(plan, max(plan.draft_lens))
             return outputs
         pad = self.runner.decode_pad(plan.batch_size) if plan.mode is ForwardMode.DECODE else None
         fb, sb = self.builder.prepare(plan, pad_to=pad)
@@ -119,8 +125,23 @@ class Engine:
         outputs = self.scheduler.commit(plan, tokens[: plan.batch_size].tolist())  # the one sync
         if self.spec is not None:  # the draft follows every committed token, at any K
             self.spec.draft_extend_after(plan, aux)
+            self._account(plan, outputs, time.perf_counter() - t0)
+            if plan.mode is ForwardMode.DECODE:
+                self._observe_cost(plan, 0)
+            return outputs
         self._account(plan, outputs, time.perf_counter() - t0)
         return outputs
+
+    def _observe_cost(self, plan: StepPlan, k: int) -> None:
+        """Feed the step's measured time (device time on GPU, read after the step's sync)
+        back to a policy that models costs."""
+        observe = getattr(self.scheduler.policy, "observe", None)
+        if observe is None:
+            return
+        ms = self.runner.last_device_ms()
+        if ms is None or k > 0:  # VERIFY: the whole step (drafting included) is the cost
+            ms = self.last_step["time_s"] * 1e3
+        observe(k, plan.batch_size, sum(r.num_tokens for r in plan.reqs), ms)
 
     def _account(self, plan: StepPlan, outputs: list[StepOutput], dt: float) -> None:
         s = self._stats

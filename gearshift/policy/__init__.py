@@ -8,9 +8,15 @@ from gearshift.policy.base import Policy, PolicyView
 __all__ = ["Policy", "PolicyView", "create_policy"]
 
 
-def create_policy(config: EngineConfig) -> Policy:
+POLICIES = ("goodput", "always", "off", "threshold", "threshold-vllm", "random")
+
+
+def create_policy(config: EngineConfig, cost_model=None, pad=lambda bs: bs) -> Policy:
+    """`cost_model` is a zero-argument callable (profiling runs only for `goodput`)."""
+    from gearshift.policy.goodput import GoodputPolicy
     from gearshift.policy.randomized import RandomPolicy
     from gearshift.policy.static import AlwaysPolicy, OffPolicy
+    from gearshift.policy.threshold import SGLANG_LIKE, VLLM_LIKE, ThresholdPolicy
 
     name = config.spec_policy
     k = config.num_draft_tokens
@@ -20,4 +26,10 @@ def create_policy(config: EngineConfig) -> Policy:
         return AlwaysPolicy(k)
     if name == "random":
         return RandomPolicy(k, seed=config.seed)
-    raise ConfigError(f"unknown spec_policy {name!r} (off, always, random)")
+    if name == "threshold":
+        return ThresholdPolicy(SGLANG_LIKE, k)
+    if name == "threshold-vllm":
+        return ThresholdPolicy(VLLM_LIKE, k)
+    if name == "goodput":
+        return GoodputPolicy(cost_model(), k, pad=pad)
+    raise ConfigError(f"unknown spec_policy {name!r} ({', '.join(POLICIES)})")

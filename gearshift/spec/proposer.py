@@ -38,6 +38,13 @@ class Proposer(ABC):
     aux_layers: tuple[int, ...] = ()
     shifted_inputs = False  # draft row t consumes token t+1 (EAGLE) instead of token t
 
+    def cost_fraction(self, target: torch.nn.Module) -> float:
+        """Cost of one draft step relative to one target step (a prior for the policy)."""
+        own = getattr(self, "model", None) or getattr(self, "head", None)
+        if own is None:
+            return 0.0
+        return sum(p.numel() for p in own.parameters()) / sum(p.numel() for p in target.parameters())
+
     @abstractmethod
     def scratch_slots(self, k: int, topk: int) -> int:
         """KV slots one request needs for draft rows while proposing K tokens."""

@@ -65,6 +65,8 @@ class SpecWorker:
         self.max_k = config.num_draft_tokens
         self.tree_nodes = config.verify_nodes
         self.capture = self.proposer.aux_layers if self.proposer.needs_features else ()
+        self.draft_frac = self.proposer.cost_fraction(runner.model)  # a draft step / target step
+        self.tokens_per_k = 1 if self.topk == 1 else max(1, (self.tree_nodes - 1) // self.max_k)
         self.stats = Counter()  # steps_by_k.*, proposed, accepted, accept_len.*
 
     # ------------------------------------------------------------------ sizing
@@ -229,6 +231,11 @@ class SpecWorker:
 
     def _account(self, req: Request, k: int, proposed: int, accepted: int) -> None:
         self.stats[f"steps_by_k.{k}"] += 1
+        if proposed:  # per-token acceptance estimate for the goodput policy (EMA)
+            decay = 0.9
+            rejected = 1.0 if accepted < proposed else 0.0
+            req.spec_alpha_num = decay * req.spec_alpha_num + accepted
+            req.spec_alpha_den = decay * req.spec_alpha_den + accepted + rejected
         if k:
             self.stats["proposed"] += proposed
             self.stats["accepted"] += accepted

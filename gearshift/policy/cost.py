@@ -1,0 +1,76 @@
+"""Step-time model t(K, padded batch, context) for the goodput policy.
+
+    t(K, bs, ctx) = base[K](bs) + attn[K] * ctx_tokens          (milliseconds)
+
+`base[K]` is a piecewise-linear curve over measured batch sizes: profiled at start-up on
+the GPU (target forward over bs*(K+1) tokens plus the draft's steps), or a roofline
+default when nothing was measured. Every executed step feeds its measured device time
+back (`observe`), which moves the nearest table points by an EMA of the error, so the
+model tracks the real machine (and context growth) without a user-written table.
+
+Data flow: ModelRunner profile -> CostModel; Engine.step -> observe(K, bs, ctx, ms);
+GoodputPolicy.plan -> predict(K, bs, ctx).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CostModel:
+    # K -> sorted list of (batch size, ms)
+    base: dict[int, list[list[float]]] = field(default_factory=dict)
+    attn_ms_per_token: dict[int, float] = field(default_factory=dict)  # per context token
+    ema: float = 0.1
+    observations: int = 0
+
+    @classmethod
+    def roofline(cls, weight_bytes: float, flops_per_token: float, kv_bytes_per_token: float,
+                 max_k: int, batch_sizes: list[int], bandwidth: float = 4.2e12,
+                 flops: float = 7.0e14, overhead_ms: float = 0.3, draft_frac: float = 0.05,
+                 tokens_per_k: int = 1) -> CostModel:
+        """A prior from first principles: a step streams the weights once and computes every
+        token; drafting costs `draft_frac` of a step per draft step."""
+        m = cls()
+        for k in range(max_k + 1):
+            pts = []
+            for bs in batch_sizes:
+                tokens = bs * (1 + k * tokens_per_k)
+                t = max(weight_bytes / bandwidth, tokens * flops_per_token / flops) * 1e3
+                t *= 1 + draft_frac * k
+                pts.append([float(bs), t + overhead_ms])
+            m.base[k] = pts
+            m.attn_ms_per_token[k] = kv_bytes_per_token / bandwidth * 1e3
+        return m
+
+    def predict(self, k: int, bs: int, ctx_tokens: int) -> float:
+        return _interp(self.base[k], bs) + self.attn_ms_per_token.get(k, 0.0) * ctx_tokens
+
+    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float) -> None:
+        """Move the two table points around `bs` towards the measured step time."""
+        pts = self.base.get(k)
+        if not pts or ms <= 0:
+            return
+        err = ms - self.predict(k, bs, ctx_tokens)
+        xs = [p[0] for p in pts]
+        i = bisect.bisect_left(xs, bs)
+        for j in {max(i - 1, 0), min(i, len(pts) - 1)}:
+            w = 1.0 if len(pts) == 1 or xs[j] == bs else 0.5
+            pts[j][1] = max(pts[j][1] + self.ema * w * err, 1e-3)
+        self.observations += 1
+
+
+def _interp(pts: list[list[float]], x: float) -> float:
+    xs = [p[0] for p in pts]
+    i = bisect.bisect_left(xs, x)
+    if i <= 0:  # at or below the smallest measured batch: a step costs at least that
+        return pts[0][1]
+    if i >= len(pts):  # beyond the last point: extrapolate with the last slope
+        if len(pts) == 1:
+            return pts[-1][1]
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+        return y1 + (y1 - y0) / (x1 - x0) * (x - x1)
+    (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)

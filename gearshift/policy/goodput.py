@@ -1,0 +1,73 @@
+"""`goodput` (the default policy): pick the draft length K that maximises expected
+committed tokens per second for this step.
+
+    E_i(K) = (1 - a_i^(K+1)) / (1 - a_i)     expected tokens of request i with a chain of K
+                                             (per-token acceptance a_i, EMA with a prior)
+    G(K)   = sum_i E_i(K) / t(K, padded bs, context)      t from the CostModel
+
+Requests that opted out count 1 token at any K. Hysteresis: the current K is kept unless
+another K is predicted to be better by more than `margin` (no flapping on noise).
+As batches grow, t(K) rises faster than E(K) (verification turns compute-bound), and the
+argmax falls to K = 0: plain decode.
+
+Data flow: Scheduler -> plan(view) -> K; Engine -> observe(...) -> CostModel.
+"""
+
+from __future__ import annotations
+
+from gearshift.policy.base import Policy, PolicyView
+from gearshift.policy.cost import CostModel
+from gearshift.request import Request
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    if k == 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def acceptance(req: Request, prior: float, prior_weight: float) -> float:
+    """Per-token acceptance estimate: accepted / (accepted + rejections), with a prior."""
+    num = req.spec_alpha_num + prior * prior_weight
+    den = req.spec_alpha_den + prior_weight
+    return min(max(num / den, 0.0), 0.999)
+
+
+class GoodputPolicy(Policy):
+    def __init__(self, cost: CostModel, max_k: int, *, prior: float = 0.6,
+                 prior_weight: float = 4.0, margin: float = 0.05, pad=lambda bs: bs) -> None:
+        self.cost = cost
+        self.max_k = max_k
+        self.prior, self.prior_weight = prior, prior_weight
+        self.margin = margin
+        self.pad = pad  # batch size -> padded (graph) batch size
+        self.current_k = max_k
+        self.last_prediction: dict = {}
+
+    def goodput(self, view: PolicyView, k: int) -> tuple[float, float, float]:
+        """-> (expected tokens, predicted ms, tokens per ms) for a uniform K."""
+        bs = self.pad(len(view.requests))
+        ctx = sum(r.num_tokens for r in view.requests)
+        tokens = sum(expected_tokens(acceptance(r, self.prior, self.prior_weight), k)
+                     if self.eligible(r) else 1.0 for r in view.requests)
+        ms = self.cost.predict(k, bs, ctx)
+        return tokens, ms, tokens / ms
+
+    def plan(self, view: PolicyView) -> list[int]:
+        max_k = min(self.max_k, view.max_k)
+        if not any(self.eligible(r) for r in view.requests):
+            return [0] * len(view.requests)
+        scores = {k: self.goodput(view, k) for k in range(max_k + 1)}
+        best = max(scores, key=lambda k: scores[k][2])
+        cur = min(self.current_k, max_k)
+        if scores[best][2] <= scores[cur][2] * (1 + self.margin):
+            best = cur  # hysteresis: not clearly better, keep the gear we are in
+        self.current_k = best
+        self.last_prediction = {"k": best, "tokens": scores[best][0], "ms": scores[best][1],
+                                "bs": len(view.requests)}
+        return [best if self.eligible(r) else 0 for r in view.requests]
+
+    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float) -> None:
+        self.cost.observe(k, self.pad(bs), ctx_tokens, ms)

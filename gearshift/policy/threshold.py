@@ -1,0 +1,21 @@
+"""`threshold`: a batch-size -> K table, like the switches other engines ship
+(SGLang: speculation off at >= 64 running; vLLM's documented example: K=3 up to 64,
+K=1 up to 128, off above). Rows are (max batch size, K), checked in order."""
+
+from __future__ import annotations
+
+from gearshift.policy.base import Policy, PolicyView
+
+SGLANG_LIKE = ((63, None), (10**9, 0))  # None = the configured K
+VLLM_LIKE = ((64, 3), (128, 1), (10**9, 0))
+
+
+class ThresholdPolicy(Policy):
+    def __init__(self, table: tuple[tuple[int, int | None], ...], max_k: int) -> None:
+        self.table, self.max_k = table, max_k
+
+    def plan(self, view: PolicyView) -> list[int]:
+        bs = len(view.requests)
+        k = next((k for limit, k in self.table if bs <= limit), 0)
+        k = min(self.max_k if k is None else k, view.max_k)
+        return [k if self.eligible(r) else 0 for r in view.requests]
