@@ -1,0 +1,116 @@
+"""Policies with synthetic cost tables and acceptance (pure CPU)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gearshift.policy.base import PolicyView
+from gearshift.policy.cost import CostModel
+from gearshift.policy.goodput import GoodputPolicy, expected_tokens
+from gearshift.policy.randomized import RandomPolicy
+from gearshift.policy.static import AlwaysPolicy, OffPolicy
+from gearshift.policy.threshold import SGLANG_LIKE, VLLM_LIKE, ThresholdPolicy
+from gearshift.request import Request, SamplingParams
+
+
+def reqs(n, alpha=None, speculative=True, ctx=100):
+    out = []
+    for i in range(n):
+        r = Request(str(i), [1] * ctx, SamplingParams(speculative=speculative), 0)
+        if alpha is not None:  # as if many steps had been observed at this acceptance
+            r.spec_alpha_num, r.spec_alpha_den = 1000 * alpha, 1000.0
+        out.append(r)
+    return out
+
+
+def memory_bound_costs(max_k=5, sizes=(1, 8, 64, 256), knee_tokens=256, floor_ms=4.0):
+    """A decode step costs `floor_ms` until the step's tokens pass the knee, then grows
+    linearly (an H200-like roofline); K drafts cost bs*(K+1) tokens."""
+    m = CostModel()
+    for k in range(max_k + 1):
+        m.base[k] = [[float(bs), floor_ms * max(1.0, bs * (k + 1) / knee_tokens)] for bs in sizes]
+        m.attn_ms_per_token[k] = 0.0
+    return m
+
+
+def best_k_bruteforce(cost, alpha, bs, max_k):
+    return max(range(max_k + 1),
+               key=lambda k: bs * expected_tokens(alpha, k) / cost.predict(k, bs, 0))
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(1.0, 4) == 5.0
+
+
+@pytest.mark.parametrize("alpha,bs,want", [(0.8, 1, 5), (0.8, 8, 5), (0.3, 1, 5)])
+def test_goodput_picks_the_known_optimum_when_memory_bound(alpha, bs, want):
+    cost = memory_bound_costs()
+    pol = GoodputPolicy(cost, 5, margin=0.0)
+    ks = pol.plan(PolicyView(reqs(bs, alpha, ctx=1), 0, 5))
+    assert ks == [want] * bs == [best_k_bruteforce(cost, alpha, bs, 5)] * bs
+
+
+def test_goodput_goes_to_zero_when_verification_is_compute_bound():
+    cost = memory_bound_costs()
+    pol = GoodputPolicy(cost, 5, margin=0.0)
+    assert pol.plan(PolicyView(reqs(256, 0.7, ctx=1), 0, 5)) == [0] * 256
+    # in between, a shorter chain wins (the knee at 256 tokens: bs 64 -> K = 3)
+    ks = pol.plan(PolicyView(reqs(64, 0.7, ctx=1), 0, 5))
+    assert ks[0] == best_k_bruteforce(cost, 0.7, 64, 5) and 0 < ks[0] < 5
+
+
+def test_goodput_low_acceptance_means_no_speculation_when_drafting_costs():
+    cost = memory_bound_costs()
+    for k in range(1, 6):  # every draft step adds 10% to the step
+        for p in cost.base[k]:
+            p[1] *= 1 + 0.1 * k
+    pol = GoodputPolicy(cost, 5, margin=0.0)
+    assert pol.plan(PolicyView(reqs(4, 0.02, ctx=1), 0, 5)) == [0] * 4
+
+
+def test_goodput_hysteresis_holds_steady_under_noise():
+    rng = random.Random(0)
+    cost = memory_bound_costs()
+    pol = GoodputPolicy(cost, 5, margin=0.08)
+    chosen = []
+    for _ in range(300):
+        # acceptance that hovers where K=4 and K=5 are within a few percent of each other
+        alpha = 0.5 + rng.uniform(-0.03, 0.03)
+        chosen.append(pol.plan(PolicyView(reqs(2, alpha, ctx=1), 0, 5))[0])
+    flips = sum(a != b for a, b in zip(chosen, chosen[1:]))
+    assert flips <= 2
+    noiseless = GoodputPolicy(memory_bound_costs(), 5, margin=0.0)
+    assert noiseless.plan(PolicyView(reqs(2, 0.5, ctx=1), 0, 5))[0] == chosen[-1]
+
+
+def test_goodput_respects_opt_out_and_online_costs_move_the_decision():
+    cost = memory_bound_costs()
+    pol = GoodputPolicy(cost, 3, margin=0.0)
+    rs = reqs(4, 0.9) + reqs(2, 0.9, speculative=False)
+    ks = pol.plan(PolicyView(rs, 0, 3))
+    assert ks[:4] == [3] * 4 and ks[4:] == [0, 0]
+    # the machine turns out to be much slower when speculating: observations pull K down
+    for _ in range(200):
+        for k in (1, 2, 3):
+            pol.observe(k, 6, 0, 4.0 * (1 + 3 * k))
+    assert pol.plan(PolicyView(rs, 0, 3))[0] == 0
+
+
+def test_static_threshold_random_policies():
+    view = PolicyView(reqs(10), 0, 4)
+    assert OffPolicy().plan(view) == [0] * 10
+    assert AlwaysPolicy(4).plan(view) == [4] * 10
+    assert ThresholdPolicy(SGLANG_LIKE, 4).plan(view) == [4] * 10
+    assert ThresholdPolicy(SGLANG_LIKE, 4).plan(PolicyView(reqs(64), 0, 4)) == [0] * 64
+    assert ThresholdPolicy(VLLM_LIKE, 4).plan(PolicyView(reqs(100), 0, 4)) == [1] * 100
+    assert ThresholdPolicy(VLLM_LIKE, 4).plan(view) == [3] * 10
+    pol = RandomPolicy(4, seed=1)
+    seen = {tuple(pol.plan(view)) for _ in range(50)}
+    assert len(seen) > 10 and all(0 <= k <= 4 for ks in seen for k in ks)
+    mixed = reqs(3) + reqs(3, speculative=False)
+    assert all(ks[3:] == [0, 0, 0] for ks in (RandomPolicy(4, 2).plan(PolicyView(mixed, 0, 4))
+                                              for _ in range(20)))
