@@ -11,7 +11,15 @@ def register(sub) -> None:
     p = bsub.add_parser("offline", help="engine throughput and step time on synthetic prompts")
     offline.add_args(p)
     p.set_defaults(func=offline.run)
+    from gearshift.bench import spec_costs, sweep
     from gearshift.bench.serve import add_serve_bench_args, run_serve_bench
+
+    p = bsub.add_parser("spec-costs", help="decode vs verify vs draft-step device time (batch 1)")
+    spec_costs.add_args(p)
+    p.set_defaults(func=spec_costs.run)
+    p = bsub.add_parser("sweep", help="throughput vs concurrency for each speculation policy")
+    sweep.add_args(p)
+    p.set_defaults(func=sweep.run)
 
     p = bsub.add_parser("serve", help="load a running server with an async client")
     add_serve_bench_args(p)

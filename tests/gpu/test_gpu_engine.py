@@ -40,3 +40,23 @@ def test_qwen3_triton_matches_hf(tiny_qwen3_dir):
                        eos_token_id=None)[0, len(prompt):].tolist()
     got, _ = _run(tiny_qwen3_dir, "triton", True, [prompt])
     assert got[0] == want
+
+
+@pytest.mark.parametrize("spec", [
+    dict(speculative_algorithm="eagle3", num_draft_tokens=3),
+    dict(speculative_algorithm="eagle3", num_draft_tokens=3, draft_topk=2, num_verify_tokens=6),
+    dict(speculative_algorithm="ngram", num_draft_tokens=4, spec_policy="random"),
+])
+def test_speculation_on_gpu_matches_plain(tiny_llama_dir, tmp_path, spec):
+    """Triton attention (extend for chains, tree kernel for trees) + decode graphs with
+    feature capture: greedy speculative output equals plain output, fp32."""
+    from eagle3_checkpoints import make_eagle3_checkpoint
+
+    spec = dict(spec)
+    if spec["speculative_algorithm"] == "eagle3":
+        spec["draft_model"] = str(make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1]))
+    prompts = [list(range(3, 3 + n)) for n in (5, 17, 33, 2, 60, 9)]
+    ref, _ = _run(tiny_llama_dir, "triton", True, prompts)
+    got, llm = _run(tiny_llama_dir, "triton", True, prompts, **spec)
+    assert got == ref
+    assert llm.engine.spec_stats()["proposed"] > 0

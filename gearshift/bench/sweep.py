@@ -1,0 +1,188 @@
+"""`gearshift bench sweep`: output throughput and time per output token against
+concurrency (1, 2, 4, ... 256) for each speculation policy, on one target + draft pair:
+
+    off | always K=2 | always K=4 | tree | threshold (SGLang-like: off at >= 64)
+        | threshold-vllm (K=3 <= 64, K=1 <= 128, off above) | goodput (default)
+
+Concurrency c = at most c requests running (closed loop over c * rounds requests).
+Chain policies share one engine (max K = 4); the tree runs on its own engine. Prompts are
+held-out corpus files (real acceptance) or synthetic ids. Prints a table, writes JSON and
+a PNG plot, and reports the measured acceptance per point.
+
+Data flow: args -> LLM engines -> per (policy, c): Engine.step loop -> metrics -> JSON/PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from gearshift.request import SamplingParams
+
+CHAIN_POLICIES = ("off", "always-2", "always-4", "threshold", "threshold-vllm", "goodput")
+
+
+def make_prompts(tokenizer, vocab: int, n: int, input_len: int, seed: int) -> list[list[int]]:
+    if tokenizer is not None:
+        try:
+            from gearshift.train.corpus import load_texts
+
+            texts = load_texts("heldout")
+            ids = [tokenizer.encode(t)[:input_len] for t in texts if len(t) > 4 * input_len]
+            if ids:
+                return [ids[i % len(ids)] for i in range(n)]
+        except Exception:  # noqa: BLE001 (any corpus problem: fall back to synthetic prompts)
+            pass
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(10, vocab, (n, input_len), generator=g).tolist()
+
+
+def policy_object(name: str, engine, k_max: int):
+    from gearshift.policy.goodput import GoodputPolicy
+    from gearshift.policy.profile import build_cost_model
+    from gearshift.policy.static import AlwaysPolicy, OffPolicy
+    from gearshift.policy.threshold import SGLANG_LIKE, VLLM_LIKE, ThresholdPolicy
+
+    if name == "off":
+        return OffPolicy()
+    if name.startswith("always-"):
+        return AlwaysPolicy(int(name.split("-")[1]))
+    if name == "tree":
+        return AlwaysPolicy(k_max)
+    if name == "threshold":
+        return ThresholdPolicy(SGLANG_LIKE, k_max)
+    if name == "threshold-vllm":
+        return ThresholdPolicy(VLLM_LIKE, k_max)
+    cost = build_cost_model(engine.runner, k_max, engine.config.max_num_seqs,
+                            engine.spec.draft_frac, engine.spec.tokens_per_k)
+    return GoodputPolicy(cost, k_max, pad=engine.runner.decode_pad)
+
+
+def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: int) -> dict:
+    engine.scheduler.max_num_seqs = concurrency
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    before = dict(engine.spec.stats) if engine.spec else {}
+    first, last, count = {}, {}, {}
+    for i, p in enumerate(prompts):
+        engine.add_request(f"s{i}", p, params)
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        now = time.perf_counter()
+        for o in outs:
+            first.setdefault(o.request_id, now)
+            last[o.request_id] = now
+            count[o.request_id] = count.get(o.request_id, 0) + len(o.new_token_ids)
+    elapsed = time.perf_counter() - t0
+    tpot = [(last[r] - first[r]) / (count[r] - 1) * 1e3 for r in count if count[r] > 1]
+    stats = engine.spec.stats if engine.spec else {}
+    proposed = stats.get("proposed", 0) - before.get("proposed", 0)
+    accepted = stats.get("accepted", 0) - before.get("accepted", 0)
+    return {"concurrency": concurrency, "requests": len(prompts),
+            "output_tok_per_s": sum(count.values()) / elapsed,
+            "tpot_ms_median": statistics.median(tpot) if tpot else None,
+            "acceptance_rate": accepted / proposed if proposed else None,
+            "proposed": proposed, "accepted": accepted, "elapsed_s": elapsed}
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, pts in results.items():
+        xs = [p["concurrency"] for p in pts]
+        a.plot(xs, [p["output_tok_per_s"] for p in pts], marker="o", label=name)
+        b.plot(xs, [p["tpot_ms_median"] for p in pts], marker="o", label=name)
+    for ax, title in ((a, "output tokens/s"), (b, "time per output token (ms, median)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    a.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run(args) -> int:
+    from gearshift import LLM
+    from gearshift.bench.offline import environment
+    from gearshift.cli import engine_kwargs
+
+    kw = engine_kwargs(args)
+    kw.update(max_num_seqs=max(args.concurrency), spec_policy="off",
+              speculative_algorithm=args.speculative_algorithm, draft_model=args.draft_model)
+    concs = args.concurrency
+    results: dict[str, list[dict]] = {}
+    chain = LLM(**kw, num_draft_tokens=4)
+    eng = chain.engine
+    total = len(CHAIN_POLICIES) * len(concs) + (len(concs) if args.tree_topk else 0)
+    bar = tqdm(total=total, desc="sweep")
+    for name in CHAIN_POLICIES:
+        eng.scheduler.policy = policy_object(name, eng, 4)
+        results[name] = []
+        for c in concs:
+            prompts = make_prompts(chain.tokenizer, eng.model_config.vocab_size,
+                                   c * args.rounds, args.input_len, args.seed)
+            results[name].append(run_point(eng, prompts, c, args.output_len))
+            bar.update(1)
+    env = environment(chain)
+    del chain, eng
+    if args.tree_topk:
+        tree = LLM(**kw, num_draft_tokens=args.tree_depth, draft_topk=args.tree_topk,
+                   num_verify_tokens=args.tree_tokens)
+        tree.engine.scheduler.policy = policy_object("tree", tree.engine, args.tree_depth)
+        name = f"tree-{args.tree_topk}x{args.tree_depth}-{args.tree_tokens}"
+        results[name] = []
+        for c in concs:
+            prompts = make_prompts(tree.tokenizer, tree.engine.model_config.vocab_size,
+                                   c * args.rounds, args.input_len, args.seed)
+            results[name].append(run_point(tree.engine, prompts, c, args.output_len))
+            bar.update(1)
+    bar.close()
+    _print(results)
+    with open(args.output_json, "w") as f:
+        json.dump({"results": results, "env": env, "args": vars(args) | {"func": None}}, f,
+                  indent=1, default=str)
+    plot(results, args.output_png)
+    return 0
+
+
+def _print(results: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="output tok/s by concurrency (acceptance)")
+    t.add_column("policy")
+    concs = [p["concurrency"] for p in next(iter(results.values()))]
+    for c in concs:
+        t.add_column(str(c), justify="right")
+    for name, pts in results.items():
+        t.add_row(name, *[f"{p['output_tok_per_s']:.0f}" + (
+            f" ({p['acceptance_rate']:.2f})" if p["acceptance_rate"] is not None else "")
+            for p in pts])
+    Console().print(t)
+
+
+def add_args(p) -> None:
+    from gearshift.cli import add_engine_args
+
+    add_engine_args(p)
+    p.add_argument("--speculative-algorithm", default="eagle3")
+    p.add_argument("--draft-model", default=None)
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
+                   default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    p.add_argument("--rounds", type=int, default=2, help="requests per point = c * rounds")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--tree-topk", type=int, default=4)
+    p.add_argument("--tree-depth", type=int, default=4)
+    p.add_argument("--tree-tokens", type=int, default=16)
+    p.add_argument("--output-json", default="bench_sweep.json")
+    p.add_argument("--output-png", default="bench_sweep.png")
