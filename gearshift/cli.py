@@ -28,6 +28,15 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
     g.add_argument("--attention-backend", choices=["torch", "triton"])
     g.add_argument("--no-cuda-graphs", action="store_true")
     g.add_argument("--seed", type=int, default=0)
+    s = p.add_argument_group("speculative decoding")
+    s.add_argument("--speculative-algorithm", choices=["eagle3", "draft", "ngram"],
+                   help="off unless given; eagle3 without --draft-model uses the embedded head")
+    s.add_argument("--draft-model", help="EAGLE-3 head or draft model directory")
+    s.add_argument("--num-draft-tokens", type=int, help="K: draft depth (default 4)")
+    s.add_argument("--draft-topk", type=int, help="1 = chain (default); > 1 = tree width")
+    s.add_argument("--num-verify-tokens", type=int, help="tree budget incl. the root")
+    s.add_argument("--spec-policy",
+                   help="goodput (default) | always | off | threshold | threshold-vllm | random")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -42,6 +51,12 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               max_model_len=args.max_model_len, cuda_graphs=not args.no_cuda_graphs)
     if args.attention_backend:
         kw["attention_backend"] = args.attention_backend
+    for name in ("speculative_algorithm", "draft_model", "num_draft_tokens", "draft_topk",
+                 "num_verify_tokens", "spec_policy"):
+        if getattr(args, name, None) is not None:
+            kw[name] = getattr(args, name)
+    if kw.get("draft_model") and "speculative_algorithm" not in kw:
+        raise SystemExit("error: --draft-model needs --speculative-algorithm eagle3|draft")
     return kw
 
 

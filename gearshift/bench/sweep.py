@@ -116,8 +116,9 @@ def run(args) -> int:
     from gearshift.cli import engine_kwargs
 
     kw = engine_kwargs(args)
-    kw.update(max_num_seqs=max(args.concurrency), spec_policy="off",
-              speculative_algorithm=args.speculative_algorithm, draft_model=args.draft_model)
+    kw.update(max_num_seqs=max(args.concurrency), spec_policy="off")
+    kw.setdefault("speculative_algorithm", "eagle3")
+    kw.pop("num_draft_tokens", None)
     concs = args.concurrency
     results: dict[str, list[dict]] = {}
     chain = LLM(**kw, num_draft_tokens=4)
@@ -174,8 +175,6 @@ def add_args(p) -> None:
     from gearshift.cli import add_engine_args
 
     add_engine_args(p)
-    p.add_argument("--speculative-algorithm", default="eagle3")
-    p.add_argument("--draft-model", default=None)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                    default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
     p.add_argument("--rounds", type=int, default=2, help="requests per point = c * rounds")

@@ -15,16 +15,6 @@ from gearshift.config import ConfigError
 
 log = logging.getLogger("gearshift.server")
 
-# --flag -> EngineConfig field it would set; passed through once the engine has the field.
-SPEC_FLAGS = {
-    "draft_model": "draft_model",
-    "speculative_algorithm": "speculative_algorithm",
-    "num_draft_tokens": "num_draft_tokens",
-    "draft_topk": "draft_topk",
-    "spec_policy": "spec_policy",
-}
-
-
 def register(sub) -> None:
     from gearshift.cli import add_engine_args
 
@@ -40,32 +30,7 @@ def register(sub) -> None:
                    help="queued requests beyond which new ones get 503 + Retry-After")
     g.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
                    help="request bodies larger than this get 413")
-    s = p.add_argument_group("speculation (passed to the engine once it supports them)")
-    s.add_argument("--draft-model", help="draft model directory (EAGLE-3 head or small LM)")
-    s.add_argument("--speculative-algorithm", help="eagle3 | draft | ngram")
-    s.add_argument("--num-draft-tokens", type=int, help="K: draft tokens per step")
-    s.add_argument("--draft-topk", type=int, help="tree width (1: chain)")
-    s.add_argument("--spec-policy", help="off | always | threshold | goodput | random")
     p.set_defaults(func=run)
-
-
-def speculation_options(args: argparse.Namespace) -> dict:
-    """The speculation flags given, as engine options; ConfigError if the engine lacks one."""
-    from gearshift.config import EngineConfig
-
-    known = set(EngineConfig.__dataclass_fields__)
-    options = {}
-    for flag, field in SPEC_FLAGS.items():
-        value = getattr(args, flag, None)
-        if value is None:
-            continue
-        if field not in known:
-            raise ConfigError(
-                f"--{flag.replace('_', '-')} is not supported by this engine yet "
-                "(speculative decoding has not landed); drop the flag to serve without it"
-            )
-        options[field] = value
-    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("binding %s without an API key: anyone who can reach it can use it",
                     args.host)
-    config = build_engine_config(**engine_kwargs(args), **speculation_options(args))
+    config = build_engine_config(**engine_kwargs(args))
     engine = Engine(config)
     app = build_app(AsyncEngine(engine), api_key=api_key, max_waiting=args.max_waiting,
                     max_body_bytes=args.max_body_bytes)
