@@ -1,6 +1,7 @@
-"""`gearshift train-tiny-lm` and `gearshift make-bench-model`.
+"""`gearshift train-tiny-lm`, `gearshift train-eagle3` and `gearshift make-bench-model`.
 
-Data flow: argv -> gearshift/cli.py -> register() here -> tiny_lm.train / widen.make_bench_model.
+Data flow: argv -> gearshift/cli.py -> register() here -> tiny_lm.train / eagle3.train /
+widen.make_bench_model.
 Heavy imports (torch, transformers) happen only when a subcommand runs.
 """
 
@@ -17,6 +18,13 @@ def _train_tiny_lm(args: argparse.Namespace) -> int:
     from gearshift.train import tiny_lm
 
     tiny_lm.train(args)
+    return 0
+
+
+def _train_eagle3(args: argparse.Namespace) -> int:
+    from gearshift.train import eagle3
+
+    eagle3.train(args)
     return 0
 
 
@@ -40,6 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train-tiny-lm", help="train the default tiny Llama target")
     tiny_lm.build_parser(p)
     p.set_defaults(func=_train_tiny_lm)
+
+    from gearshift.train import eagle3
+
+    p = sub.add_parser("train-eagle3", help="train an EAGLE-3 draft head for a target model")
+    eagle3.build_parser(p)
+    p.set_defaults(func=_train_eagle3)
 
     p = sub.add_parser(
         "make-bench-model",

@@ -1,0 +1,439 @@
+"""Train an EAGLE-3 draft head for a frozen Llama-family target (online, as SpecForge does).
+
+Data flow (default model):  token ids (corpus cache) -> target (HF `LlamaForCausalLM`,
+frozen, `output_hidden_states`) -> features [B, T, 3*H_t] + target logits [B, T, V]
+-> Eagle3Trainable (plain torch, training-time test over S draft steps) -> soft-label loss
+-> config.json + model.safetensors in the public EAGLE-3 layout -> models/eagle3_loader.py.
+
+Training-time test (TTT), indexed by window position i (tokens x_0..x_{T-1}, f_i = target
+features at i, p_i = target next-token distribution at i, i.e. over x_{i+1}):
+
+    step 1   row i: (emb(x_{i+1}), fc(f_i)),  position i,      predicts p_{i+1}
+    step s   row i: (emb(x_{i+s}), h_{s-1,i}), position i+s-1, predicts p_{i+s}
+             (h_{s-1,i}: the draft's own prenorm output of step s-1 at the same row)
+
+Attention of a step-s row i -- exactly what the engine's draft steps see (spec/drafter.py:
+the depth-s row sits at position L+s-2 and attends to the committed draft KV plus its
+ancestors' scratch slots):
+
+    keys:  step-1 rows 0..i (causal)  |  step-2 row i | ... | step-s row i (the diagonal)
+    query step 1, row i:  K1[0..i]
+    query step 3, row i:  K1[0..i] , K2[i] , K3[i]
+
+Loss: soft cross-entropy to the target's distribution restricted (and renormalised) to
+the draft vocabulary, over rows whose target argmax lies in the draft vocabulary, step s
+weighted by 0.8^(s-1). Accuracy: the draft's argmax (mapped to target ids) equals the
+target's argmax, over every valid row.
+
+Usage: gearshift train-eagle3 --target DIR --out DIR [--minutes M --steps N ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM
+
+DEFAULT_TOKEN_CACHE = Path(".cache") / "corpus_tokens"
+
+
+@dataclass(frozen=True, slots=True)
+class HeadShape:
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, int, int]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _linear(n_in: int, n_out: int) -> nn.Linear:
+    return nn.Linear(n_in, n_out, bias=False)
+
+
+class Eagle3Trainable(nn.Module):
+    """The draft head as a training module. Its state_dict keys are the public layout's
+    (`midlayer.*`, `fc`, `norm`, `lm_head`, `d2t`); the embedding is the target's, frozen,
+    held outside the state_dict."""
+
+    def __init__(self, shape: HeadShape, embed: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, draft_ids: torch.Tensor) -> None:
+        super().__init__()
+        self.shape = shape
+        h, d = shape.hidden_size, shape.head_dim
+        self.embed = embed.detach()  # [vocab, H] frozen, not a parameter
+        self.cos, self.sin = cos, sin  # [max_pos, D/2] fp32 (gearshift RotaryEmbedding tables)
+        self.fc = _linear(3 * shape.target_hidden_size, h)
+        self.midlayer = nn.Module()
+        m = self.midlayer
+        m.input_layernorm = RMSNorm(h, shape.rms_norm_eps)
+        m.hidden_norm = RMSNorm(h, shape.rms_norm_eps)
+        m.post_attention_layernorm = RMSNorm(h, shape.rms_norm_eps)
+        m.self_attn = nn.Module()
+        m.self_attn.q_proj = _linear(2 * h, shape.num_heads * d)
+        m.self_attn.k_proj = _linear(2 * h, shape.num_kv_heads * d)
+        m.self_attn.v_proj = _linear(2 * h, shape.num_kv_heads * d)
+        m.self_attn.o_proj = _linear(shape.num_heads * d, h)
+        m.mlp = nn.Module()
+        m.mlp.gate_proj = _linear(h, shape.intermediate_size)
+        m.mlp.up_proj = _linear(h, shape.intermediate_size)
+        m.mlp.down_proj = _linear(shape.intermediate_size, h)
+        self.norm = RMSNorm(h, shape.rms_norm_eps)
+        self.lm_head = _linear(h, shape.draft_vocab_size)
+        # target id = draft id + d2t[draft id]
+        self.register_buffer("d2t", draft_ids - torch.arange(shape.draft_vocab_size))
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x: [B, heads, T, D]; positions: [T] -> neox-style rotation (rotate halves)
+        cos, sin = self.cos[positions], self.sin[positions]  # [T, D/2]
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    def _attention(self, x: torch.Tensor, positions: torch.Tensor,
+                   cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        # x: [B, T, 2H] -> [B, T, H]; cache: (k, v) [B, Hkv, T, D] of the previous steps
+        b, t, _ = x.shape
+        s, attn = self.shape, self.midlayer.self_attn
+        q = attn.q_proj(x).view(b, t, s.num_heads, s.head_dim).transpose(1, 2)  # [B, Hq, T, D]
+        k = attn.k_proj(x).view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        v = attn.v_proj(x).view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        q, k = self._rope(q, positions), self._rope(k, positions)
+        cache.append((k, v))
+        group = s.num_heads // s.num_kv_heads
+        qg = q.view(b, s.num_kv_heads, group, t, s.head_dim)  # q head h uses kv head h // group
+        scale = s.head_dim ** -0.5
+        k1, v1 = cache[0]
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        scores = [(qg @ k1[:, :, None].transpose(-1, -2) * scale).masked_fill(~causal, -torch.inf)]
+        for kj, _ in cache[1:]:  # the diagonal: row i of every later step sees only row i
+            scores.append((qg * kj[:, :, None]).sum(-1, keepdim=True) * scale)  # [B,Hkv,G,T,1]
+        probs = torch.cat(scores, dim=-1).softmax(-1)  # [B, Hkv, G, T, T + steps - 1]
+        out = probs[..., :t] @ v1[:, :, None]  # [B, Hkv, G, T, D]
+        for j, (_, vj) in enumerate(cache[1:]):
+            out = out + probs[..., t + j: t + j + 1] * vj[:, :, None]
+        out = out.reshape(b, s.num_heads, t, s.head_dim).transpose(1, 2).reshape(b, t, -1)
+        return attn.o_proj(out)
+
+    def step(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+             cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """One draft step (gearshift.models.eagle3 semantics). ids: [B, T]; hidden: target
+        features [B, T, 3*H_t] or the previous step's prenorm [B, T, H] -> prenorm [B, T, H]."""
+        m = self.midlayer
+        if hidden.shape[-1] != self.shape.hidden_size:
+            hidden = self.fc(hidden)
+        embeds = self.embed[ids]  # [B, T, H]
+        x = torch.cat([m.input_layernorm(embeds), m.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+        residual = self._attention(x, positions, cache) + hidden
+        x = m.post_attention_layernorm(residual)
+        return m.mlp.down_proj(F.silu(m.mlp.gate_proj(x)) * m.mlp.up_proj(x)) + residual
+
+    def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(prenorm))  # [..., draft_vocab]
+
+    def forward(self, ids: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """TTT forward. ids: [B, T] tokens x_0..; features: [B, T, 3*H_t]. Returns the logits
+        [B, T, draft_vocab] of steps 1..`steps`; step s row i predicts token x_{i+s+1}."""
+        t = ids.shape[1]
+        cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        hidden, out = features, []
+        base = torch.arange(t, device=ids.device)
+        for s in range(1, steps + 1):
+            shifted = F.pad(ids[:, s:], (0, s))  # row i: x_{i+s} (0 past the window's end)
+            hidden = self.step(shifted, hidden, base + (s - 1), cache)
+            out.append(self.logits(hidden))
+        return out
+
+
+def select_draft_vocab(tokens: np.ndarray, vocab_size: int, size: int) -> torch.Tensor:
+    """The `size` most frequent token ids of `tokens`, ascending: [size] int64."""
+    counts = np.bincount(tokens.astype(np.int64), minlength=vocab_size)[:vocab_size]
+    top = np.argsort(-counts, kind="stable")[:size]
+    return torch.from_numpy(np.sort(top)).long()
+
+
+@torch.no_grad()
+def target_outputs(target: LlamaForCausalLM, ids: torch.Tensor,
+                   aux: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids: [B, T] -> (features [B, T, 3*H_t] = cat of hidden_states[i + 1] for the aux
+    ids, target logits [B, T, V] float32)."""
+    out = target(input_ids=ids, output_hidden_states=True)
+    feats = torch.cat([out.hidden_states[i + 1] for i in aux], dim=-1)
+    return feats.float(), out.logits.float()
+
+
+def ttt_loss(logits: list[torch.Tensor], target_logits: torch.Tensor, draft_ids: torch.Tensor,
+             t2d: torch.Tensor, decay: float = 0.8) -> tuple[torch.Tensor, list[float]]:
+    """Weighted soft-label loss over the TTT steps and per-step top-1 accuracy.
+    target_logits: [B, T, V]; t2d: [V] draft index of each target id, -1 outside."""
+    t = target_logits.shape[1]
+    tgt_p = target_logits[..., draft_ids].softmax(-1)  # [B, T, Vd] restricted, renormalised
+    tgt_arg = t2d[target_logits.argmax(-1)]  # [B, T] draft index of the target argmax, or -1
+    total, accs = target_logits.new_zeros(()), []
+    for s, lg in enumerate(logits, start=1):
+        n = t - s  # rows 0..T-1-s have a target p_{i+s}
+        p, arg, lp = tgt_p[:, s:], tgt_arg[:, s:], lg[:, :n].float().log_softmax(-1)
+        mask = (arg >= 0).float()  # [B, n]
+        ce = -(p * lp).sum(-1)
+        total = total + decay ** (s - 1) * (ce * mask).sum() / mask.sum().clamp_min(1.0)
+        accs.append((lg[:, :n].argmax(-1) == arg).float().mean().item())
+    return total, accs
+
+
+def load_tokens(data: str | None, target_dir: Path) -> dict[str, np.ndarray]:
+    """Token ids: a .npy file (last 2% = val), a cache dir with train.npy (+ val.npy), or
+    None: the stdlib corpus cache (.cache/corpus_tokens, built with the target's tokenizer)."""
+    if data and data.endswith(".npy"):
+        arr = np.load(data)
+        cut = int(arr.size * 0.98)
+        return {"train": arr[:cut], "val": arr[cut:]}
+    if data and (Path(data) / "train.npy").exists() and not (Path(data) / "meta.json").exists():
+        d = Path(data)
+        val = d / "val.npy"
+        return {"train": np.load(d / "train.npy"), "val": np.load(val) if val.exists() else None}
+    from gearshift.train import tiny_lm
+
+    return tiny_lm.prepare_tokens(target_dir, Path(data) if data else DEFAULT_TOKEN_CACHE)
+
+
+def sample_windows(tokens: np.ndarray, batch: int, seq_len: int,
+                   rng: np.random.Generator) -> torch.Tensor:
+    starts = rng.integers(0, tokens.size - seq_len, size=batch)
+    return torch.from_numpy(tokens[starts[:, None] + np.arange(seq_len)].astype(np.int64))
+
+
+def build_head(args: argparse.Namespace, target: LlamaForCausalLM, target_dir: Path,
+               draft_ids: torch.Tensor) -> Eagle3Trainable:
+    from gearshift.config import ModelConfig
+    from gearshift.models.eagle3_loader import Eagle3Config
+    from gearshift.models.layers import RotaryEmbedding
+
+    tcfg = ModelConfig.from_dir(target_dir)
+    n = tcfg.num_layers
+    aux = tuple(args.aux_layers) if args.aux_layers else (1, n // 2 - 1, n - 4)
+    shape = HeadShape(
+        hidden_size=tcfg.hidden_size,
+        intermediate_size=args.intermediate_size or tcfg.intermediate_size,
+        num_heads=args.num_heads or tcfg.num_heads,
+        num_kv_heads=args.num_kv_heads or tcfg.num_kv_heads,
+        head_dim=tcfg.head_dim, rms_norm_eps=tcfg.rms_norm_eps, vocab_size=tcfg.vocab_size,
+        draft_vocab_size=int(draft_ids.numel()), target_hidden_size=tcfg.hidden_size,
+        aux_layer_ids=aux,  # type: ignore[arg-type]
+    )
+    Eagle3Config.from_dict(head_config(shape, target_dir)).aux_layer_ids(n)  # validate early
+    rope = RotaryEmbedding(tcfg.head_dim, tcfg.max_position_embeddings, tcfg.rope_theta,
+                           tcfg.rope_scaling)
+    head = Eagle3Trainable(shape, target.get_input_embeddings().weight.float(),
+                           rope.cos, rope.sin, draft_ids)
+    if args.init_from_target:  # warm start: the target's own output layer on the draft rows
+        with torch.no_grad():
+            head.lm_head.weight.copy_(target.get_output_embeddings().weight[draft_ids].float())
+            head.norm.weight.copy_(target.model.norm.weight.float())
+    return head
+
+
+def load_trainable(head_dir: Path, target: LlamaForCausalLM,
+                   target_dir: Path) -> Eagle3Trainable:
+    """A saved head (this trainer's layout) back as a training module, e.g. to resume."""
+    from safetensors.torch import load_file
+
+    cfg = json.loads((Path(head_dir) / "config.json").read_text())
+    tensors = load_file(str(Path(head_dir) / "model.safetensors"))
+    draft_ids = torch.arange(cfg["draft_vocab_size"]) + tensors["d2t"]
+    args = argparse.Namespace(
+        aux_layers=cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+        intermediate_size=cfg["intermediate_size"], num_heads=cfg["num_attention_heads"],
+        num_kv_heads=cfg["num_key_value_heads"], init_from_target=False)
+    head = build_head(args, target, target_dir, draft_ids)
+    head.load_state_dict({k: v.float() if v.is_floating_point() else v
+                          for k, v in tensors.items() if k != "t2d"})
+    return head
+
+
+def head_config(shape: HeadShape, target_dir: Path, dtype: str = "float32") -> dict:
+    """config.json of the public layout; RoPE and max positions are the target's."""
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    rope = {k: tcfg[k] for k in ("rope_theta", "rope_scaling", "rope_parameters")
+            if tcfg.get(k) is not None}
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+        "num_hidden_layers": 1, "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_attention_heads": shape.num_heads, "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim, "hidden_act": "silu", "rms_norm_eps": shape.rms_norm_eps,
+        **rope, "max_position_embeddings": tcfg.get("max_position_embeddings", 2048),
+        "vocab_size": shape.vocab_size, "draft_vocab_size": shape.draft_vocab_size,
+        "target_hidden_size": shape.target_hidden_size, "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(shape.aux_layer_ids),
+                         "use_aux_hidden_state": True},
+    }
+
+
+def save_head(head: Eagle3Trainable, target_dir: Path, out: Path, dtype: str,
+              report: dict | None = None) -> None:
+    """config.json + model.safetensors (+ training.json) in the public EAGLE-3 layout."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: (v if k == "d2t" else v.to(getattr(torch, dtype))).contiguous()
+               for k, v in head.state_dict().items()}
+    t2d = torch.zeros(head.shape.vocab_size, dtype=torch.bool)
+    t2d[torch.arange(head.shape.draft_vocab_size) + head.d2t] = True
+    tensors["t2d"] = t2d
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = head_config(head.shape, target_dir, dtype)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    if report is not None:
+        (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+@torch.no_grad()
+def evaluate(head: Eagle3Trainable, target: LlamaForCausalLM, tokens: np.ndarray,
+             args: argparse.Namespace, t2d: torch.Tensor, windows: int = 16) -> list[float]:
+    """Per-step top-1 accuracy on fixed, evenly spaced windows of a held-out split."""
+    seq = min(args.seq_len, tokens.size - 1)
+    starts = np.linspace(0, tokens.size - seq - 1, windows).astype(np.int64)
+    ids = torch.from_numpy(tokens[starts[:, None] + np.arange(seq)].astype(np.int64))
+    accs = np.zeros(args.ttt_steps)
+    for chunk in ids.to(args.device).split(args.batch_size):
+        feats, tl = target_outputs(target, chunk, head.shape.aux_layer_ids)
+        _, a = ttt_loss(head(chunk, feats, args.ttt_steps), tl, head.d2t + torch.arange(
+            head.shape.draft_vocab_size, device=chunk.device), t2d)
+        accs += np.array(a) * chunk.shape[0]
+    return [round(float(a), 4) for a in accs / ids.shape[0]]
+
+
+def train(args: argparse.Namespace) -> dict:
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    target_dir, out = Path(args.target), Path(args.out)
+    tokens = load_tokens(args.data, target_dir)
+    target = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    target = target.to(args.device).eval().requires_grad_(False)
+    vocab = target.config.vocab_size
+    if args.resume:
+        head = load_trainable(Path(args.resume), target, target_dir).to(args.device)
+        draft_ids = torch.arange(head.shape.draft_vocab_size) + head.d2t.cpu()
+    else:
+        draft_ids = select_draft_vocab(tokens["train"], vocab, args.draft_vocab_size)
+        head = build_head(args, target, target_dir, draft_ids).to(args.device)
+    head.embed, head.cos, head.sin = (x.to(args.device) for x in (head.embed, head.cos, head.sin))
+    draft_ids = draft_ids.to(args.device)
+    t2d = torch.full((vocab,), -1, dtype=torch.long, device=args.device)
+    t2d[draft_ids] = torch.arange(draft_ids.numel(), device=args.device)
+    params = [p for p in head.parameters() if p.requires_grad]
+    num_params = sum(p.numel() for p in params)
+    print(f"EAGLE-3 head: {num_params / 1e6:.2f}M parameters, draft vocab {draft_ids.numel()}, "
+          f"aux layers {list(head.shape.aux_layer_ids)}, TTT steps {args.ttt_steps}", flush=True)
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    budget_s, step, t0, log = args.minutes * 60.0, 0, time.time(), []
+    while True:
+        progress = max(step / args.steps, (time.time() - t0) / budget_s)
+        if progress >= 1.0:
+            break
+        warm = min(1.0, (step + 1) / args.warmup_steps)
+        lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        ids = sample_windows(tokens["train"], args.batch_size, args.seq_len, rng).to(args.device)
+        feats, target_logits = target_outputs(target, ids, head.shape.aux_layer_ids)
+        loss, accs = ttt_loss(head(ids, feats, args.ttt_steps), target_logits, draft_ids, t2d)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
+        opt.step()
+        step += 1
+        if step % args.log_every == 0 or step == 1:
+            log.append({"step": step, "loss": round(loss.item(), 4),
+                        "acc": [round(a, 3) for a in accs]})
+            print(f"step {step:5d} loss {loss.item():.4f} lr {lr:.2e} acc/step "
+                  f"{' '.join(f'{a:.3f}' for a in accs)} elapsed {time.time() - t0:.0f}s",
+                  flush=True)
+    train_seconds = time.time() - t0
+    val = tokens.get("val")
+    val_acc = evaluate(head, target, val, args, t2d) if val is not None and val.size > 64 else None
+    print(f"done: {step} steps in {train_seconds:.0f}s; val acc/step {val_acc}", flush=True)
+    report = {
+        "command": " ".join(["gearshift train-eagle3", *sys.argv[1:]])
+        if args.record_command else None,
+        "args": {k: v for k, v in vars(args).items() if isinstance(v, str | int | float | None)},
+        "shape": asdict(head.shape), "num_parameters": num_params, "steps": step,
+        "tokens_seen": step * args.batch_size * args.seq_len,
+        "train_seconds": round(train_seconds, 1), "val_top1_acc_per_step": val_acc,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "torch": torch.__version__, "train_log": log,
+    }
+    save_head(head.cpu(), target_dir, out, args.save_dtype, report)
+    print(f"saved EAGLE-3 head to {out}", flush=True)
+    return report
+
+
+def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    ap = ap or argparse.ArgumentParser(description="Train an EAGLE-3 draft head.")
+    ap.add_argument("--target", required=True, help="target HF Llama checkpoint directory")
+    ap.add_argument("--out", required=True, help="head directory to write")
+    ap.add_argument("--data", default=None,
+                    help="token ids: a .npy file, a dir with train.npy, or a corpus cache dir "
+                         f"(default: {DEFAULT_TOKEN_CACHE}, built with the target's tokenizer)")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda")
+    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup-steps", type=int, default=50)
+    ap.add_argument("--grad-clip", type=float, default=0.5)
+    ap.add_argument("--ttt-steps", type=int, default=5, choices=range(1, 8), metavar="3..7")
+    ap.add_argument("--draft-vocab-size", type=int, default=3072)
+    ap.add_argument("--intermediate-size", type=int, default=None, help="default: target's")
+    ap.add_argument("--num-heads", type=int, default=None, help="default: target's")
+    ap.add_argument("--num-kv-heads", type=int, default=None, help="default: target's")
+    ap.add_argument("--aux-layers", type=int, nargs=3, default=None,
+                    help="target layer ids (default [1, N//2-1, N-4])")
+    ap.add_argument("--resume", default=None,
+                    help="start from a saved head (its shape and draft vocabulary)")
+    ap.add_argument("--no-init-from-target", dest="init_from_target", action="store_false",
+                    help="random lm_head/norm instead of the target's rows")
+    ap.add_argument("--save-dtype", choices=("bfloat16", "float16", "float32"),
+                    default="bfloat16")
+    ap.add_argument("--log-every", type=int, default=10)
+    ap.set_defaults(record_command=True)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    train(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
