@@ -37,7 +37,8 @@ def acceptance(req: Request, prior: float, prior_weight: float) -> float:
 
 class GoodputPolicy(Policy):
     def __init__(self, cost: CostModel, max_k: int, *, prior: float = 0.6,
-                 prior_weight: float = 4.0, margin: float = 0.05, pad=lambda bs: bs) -> None:
+                 prior_weight: float = 4.0, margin: float = 0.05, pad=lambda bs: bs,
+                 explore_every: int = 64) -> None:
         self.cost = cost
         self.max_k = max_k
         self.prior, self.prior_weight = prior, prior_weight
@@ -45,6 +46,10 @@ class GoodputPolicy(Policy):
         self.pad = pad  # batch size -> padded (graph) batch size
         self.current_k = max_k
         self.last_prediction: dict = {}
+        # While in K = 0, a K whose predicted goodput is within half of the best is tried
+        # once every `explore_every` steps, so its cost and acceptance estimates stay fresh.
+        self.explore_every = explore_every
+        self._steps_at_zero = 0
 
     def goodput(self, view: PolicyView, k: int) -> tuple[float, float, float]:
         """-> (expected tokens, predicted ms, tokens per ms) for a uniform K."""
@@ -65,6 +70,14 @@ class GoodputPolicy(Policy):
         if scores[best][2] <= scores[cur][2] * (1 + self.margin):
             best = cur  # hysteresis: not clearly better, keep the gear we are in
         self.current_k = best
+        if best == 0:
+            self._steps_at_zero += 1
+            runner_up = max(range(1, max_k + 1), key=lambda k: scores[k][2], default=0)
+            if (runner_up and self._steps_at_zero % self.explore_every == 0
+                    and scores[runner_up][2] >= 0.5 * scores[0][2]):
+                return [runner_up if self.eligible(r) else 0 for r in view.requests]
+        else:
+            self._steps_at_zero = 0
         self.last_prediction = {"k": best, "tokens": scores[best][0], "ms": scores[best][1],
                                 "bs": len(view.requests)}
         return [best if self.eligible(r) else 0 for r in view.requests]

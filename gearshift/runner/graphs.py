@@ -99,3 +99,35 @@ class DecodeGraphRunner:
         b.prefix_lens[:bs].copy_(fb.prefix_lens)
         self.graphs[bs].replay()
         return self.outputs[bs]
+
+
+class ShapeGraphs:
+    """Lazily captured CUDA graphs for fixed-shape forwards other than DECODE (VERIFY over
+    a uniform number of candidates per request, DRAFT steps). A key names the shape; the
+    first call with a key warms up and captures `fn(static_inputs)`, later calls copy the
+    inputs into the static tensors and replay. All graphs share one memory pool."""
+
+    def __init__(self, pool=None) -> None:
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        self.entries: dict[tuple, tuple[torch.cuda.CUDAGraph, dict, object]] = {}
+
+    @torch.inference_mode()
+    def run(self, key: tuple, fn, inputs: dict[str, torch.Tensor]):
+        entry = self.entries.get(key)
+        if entry is None:
+            static = {k: v.clone() for k, v in inputs.items()}
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    fn(static)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    out = fn(static)
+            torch.cuda.current_stream().wait_stream(stream)
+            entry = self.entries[key] = (graph, static, out)
+        graph, static, out = entry
+        for k, v in inputs.items():
+            static[k].copy_(v)
+        graph.replay()
+        return out

@@ -16,7 +16,7 @@ from gearshift.attention.base import KVCache, create_backend
 from gearshift.config import ConfigError, EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch
 from gearshift.models.loader import DTYPES, load_model
-from gearshift.runner.graphs import DecodeGraphRunner
+from gearshift.runner.graphs import DecodeGraphRunner, ShapeGraphs
 from gearshift.runner.sampler import SamplingBatch, sample
 
 log = logging.getLogger("gearshift.runner")
@@ -47,6 +47,7 @@ class ModelRunner:
         self._events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                         if self.device.type == "cuda" else None)
         self.graphs: DecodeGraphRunner | None = None
+        self.shape_graphs: ShapeGraphs | None = None  # VERIFY / DRAFT graphs, captured lazily
         self.capture: tuple[int, ...] = ()  # target layers whose outputs the draft consumes
 
     def prepare_hot_path(self, capture: tuple[int, ...] = ()) -> None:
@@ -65,6 +66,7 @@ class ModelRunner:
         self.attn.reserve_decode_workspace(self.config.max_num_seqs, cfg.num_heads, cfg.head_dim)
         self.graphs = DecodeGraphRunner(self._forward_logits, self.config.max_num_seqs, self.device)
         self.graphs.capture()
+        self.shape_graphs = ShapeGraphs(self.graphs.pool)
         log.info("captured %d decode graphs in %.1fs", len(self.graphs.graphs),
                  time.perf_counter() - t0)
 
@@ -113,19 +115,30 @@ class ModelRunner:
             self._events[1].record()
         return tokens, aux
 
-    @torch.inference_mode()
-    def forward_all(self, fb: ForwardBatch, capture: tuple[int, ...] = ()):
-        """Logits of every token [T, vocab] (VERIFY), and aux features when capturing."""
-        if self._events:
-            self._events[0].record()
+    def _forward_all(self, fb: ForwardBatch, capture: tuple[int, ...]):
         if capture:
             hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn, capture)
         else:
             hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn), None
-        logits = self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden), aux
+
+    @torch.inference_mode()
+    def forward_all(self, fb: ForwardBatch, capture: tuple[int, ...] = (),
+                    graph_key: tuple | None = None):
+        """Logits of every token [T, vocab] (VERIFY), and aux features when capturing.
+        With `graph_key` (an extend-layout batch of uniform shape: every request has
+        fb.max_extend_len tokens), the forward runs as a CUDA graph captured for that key."""
+        if self._events:
+            self._events[0].record()
+        if graph_key is not None and self.shape_graphs is not None:
+            out = self.shape_graphs.run(("target",) + graph_key, lambda s: self._forward_all(
+                _rebuild(fb, s), capture), _graph_inputs(fb))
+        else:
+            out = self._forward_all(fb, capture)
         if self._events:
             self._events[1].record()
-        return logits, aux
+        return out
+
 
     def last_device_ms(self) -> float | None:
         """Device time of the latest run() (forward + sampling). Call only after the host
@@ -137,3 +150,18 @@ class ModelRunner:
         """Debug/oracle path: logits of every token (all_tokens) or of logits_indices."""
         hidden = self.model(fb.input_ids, fb.positions, fb, self.attn)
         return self.model.compute_logits(hidden if all_tokens else hidden[fb.logits_indices])
+
+
+_GRAPH_FIELDS = ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens",
+                 "extend_lens", "extend_start_loc", "prefix_lens", "logits_indices")
+
+
+def _graph_inputs(fb: ForwardBatch) -> dict[str, torch.Tensor]:
+    return {name: getattr(fb, name) for name in _GRAPH_FIELDS}
+
+
+def _rebuild(fb: ForwardBatch, static: dict[str, torch.Tensor]) -> ForwardBatch:
+    """The same batch over the graph's static tensors (host fields are shape constants)."""
+    from dataclasses import replace
+
+    return replace(fb, **static)

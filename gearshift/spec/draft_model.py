@@ -15,7 +15,7 @@ from gearshift.attention.base import KVCache, create_backend
 from gearshift.config import ConfigError, EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch
 from gearshift.models.loader import DTYPES, load_model
-from gearshift.spec.drafter import ExpandInputs, _draft_batch, expand
+from gearshift.spec.drafter import ExpandInputs, _draft_batch, expand, graph_step
 from gearshift.spec.proposer import ProposeContext, Proposer
 from gearshift.spec.tree import DraftTree
 
@@ -43,9 +43,12 @@ class DraftModelProposer(Proposer):
     def draft_extend(self, fb: ForwardBatch, features: torch.Tensor | None) -> None:
         self.model(fb.input_ids, fb.positions, fb, self.attn)
 
-    def _step(self, ids, hidden, fb):
+    def _forward_step(self, ids, hidden, fb):
         h = self.model(ids, fb.positions, fb, self.attn)
         return self.model.compute_logits(h), None
+
+    def _step(self, ids, hidden, fb):
+        return graph_step(self, "draft", self._forward_step, ids, hidden, fb)
 
     def propose(self, ctx: ProposeContext) -> tuple[DraftTree, None]:
         root_slot = ctx.scratch[:, :1]

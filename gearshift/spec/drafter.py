@@ -166,3 +166,25 @@ def _draft_batch(input_ids, positions, out_loc, token_rows, prefix_lens, extra, 
         extend_lens_cpu=[], prefix_lens_cpu=[], max_seq_len=max_prefix + 1, max_extend_len=1,
         tree=TreeAttention(token_rows, prefix_lens.to(torch.int32), extra, max_prefix),
     )
+
+
+def graph_step(proposer, name: str, forward, ids, hidden, fb: ForwardBatch):
+    """Run one DRAFT step, as a CUDA graph per (rows, extra-key width) when the runner
+    captures graphs; eagerly otherwise."""
+    runner = getattr(proposer, "runner", None)
+    graphs = runner.shape_graphs if runner is not None else None
+    if graphs is None:
+        return forward(ids, hidden, fb)
+    t = fb.tree
+    inputs = {"ids": ids, "positions": fb.positions, "out": fb.out_cache_loc,
+              "rows": t.token_rows, "prefix": t.prefix_lens.long(), "extra": t.extra_slots}
+    if hidden is not None:
+        inputs["hidden"] = hidden.contiguous()
+
+    def fn(s):
+        sfb = _draft_batch(s["ids"], s["positions"], s["out"], s["rows"], s["prefix"], s["extra"],
+                           t.max_prefix_len)
+        return forward(s["ids"], s.get("hidden"), sfb)
+
+    key = (name, ids.shape[0], t.extra_slots.shape[1], hidden is not None)
+    return graphs.run(key, fn, inputs)

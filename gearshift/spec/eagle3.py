@@ -17,7 +17,7 @@ from gearshift.config import EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch
 from gearshift.models.eagle3_loader import load_eagle3
 from gearshift.models.loader import DTYPES
-from gearshift.spec.drafter import ExpandInputs, expand
+from gearshift.spec.drafter import ExpandInputs, expand, graph_step
 from gearshift.spec.proposer import ProposeContext, Proposer
 from gearshift.spec.tree import DraftTree
 
@@ -54,9 +54,12 @@ class Eagle3Proposer(Proposer):
         self.seed_hidden[fb.req_pool_indices] = last
         self.seed_logits[fb.req_pool_indices] = self.head.compute_logits(last)
 
-    def _step(self, ids, hidden, fb):
+    def _forward_step(self, ids, hidden, fb):
         h = self.head(ids, hidden, fb.positions, fb, self.attn)
         return self.head.compute_logits(h), h
+
+    def _step(self, ids, hidden, fb):
+        return graph_step(self, "eagle3", self._forward_step, ids, hidden, fb)
 
     def propose(self, ctx: ProposeContext) -> tuple[DraftTree, None]:
         b = ctx.roots.shape[0]

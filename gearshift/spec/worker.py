@@ -61,6 +61,7 @@ class SpecWorker:
                  builder: BatchBuilder) -> None:
         self.runner, self.slots, self.builder = runner, slots, builder
         self.proposer = create_proposer(config, runner)
+        self.proposer.runner = runner  # its draft steps replay CUDA graphs when the runner has them
         self.topk = config.draft_topk
         self.max_k = config.num_draft_tokens
         self.tree_nodes = config.verify_nodes
@@ -143,7 +144,7 @@ class SpecWorker:
                                      for s, k in zip(node_slots, ks)]
         offsets = [sum(n_nodes[:i]) for i in range(b)]
         if self.topk == 1:  # chains verify as a causal extend over positions L..L+K
-            fb, flat = self._chain_verify_batch(reqs, tree, node_slots, n_nodes, n_tree)
+            fb, flat, key = self._chain_verify_batch(reqs, tree, node_slots, n_nodes, n_tree)
         else:
             st2 = Stager(self.runner.device)
             st2.add_ints("flat", [i * n_tree + j for i, n in enumerate(n_nodes) for j in range(n)])
@@ -154,7 +155,9 @@ class SpecWorker:
             slots_bn = d["node_slots"].view(b, n_max)[:, :n_tree] if n_max >= n_tree else \
                 torch.nn.functional.pad(d["node_slots"].view(b, n_max), (0, n_tree - n_max))
             fb = self._tree_verify_batch(tree, slots_bn, d2, depth, max(prefix_cpu))
-        logits_t, aux = self.runner.forward_all(fb, self.capture)  # [T, V]
+            key = None
+        logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key)  # [T(+pad), V]
+        logits_t = logits_t[: flat.shape[0]]
         logits = torch.zeros(b * n_tree, logits_t.shape[-1], device=logits_t.device)
         logits[flat] = logits_t
         valid = torch.zeros(b * n_tree, dtype=torch.bool, device=logits_t.device)
@@ -186,14 +189,23 @@ class SpecWorker:
         flat = [i * n_tree + j for i, n in enumerate(n_nodes) for j in range(n)]
         prefix = [r.num_computed_tokens for r in reqs]
         out_loc = [s for slots, n in zip(node_slots, n_nodes) for s in slots[:n]]
-        stage_forward(st, [r.req_pool_index for r in reqs], prefix, n_nodes, [0] * len(flat),
-                      out_loc)
+        rows = [r.req_pool_index for r in reqs]
+        extend = list(n_nodes)
+        key = None
+        if self.runner.shape_graphs is not None and len(set(n_nodes)) == 1:
+            # uniform candidates per request: pad to a graph batch size (dummy row 0, slot 0)
+            n, pad = n_nodes[0], self.runner.decode_pad(len(reqs)) - len(reqs)
+            rows, prefix, extend = rows + [0] * pad, prefix + [0] * pad, extend + [n] * pad
+            out_loc = out_loc + [0] * (n * pad)
+            key = ("verify", len(rows), n)
+        stage_forward(st, rows, prefix, extend, [0] * len(out_loc), out_loc)
         st.add_ints("flat", flat)
         d = st.to_device()
-        d["input_ids"] = tree.tokens.view(-1)[d["flat"]]
-        fb = forward_batch(d, ForwardMode.VERIFY, len(reqs), prefix, n_nodes, self.runner.kv)
+        ids = tree.tokens.view(-1)[d["flat"]]
+        d["input_ids"] = torch.cat([ids, ids.new_zeros(len(out_loc) - len(flat))])
+        fb = forward_batch(d, ForwardMode.VERIFY, len(reqs), prefix, extend, self.runner.kv)
         fb.logits_indices = torch.arange(fb.num_tokens, device=fb.input_ids.device)
-        return fb, d["flat"]
+        return fb, d["flat"], key
 
     def _tree_verify_batch(self, tree, slots_bn, d2, depth: int, max_prefix: int) -> ForwardBatch:
         b, n = tree.tokens.shape

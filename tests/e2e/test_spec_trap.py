@@ -53,9 +53,9 @@ def test_flipping_speculation_never_uses_stale_shapes(make_llm, tiny_llama_dir, 
         log[-1]["forward"].append((fb.mode, fb.num_tokens, fb.padded_batch_size))
         return orig_run(fb, sb)
 
-    def forward_all(fb, capture=()):
+    def forward_all(fb, capture=(), **kw):
         log[-1]["forward"].append((fb.mode, fb.num_tokens, fb.padded_batch_size))
-        return orig_all(fb, capture)
+        return orig_all(fb, capture, **kw)
 
     eng.slots.alloc, eng.runner.run, eng.runner.forward_all = alloc, run, forward_all
     orig_schedule = eng.scheduler.schedule

@@ -43,8 +43,9 @@ def test_qwen3_triton_matches_hf(tiny_qwen3_dir):
 
 
 @pytest.mark.parametrize("spec", [
-    dict(speculative_algorithm="eagle3", num_draft_tokens=3),
-    dict(speculative_algorithm="eagle3", num_draft_tokens=3, draft_topk=2, num_verify_tokens=6),
+    dict(speculative_algorithm="eagle3", num_draft_tokens=3, spec_policy="always"),
+    dict(speculative_algorithm="eagle3", num_draft_tokens=3, draft_topk=2, num_verify_tokens=6,
+         spec_policy="always"),
     dict(speculative_algorithm="ngram", num_draft_tokens=4, spec_policy="random"),
 ])
 def test_speculation_on_gpu_matches_plain(tiny_llama_dir, tmp_path, spec):
