@@ -1,0 +1,174 @@
+"""Sampling with speculation is lossless, end to end: a tiny target with a 16-token
+vocabulary and a draft model (the target with perturbed weights, acceptance ~0.7), chains
+(draft_topk=1, K=3) and trees (draft_topk=2, K=3, num_verify_tokens=5), temperature 1 and
+top-p 0.9. Every request has the same prompt, its own seed and max_tokens=5: token 1 comes
+from the prefill's plain sampler, the first decode step is a K=3 VERIFY for every request
+(asserted), later steps verify what max_tokens leaves (K=2, 1, 0).
+
+The exact law of (t1, ..., t5) is computed with HF transformers on the same checkpoint by
+enumerating every continuation of the prompt (softmax of the logits, top-p applied as in
+gearshift.runner.sampler.apply_top_k_top_p: a token is kept when the mass of strictly more
+likely tokens is < top_p; then renormalised). Chi-square goodness-of-fit tests (cells with
+expected count < 5 pooled, exact chi-square tail) on: t1; t2 given the most common t1; the
+joint (t1, t2); and the marginals of t2..t5. Each test has a false-alarm rate of 1e-4, so
+the file's 4 x 7 tests have a family-wise false-alarm rate below 3e-3. Seeds are fixed, so
+the outcome is deterministic: the rate is the chance that a correct engine fails for this
+choice of seeds.
+
+Data flow (tests only): tiny checkpoints -> LLM(speculative_algorithm="draft") -> sampled
+tokens -> counts  <->  HF oracle -> exact distributions.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from checkpoints import load_hf_model, make_tiny_checkpoint
+
+from gearshift import SamplingParams
+
+ALPHA = 1e-4  # false-alarm rate of each chi-square test
+V = 16
+PROMPT = [0, 5, 9, 3, 12]
+MAX_TOKENS = 5
+N = 4000  # requests per configuration
+WAVE = 1000  # requests admitted together: their first decode step is one VERIFY step
+SEED_MUL = 0x9E3779B1
+SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+             num_attention_heads=2, num_key_value_heads=1, head_dim=16, with_tokenizer=False)
+CONFIGS = {
+    "chain-t1": (dict(draft_topk=1), 1.0),
+    "chain-top_p0.9": (dict(draft_topk=1), 0.9),
+    "tree-t1": (dict(draft_topk=2, num_verify_tokens=5), 1.0),
+    "tree-top_p0.9": (dict(draft_topk=2, num_verify_tokens=5), 0.9),
+}
+
+
+def make_perturbed_draft(target_dir, out_dir, noise: float = 0.15, seed: int = 5):
+    """A draft model = the target with every matrix perturbed (acceptance ~0.7)."""
+    from safetensors.torch import load_file, save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(target_dir / "config.json", out_dir / "config.json")
+    gen = torch.Generator().manual_seed(seed)
+    weights = {name: w + noise * w.std() * torch.randn(w.shape, generator=gen) if w.dim() > 1 else w
+               for name, w in load_file(target_dir / "model.safetensors").items()}
+    save_file(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
+    return out_dir
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """probs [..., V] float64 -> (top-p restricted and renormalised probs, [...] bool: rows
+    whose cumulative masses come within 1e-5 of top_p, where float32 could decide otherwise)."""
+    if top_p >= 1.0:
+        return probs, torch.zeros(probs.shape[:-1], dtype=torch.bool)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    before = sorted_p.cumsum(-1) - sorted_p
+    keep = before < top_p
+    keep[..., 0] = True
+    out = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+    return out / out.sum(-1, keepdim=True), ((before - top_p).abs() < 1e-5).any(-1)
+
+
+def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Goodness of fit of counts [C] to probs [C]; cells with expected count < 5 pooled (a
+    pool still < 5 joins the smallest cell). Cells of probability 0 must be empty."""
+    counts, probs = counts.double().flatten(), probs.double().flatten()
+    assert counts[probs == 0].sum() == 0, "a token of target probability 0 was emitted"
+    counts, probs = counts[probs > 0], probs[probs > 0]
+    exp = probs * counts.sum()
+    small = exp < 5
+    obs_cells, exp_cells = counts[~small].clone(), exp[~small].clone()
+    if small.any():
+        if exp[small].sum() < 5:
+            i = exp_cells.argmin()
+            obs_cells[i] += counts[small].sum()
+            exp_cells[i] += exp[small].sum()
+        else:
+            obs_cells = torch.cat([obs_cells, counts[small].sum()[None]])
+            exp_cells = torch.cat([exp_cells, exp[small].sum()[None]])
+    stat = ((obs_cells - exp_cells) ** 2 / exp_cells).sum()
+    dof = torch.tensor((obs_cells.numel() - 1) / 2.0, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, stat / 2))
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    target = make_tiny_checkpoint(tmp_path_factory.mktemp("lossless_target"), "llama", seed=1,
+                                  **SMALL)
+    return target, make_perturbed_draft(target, tmp_path_factory.mktemp("lossless_draft"))
+
+
+@pytest.fixture(scope="module")
+def target_logits(pair) -> torch.Tensor:
+    """HF logits for every continuation: [V, V, V, V, 5, V], index (t1..t4, j) = logits for
+    t_{j+1} after the prompt and t1..tj (entries for j < 4 repeat along later axes)."""
+    model = load_hf_model(pair[0])
+    rest = torch.cartesian_prod(*[torch.arange(V)] * 4)  # [V^4, 4]
+    ids = torch.cat([torch.tensor(PROMPT).expand(rest.shape[0], -1), rest], 1)
+    with torch.no_grad():
+        logits = torch.cat([model(chunk).logits[:, len(PROMPT) - 1:] for chunk in ids.split(8192)])
+    return logits.double().view(V, V, V, V, 5, V)
+
+
+def joint_law(target_logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Exact P(t1..t5) [V]*5 under temperature 1 and top_p."""
+    p, close = nucleus(torch.softmax(target_logits, -1), top_p)  # [V, V, V, V, 5, V]
+    law = p[0, 0, 0, 0, 0]  # [V]
+    law = law[:, None] * p[:, 0, 0, 0, 1]
+    law = law[..., None] * p[:, :, 0, 0, 2]
+    law = law[..., None] * p[:, :, :, 0, 3]
+    law = law[..., None] * p[:, :, :, :, 4]
+    # contexts whose nucleus float32 might cut differently must be (almost) unreachable
+    assert not close[0, 0, 0, 0, 0]
+    edge = ((law.sum((1, 2, 3, 4)) * close[:, 0, 0, 0, 1]).sum()
+            + (law.sum((2, 3, 4)) * close[:, :, 0, 0, 2]).sum()
+            + (law.sum((3, 4)) * close[:, :, :, 0, 3]).sum()
+            + (law.sum(4) * close[:, :, :, :, 4]).sum())
+    assert edge < 1e-4, f"top_p is too close to a nucleus edge (reached with p={edge:.2g})"
+    return law
+
+
+def sample_engine(make_llm, pair, opts: dict, top_p: float, salt: int):
+    target, draft = pair
+    llm = make_llm(target, speculative_algorithm="draft", draft_model=str(draft),
+                   num_draft_tokens=3, spec_policy="always", max_num_seqs=WAVE,
+                   kv_cache_tokens=WAVE * 24, max_num_batched_tokens=WAVE * len(PROMPT), **opts)
+    outs = []
+    for start in range(0, N, WAVE):
+        params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, top_p=top_p,
+                                 seed=((start + i) * SEED_MUL + salt) % 2**32, ignore_eos=True)
+                  for i in range(WAVE)]
+        outs += llm.generate([PROMPT] * WAVE, params)
+    return torch.tensor([o.token_ids for o in outs]), llm.engine.spec_stats()  # [N, 5]
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_spec_sampling_matches_target_distribution(make_llm, pair, target_logits, config):
+    opts, top_p = CONFIGS[config]
+    law = joint_law(target_logits, top_p)  # [V]*5
+    toks, stats = sample_engine(make_llm, pair, opts, top_p, salt=list(CONFIGS).index(config))
+    assert toks.shape == (N, MAX_TOKENS)
+    assert stats["steps_by_k"].get(3) == N, "every first decode step must verify K=3 drafts"
+    hist = stats["accept_len_hist"]
+    assert all(hist.get(a, 0) > 20 for a in range(4)), f"acceptance lengths: {hist}"
+
+    def counts(*positions: int) -> torch.Tensor:
+        flat = torch.zeros(N, dtype=torch.int64)
+        for j in positions:
+            flat = flat * V + toks[:, j]
+        return torch.bincount(flat, minlength=V ** len(positions))
+
+    # (a) the first token (prefill, plain sampler) and (b) t2 | the most common t1
+    assert chi2_pvalue(counts(0), law.sum((1, 2, 3, 4))) > ALPHA
+    t1 = int(toks[:, 0].mode().values)
+    rows = toks[:, 0] == t1
+    p2 = law[t1].sum((1, 2, 3))
+    assert chi2_pvalue(torch.bincount(toks[rows, 1], minlength=V), p2 / p2.sum()) > ALPHA
+    assert chi2_pvalue(counts(0, 1), law.sum((2, 3, 4))) > ALPHA
+    # marginals of every position the VERIFY steps produced
+    for j in range(1, MAX_TOKENS):
+        others = tuple(i for i in range(MAX_TOKENS) if i != j)
+        assert chi2_pvalue(counts(j), law.sum(others)) > ALPHA, f"position {j + 1}"
