@@ -157,11 +157,19 @@ _GRAPH_FIELDS = ("input_ids", "positions", "out_cache_loc", "req_pool_indices", 
 
 
 def _graph_inputs(fb: ForwardBatch) -> dict[str, torch.Tensor]:
-    return {name: getattr(fb, name) for name in _GRAPH_FIELDS}
+    out = {name: getattr(fb, name) for name in _GRAPH_FIELDS}
+    if fb.tree is not None:
+        out.update(tree_rows=fb.tree.token_rows, tree_prefix=fb.tree.prefix_lens,
+                   tree_extra=fb.tree.extra_slots)
+    return out
 
 
 def _rebuild(fb: ForwardBatch, static: dict[str, torch.Tensor]) -> ForwardBatch:
     """The same batch over the graph's static tensors (host fields are shape constants)."""
     from dataclasses import replace
 
-    return replace(fb, **static)
+    fields = {k: v for k, v in static.items() if not k.startswith("tree_")}
+    if fb.tree is not None:
+        fields["tree"] = replace(fb.tree, token_rows=static["tree_rows"],
+                                 prefix_lens=static["tree_prefix"], extra_slots=static["tree_extra"])
+    return replace(fb, **fields)

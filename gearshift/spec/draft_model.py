@@ -52,10 +52,11 @@ class DraftModelProposer(Proposer):
 
     def propose(self, ctx: ProposeContext) -> tuple[DraftTree, None]:
         root_slot = ctx.scratch[:, :1]
-        fb = _draft_batch(ctx.roots, ctx.prefix_lens, root_slot[:, 0], ctx.rows, ctx.prefix_lens,
+        pos = ctx.prefix_lens.clamp_max(self.runner.max_positions - 1)
+        fb = _draft_batch(ctx.roots, pos, root_slot[:, 0], ctx.rows, ctx.prefix_lens,
                           root_slot, max(ctx.prefix_lens_cpu))
         first, _ = self._step(ctx.roots, None, fb)
         x = ExpandInputs(ctx.roots, first, None, ctx.prefix_lens, ctx.rows, ctx.scratch[:, 1:],
                          root_slot, 0, ctx.max_depth, ctx.topk, ctx.num_nodes,
-                         max(ctx.prefix_lens_cpu))
+                         max(ctx.prefix_lens_cpu), self.runner.max_positions - 1)
         return expand(x, self._step, ctx.sampling, None, self.vocab), None

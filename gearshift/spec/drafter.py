@@ -44,6 +44,7 @@ class ExpandInputs:
     topk: int
     num_nodes: int  # verify budget incl. the root (chain: K + 1)
     max_prefix_len: int  # host max of prefix_lens
+    max_position: int = 1 << 30  # rows deeper than their request's K are junk: clamp to RoPE
 
 
 def process_probs(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
@@ -95,7 +96,7 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
     for d in range(2, k + 1):
         own = x.scratch[:, (d - 2) * w:(d - 1) * w]  # [B, W]
         extra = torch.cat([base[:, None, :].expand(b, w, -1), beam_anc, own[..., None]], dim=-1)
-        positions = x.prefix_lens[:, None] + (d - 1 + x.pos_offset)  # row of a depth d-1 beam
+        positions = (x.prefix_lens[:, None] + (d - 1 + x.pos_offset)).clamp_max(x.max_position)
         fb = _draft_batch(to_t(beam_tok).reshape(-1), positions.expand(b, w).reshape(-1),
                           own.reshape(-1), x.rows.repeat_interleave(w),
                           x.prefix_lens.repeat_interleave(w), extra.reshape(b * w, -1),

@@ -66,5 +66,5 @@ class Eagle3Proposer(Proposer):
         x = ExpandInputs(ctx.roots, self.seed_logits[ctx.rows], self.seed_hidden[ctx.rows],
                          ctx.prefix_lens, ctx.rows, ctx.scratch,
                          ctx.scratch.new_zeros(b, 0), -1, ctx.max_depth, ctx.topk, ctx.num_nodes,
-                         max(ctx.prefix_lens_cpu))
+                         max(ctx.prefix_lens_cpu), self.runner.max_positions - 1)
         return expand(x, self._step, ctx.sampling, self.to_target, self.target_vocab), None

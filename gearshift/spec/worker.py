@@ -130,6 +130,7 @@ class SpecWorker:
         st.add_ints("roots", [r.output_token_ids[-1] for r in reqs])
         st.add_ints("prefix", [r.num_computed_tokens for r in reqs])
         st.add_ints("rows", [r.req_pool_index for r in reqs])
+        st.add_ints("k", list(ks))
         st.add_ints("scratch", [x for s in scratch for x in s + [0] * (s_max - len(s))])
         st.add_ints("node_slots", [x for s in node_slots for x in s + [0] * (n_max - len(s))])
         stage_sampling(st, reqs, 0)
@@ -143,7 +144,9 @@ class SpecWorker:
         n_nodes = nodes_override or [min(len(s), n_tree) if k else 1
                                      for s, k in zip(node_slots, ks)]
         offsets = [sum(n_nodes[:i]) for i in range(b)]
-        if self.topk == 1:  # chains verify as a causal extend over positions L..L+K
+        small = b * self.runner.model.config.num_kv_heads < 64  # too few for one wave of SMs
+        if self.topk == 1 and not (small and self.runner.shape_graphs is not None):
+            # chains verify as a causal extend over positions L..L+K (prefix read once)
             fb, flat, key = self._chain_verify_batch(reqs, tree, node_slots, n_nodes, n_tree)
         else:
             st2 = Stager(self.runner.device)
@@ -155,15 +158,16 @@ class SpecWorker:
             slots_bn = d["node_slots"].view(b, n_max)[:, :n_tree] if n_max >= n_tree else \
                 torch.nn.functional.pad(d["node_slots"].view(b, n_max), (0, n_tree - n_max))
             fb = self._tree_verify_batch(tree, slots_bn, d2, depth, max(prefix_cpu))
-            key = None
+            # split-K tree attention: at small batch it spreads the prefix over the SMs
+            key = ("verify-tree", fb.num_tokens, n_tree) if small else None
         logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key)  # [T(+pad), V]
         logits_t = logits_t[: flat.shape[0]]
         logits = torch.zeros(b * n_tree, logits_t.shape[-1], device=logits_t.device)
         logits[flat] = logits_t
         valid = torch.zeros(b * n_tree, dtype=torch.bool, device=logits_t.device)
         valid[flat] = True
-        res = verify(tree, valid.view(b, n_tree), logits.view(b, n_tree, -1), sb, depth,
-                     self.topk)
+        valid = valid.view(b, n_tree) & (tree.depths <= d["k"][:, None])  # a request's own K
+        res = verify(tree, valid, logits.view(b, n_tree, -1), sb, depth, self.topk)
         packed = torch.cat([res.num_accepted[:, None], res.path, res.tokens], 1).tolist()  # sync
         new_tokens, kept, freed = [], [], []
         for i in range(b):
@@ -212,7 +216,9 @@ class SpecWorker:
         flat = d2["flat"]
         anc = ancestor_mask(tree.parents, depth)  # [B, N, N]
         extra = torch.where(anc, slots_bn[:, None, :], -1).view(b * n, n)[flat]  # [T, N]
-        positions = d2["prefix"] + tree.depths.view(-1)[flat]
+        # nodes deeper than their request's K are never accepted; keep their rows in range
+        positions = (d2["prefix"] + tree.depths.view(-1)[flat]).clamp_max(
+            self.runner.max_positions - 1)
         t = flat.shape[0]
         ar = torch.arange(t, device=flat.device)
         ones = torch.ones(t, dtype=torch.int32, device=flat.device)

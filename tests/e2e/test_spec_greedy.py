@@ -88,3 +88,20 @@ def test_random_policy_flips_k_and_stays_exact(make_llm, tiny_llama_dir, draft_d
             assert o.spec.proposed == 0
     ks = llm.engine.spec_stats()["steps_by_k"]
     assert len([k for k in ks if k > 0]) >= 2 and ks.get(0, 0) > 0  # K really varied
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_drafts_never_run_past_the_context_limit(make_llm, tiny_llama_dir, tree):
+    """A request at the context limit shares a VERIFY step with one that drafts deeper:
+    its junk draft rows stay inside RoPE's range and it never accepts beyond its own K."""
+    opts = dict(max_model_len=64)
+    prompts = [[3] * 54, [4] * 5]
+    params = [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True),
+              SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)]
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir, **opts).generate(prompts, params)]
+    spec = dict(speculative_algorithm="draft", draft_model=str(tiny_llama_dir),
+                num_draft_tokens=3, spec_policy="always")
+    if tree:
+        spec.update(draft_topk=2, num_verify_tokens=5)
+    outs = make_llm(tiny_llama_dir, **opts, **spec).generate(prompts, params)
+    assert [o.token_ids for o in outs] == ref

@@ -33,7 +33,7 @@ def test_flipping_speculation_never_uses_stale_shapes(make_llm, tiny_llama_dir, 
     head = make_eagle3_checkpoint(tmp_path / "head", aux_layer_ids=[0, 1, 1])
     gpu = dict(device="cuda", attention_backend="triton", cuda_graphs=True) if device == "cuda" \
         else {}
-    opts = dict(max_num_seqs=16, **gpu)
+    opts = dict(max_num_seqs=16, kv_cache_tokens=4096, **gpu)
     prompts = [[3 + i, 7, 11 + i, 5] for i in range(10)]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     ref = [o.token_ids for o in make_llm(tiny_llama_dir, **opts).generate(prompts, params)]

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def _run(model_dir, backend, graphs, prompts, **kw):
     llm = LLM(str(model_dir), device="cuda", dtype="float32", attention_backend=backend,
-              cuda_graphs=graphs, max_num_seqs=8, **kw)
+              cuda_graphs=graphs, max_num_seqs=8, **{"kv_cache_tokens": 4096, **kw})
     outs = llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
     stats = llm.memory_stats()
     assert stats["kv_slots_free"] + stats["kv_slots_cached"] == stats["kv_slots_total"]
