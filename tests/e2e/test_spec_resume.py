@@ -1,0 +1,63 @@
+"""Draft state stays valid in every mode: after a stretch of plain decode (K = 0), the
+first proposal once speculation resumes equals the proposal of an engine that prefilled
+the same sequence from scratch and speculated at once. The draft saw every committed
+token while speculation was off, so resuming costs no acceptance."""
+
+from __future__ import annotations
+
+import pytest
+from checkpoints import make_tiny_checkpoint
+from eagle3_checkpoints import make_eagle3_checkpoint
+
+from gearshift import SamplingParams
+from gearshift.policy.base import Policy, PolicyView
+
+
+class Scripted(Policy):
+    """K = 0 for the first `off_steps` decode steps, then K = 3."""
+
+    def __init__(self, off_steps: int) -> None:
+        self.off_steps, self.calls = off_steps, 0
+
+    def plan(self, view: PolicyView) -> list[int]:
+        self.calls += 1
+        return [0 if self.calls <= self.off_steps else 3] * len(view.requests)
+
+
+def first_proposal(llm, prompt: list[int], policy: Policy) -> tuple[list[int], list[int]]:
+    """Run until the first VERIFY step: (its draft tree's tokens, outputs before it)."""
+    eng = llm.engine
+    eng.scheduler.policy = policy
+    seen: list[tuple[list[int], list[int]]] = []
+    orig = eng.spec.proposer.propose
+
+    def spy(ctx):
+        tree, nodes = orig(ctx)
+        seen.append((tree.tokens[0].tolist(), list(ctx.reqs[0].output_token_ids)))
+        return tree, nodes
+
+    eng.spec.proposer.propose = spy
+    eng.add_request("r", prompt, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    while not seen:
+        eng.step()
+    eng.abort_request("r")
+    return seen[0]
+
+
+@pytest.mark.parametrize("algo", ["draft", "eagle3"])
+def test_resume_after_plain_decode_proposes_like_a_fresh_engine(make_llm, tiny_llama_dir,
+                                                                tmp_path, algo):
+    if algo == "eagle3":
+        draft = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    else:
+        draft = make_tiny_checkpoint(tmp_path / "d", "llama", num_hidden_layers=1, seed=5)
+    opts = dict(speculative_algorithm=algo, draft_model=str(draft), num_draft_tokens=3)
+    prompt = [5, 9, 13, 2, 7, 11, 3, 8]
+    tree_a, out_a = first_proposal(make_llm(tiny_llama_dir, **opts), prompt, Scripted(12))
+    assert len(out_a) == 13  # 1 token from prefill + 12 plain decode steps, then speculation
+    # the same committed sequence prefilled in one go; its prefill samples the same pending
+    # token (greedy), and the very first decode step speculates
+    tree_b, out_b = first_proposal(make_llm(tiny_llama_dir, **opts), prompt + out_a[:-1],
+                                   Scripted(0))
+    assert out_b == out_a[-1:]
+    assert len(tree_a) == 4 and tree_a == tree_b
