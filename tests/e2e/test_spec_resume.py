@@ -61,3 +61,8 @@ def test_resume_after_plain_decode_proposes_like_a_fresh_engine(make_llm, tiny_l
                                    Scripted(0))
     assert out_b == out_a[-1:]
     assert len(tree_a) == 4 and tree_a == tree_b
+    if algo == "draft":  # anchor: the draft model's own greedy continuation, by HF
+        from checkpoints import hf_greedy, load_hf_model
+
+        want = hf_greedy(load_hf_model(draft), prompt + out_a, 3)
+        assert tree_a[1:] == want
