@@ -19,6 +19,7 @@ import torch
 
 from gearshift.config import EngineConfig
 from gearshift.forward_batch import ForwardMode
+from gearshift.models.default import DEFAULT_MODEL_DIR
 from gearshift.models.loader import resolve_model_config
 from gearshift.request import Request, SamplingParams
 from gearshift.runner.model_runner import ModelRunner
@@ -41,6 +42,8 @@ class Engine:
         self.config = config
         self.model_config, path = resolve_model_config(config.model)
         self.model_name = Path(config.model).name if path else Path(config.model).stem
+        if path is not None and path.resolve() == DEFAULT_MODEL_DIR.resolve() / "target":
+            self.model_name = "gearshift-default"
         self.tokenizer = load_tokenizer(path) if path else None
         torch.manual_seed(config.seed)
         self.runner = ModelRunner(config, self.model_config, path)

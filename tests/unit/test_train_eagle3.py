@@ -147,3 +147,28 @@ def test_cli_exits_zero(setup, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     assert (out / "config.json").exists() and (out / "model.safetensors").exists()
     assert json.loads((out / "training.json").read_text())["steps"] == 2
+
+
+SHIPPED = Path(eagle3.__file__).resolve().parents[1] / "default_model"
+
+
+def test_shipped_head_loads_and_speculates_losslessly() -> None:
+    """The default head (trained by train-eagle3) fits the package budget, loads against the
+    shipped target, and greedy speculation reproduces plain greedy decoding."""
+    if not (SHIPPED / "eagle3" / "model.safetensors").exists():
+        pytest.skip("no shipped EAGLE-3 head")
+    total = sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file())
+    head_bytes = sum(f.stat().st_size for f in (SHIPPED / "eagle3").iterdir())
+    assert head_bytes < 4e6 and total < 20e6
+    from gearshift import LLM, SamplingParams
+
+    prompt = "import os\n\n\ndef read_lines(path):\n    with open(path) as f:\n"
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    plain = LLM(str(SHIPPED / "target"), device="cpu", kv_cache_tokens=256, max_num_seqs=1)
+    spec = LLM(str(SHIPPED / "target"), device="cpu", kv_cache_tokens=256, max_num_seqs=1,
+               speculative_algorithm="eagle3", draft_model=str(SHIPPED / "eagle3"),
+               num_draft_tokens=3)
+    want = plain.generate(prompt, params)[0].token_ids
+    assert spec.generate(prompt, params)[0].token_ids == want
+    stats = spec.engine.spec_stats()
+    assert stats["proposed"] > 0 and stats["accepted"] > 0
