@@ -190,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--kv-cache-tokens", type=int, default=16384)
-    p.add_argument("--spec-policy", default=None, help="passed to the engine when supported")
+    p.add_argument("--spec-policy", default=None, help="goodput | always | off | random | ...")
+    p.add_argument("--speculative-algorithm", default=None, help="eagle3 | draft | ngram")
+    p.add_argument("--draft-model", default=None)
+    p.add_argument("--num-draft-tokens", type=int, default=None)
     p.add_argument("--num-requests", type=int, default=3000)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--time-limit", type=float, default=540.0, help="seconds (<= 600)")
@@ -208,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     from gearshift.server.app import build_app
     from gearshift.server.background import BackgroundServer
 
-    options = {"spec_policy": args.spec_policy} if args.spec_policy else {}
+    options = {k: getattr(args, k) for k in ("spec_policy", "speculative_algorithm",
+                                             "draft_model", "num_draft_tokens")
+               if getattr(args, k) is not None}
     config = build_engine_config(args.model, device=args.device, max_num_seqs=args.max_num_seqs,
                                  kv_cache_tokens=args.kv_cache_tokens, **options)
     engine = Engine(config)
