@@ -100,14 +100,18 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelConfig:
-        cfg_path = Path(path) / "config.json"
-        if not cfg_path.is_file():
-            raise ConfigError(f"no config.json in model directory {str(path)!r}")
-        try:
-            cfg = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{cfg_path} is not valid JSON: {e}") from None
-        return cls.from_dict(cfg)
+        return cls.from_dict(read_config_json(path, "model"))
+
+
+def read_config_json(path: str | Path, what: str) -> dict:
+    """config.json of a checkpoint directory; ConfigError naming the problem otherwise."""
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.is_file():
+        raise ConfigError(f"no config.json in {what} directory {str(path)!r}")
+    try:
+        return json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{cfg_path} is not valid JSON: {e}") from None
 
 
 def _parse_rope_scaling(rs: dict | None) -> RopeScaling | None:

@@ -34,7 +34,6 @@ Aux layer ids -- which target hidden state each id means:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +41,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from gearshift.config import ConfigError, ModelConfig, RopeScaling
+from gearshift.config import ConfigError, ModelConfig, RopeScaling, read_config_json
 from gearshift.models.eagle3 import Eagle3Head
 from gearshift.models.loader import DTYPES, safetensors_files
 
@@ -143,14 +142,7 @@ class Eagle3Config:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Eagle3Config:
-        cfg_path = Path(path) / "config.json"
-        if not cfg_path.is_file():
-            raise ConfigError(f"no config.json in EAGLE-3 draft directory {str(path)!r}")
-        try:
-            cfg = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{cfg_path} is not valid JSON: {e}") from None
-        return cls.from_dict(cfg)
+        return cls.from_dict(read_config_json(path, "EAGLE-3 draft"))
 
 
 def _param_targets(cfg: Eagle3Config) -> dict[str, tuple[str, int, int]]:
