@@ -105,3 +105,8 @@ class LLM:
 
     def stats(self) -> dict:
         return self.engine.stats()
+
+    def spec_stats(self) -> dict:
+        """Speculation counters: steps by K, proposed / accepted tokens, acceptance rate,
+        accepted-length histogram, and the goodput controller's last prediction."""
+        return self.engine.spec_stats()

@@ -185,6 +185,9 @@ class Engine:
             "acceptance_rate": accepted / proposed if proposed else 0.0,
             "accept_len_hist": {int(k.split(".")[1]): v for k, v in s.items()
                                 if k.startswith("accept_len.")},
+            "controller": dict(getattr(self.scheduler.policy, "last_prediction", {}) or {},
+                               **({"measured_ms": self.last_step.get("time_s", 0) * 1e3}
+                                  if self.last_step else {})),
         }
 
     def prefill_logits(self, token_ids: list[int]) -> torch.Tensor:

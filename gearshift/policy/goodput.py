@@ -15,9 +15,13 @@ Data flow: Scheduler -> plan(view) -> K; Engine -> observe(...) -> CostModel.
 
 from __future__ import annotations
 
+import logging
+
 from gearshift.policy.base import Policy, PolicyView
 from gearshift.policy.cost import CostModel
 from gearshift.request import Request
+
+log = logging.getLogger("gearshift.policy")
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -80,6 +84,9 @@ class GoodputPolicy(Policy):
             self._steps_at_zero = 0
         self.last_prediction = {"k": best, "tokens": scores[best][0], "ms": scores[best][1],
                                 "bs": len(view.requests)}
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("goodput bs=%d -> K=%d | %s", len(view.requests), best, " ".join(
+                f"K{k}:{t:.1f}tok/{ms:.2f}ms" for k, (t, ms, _) in scores.items()))
         return [best if self.eligible(r) else 0 for r in view.requests]
 
     def observe(self, k: int, bs: int, ctx_tokens: int, ms: float) -> None:

@@ -62,7 +62,7 @@ def test_spec_greedy_equals_plain(make_llm, tiny_llama_dir, draft_dir, head_dir,
     llm = make_llm(tiny_llama_dir, **opts, **spec_opts)
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == ref
-    stats = llm.engine.spec_stats()
+    stats = llm.spec_stats()
     assert stats["proposed"] > 0 and sum(stats["steps_by_k"].values()) > 0
     assert all(o.spec is not None and o.spec.accepted <= o.spec.proposed for o in outs)
     if variant == "self-draft-chain":  # the target drafting for itself is always right
