@@ -68,6 +68,7 @@ class SpecWorker:
         self.capture = self.proposer.aux_layers if self.proposer.needs_features else ()
         self.draft_frac = self.proposer.cost_fraction(runner.model)  # a draft step / target step
         self.tokens_per_k = 1 if self.topk == 1 else max(1, (self.tree_nodes - 1) // self.max_k)
+        self.split_k_verify_below = 64  # (requests x kv heads) under which chains use split-K
         self.stats = Counter()  # steps_by_k.*, proposed, accepted, accept_len.*
 
     # ------------------------------------------------------------------ sizing
@@ -144,22 +145,29 @@ class SpecWorker:
         n_nodes = nodes_override or [min(len(s), n_tree) if k else 1
                                      for s, k in zip(node_slots, ks)]
         offsets = [sum(n_nodes[:i]) for i in range(b)]
-        small = b * self.runner.model.config.num_kv_heads < 64  # too few for one wave of SMs
+        # few (request, kv head) pairs cannot fill the GPU: split-K tree attention spreads
+        # each prefix over the SMs; beyond that, causal extend reads each prefix once
+        small = b * self.runner.model.config.num_kv_heads < self.split_k_verify_below
         if self.topk == 1 and not (small and self.runner.shape_graphs is not None):
             # chains verify as a causal extend over positions L..L+K (prefix read once)
             fb, flat, key = self._chain_verify_batch(reqs, tree, node_slots, n_nodes, n_tree)
         else:
+            flat_cpu = [i * n_tree + j for i, n in enumerate(n_nodes) for j in range(n)]
+            pad = 0
+            if self.runner.shape_graphs is not None:  # pad to a graph shape: dummy row 0, slot 0
+                pad = self.runner.decode_pad(b) * n_tree - len(flat_cpu)
             st2 = Stager(self.runner.device)
-            st2.add_ints("flat", [i * n_tree + j for i, n in enumerate(n_nodes) for j in range(n)])
-            st2.add_ints("rows", [r.req_pool_index for r, n in zip(reqs, n_nodes) for _ in range(n)])
-            st2.add_ints("prefix", [p for p, n in zip(prefix_cpu, n_nodes) for _ in range(n)])
+            st2.add_ints("flat", flat_cpu)
+            st2.add_ints("rows", [r.req_pool_index for r, n in zip(reqs, n_nodes)
+                                  for _ in range(n)] + [0] * pad)
+            st2.add_ints("prefix", [p for p, n in zip(prefix_cpu, n_nodes) for _ in range(n)]
+                         + [0] * pad)
             d2 = st2.to_device()
             flat = d2["flat"]
             slots_bn = d["node_slots"].view(b, n_max)[:, :n_tree] if n_max >= n_tree else \
                 torch.nn.functional.pad(d["node_slots"].view(b, n_max), (0, n_tree - n_max))
-            fb = self._tree_verify_batch(tree, slots_bn, d2, depth, max(prefix_cpu))
-            # split-K tree attention: at small batch it spreads the prefix over the SMs
-            key = ("verify-tree", fb.num_tokens, n_tree) if small else None
+            fb = self._tree_verify_batch(tree, slots_bn, d2, depth, max(prefix_cpu), pad)
+            key = ("verify-tree", fb.num_tokens, n_tree) if self.runner.shape_graphs else None
         logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key)  # [T(+pad), V]
         logits_t = logits_t[: flat.shape[0]]
         logits = torch.zeros(b * n_tree, logits_t.shape[-1], device=logits_t.device)
@@ -211,22 +219,31 @@ class SpecWorker:
         fb.logits_indices = torch.arange(fb.num_tokens, device=fb.input_ids.device)
         return fb, d["flat"], key
 
-    def _tree_verify_batch(self, tree, slots_bn, d2, depth: int, max_prefix: int) -> ForwardBatch:
+    def _tree_verify_batch(self, tree, slots_bn, d2, depth: int, max_prefix: int,
+                           pad: int) -> ForwardBatch:
+        """`pad` dummy tokens (row 0, slot 0, seeing only slot 0) follow the real ones."""
         b, n = tree.tokens.shape
         flat = d2["flat"]
         anc = ancestor_mask(tree.parents, depth)  # [B, N, N]
         extra = torch.where(anc, slots_bn[:, None, :], -1).view(b * n, n)[flat]  # [T, N]
         # nodes deeper than their request's K are never accepted; keep their rows in range
-        positions = (d2["prefix"] + tree.depths.view(-1)[flat]).clamp_max(
+        positions = (d2["prefix"][: flat.shape[0]] + tree.depths.view(-1)[flat]).clamp_max(
             self.runner.max_positions - 1)
-        t = flat.shape[0]
+        ids, out_loc = tree.tokens.view(-1)[flat], slots_bn.reshape(-1)[flat]
+        if pad:
+            pad_extra = torch.full((pad, n), -1, dtype=extra.dtype, device=extra.device)
+            pad_extra[:, 0] = 0
+            extra = torch.cat([extra, pad_extra])
+            zeros = ids.new_zeros(pad)
+            ids, positions, out_loc = (torch.cat([x, zeros]) for x in (ids, positions, out_loc))
+        t = ids.shape[0]
         ar = torch.arange(t, device=flat.device)
         ones = torch.ones(t, dtype=torch.int32, device=flat.device)
         prefix32 = d2["prefix"].to(torch.int32)
         return ForwardBatch(
             mode=ForwardMode.VERIFY, batch_size=t, padded_batch_size=t, num_tokens=t,
-            input_ids=tree.tokens.view(-1)[flat], positions=positions,
-            out_cache_loc=slots_bn.reshape(-1)[flat], req_pool_indices=d2["rows"],
+            input_ids=ids, positions=positions, out_cache_loc=out_loc,
+            req_pool_indices=d2["rows"],
             seq_lens=prefix32 + 1, extend_lens=ones, extend_start_loc=ar.to(torch.int32),
             prefix_lens=prefix32, logits_indices=ar, seq_lens_cpu=[], extend_lens_cpu=[],
             prefix_lens_cpu=[], max_seq_len=max_prefix + 1, max_extend_len=1,

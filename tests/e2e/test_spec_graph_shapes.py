@@ -1,0 +1,48 @@
+"""The CUDA-graph paths of speculation, run eagerly on CPU: a stand-in for ShapeGraphs
+feeds every forward through static copies of its inputs, and batches are padded to graph
+sizes (dummy row 0, slot 0) exactly as on the GPU. Greedy output must not change."""
+
+from __future__ import annotations
+
+import pytest
+from checkpoints import random_prompts
+from eagle3_checkpoints import make_eagle3_checkpoint
+
+from gearshift import SamplingParams
+
+
+class EagerGraphs:
+    """ShapeGraphs' contract without CUDA: static inputs per key, fn re-run on them."""
+
+    def __init__(self) -> None:
+        self.keys: set = set()
+
+    def run(self, key, fn, inputs):
+        self.keys.add(key)
+        static = {k: v.clone() for k, v in inputs.items()}
+        return fn(static)
+
+
+@pytest.mark.parametrize("spec,chain_as_extend", [
+    (dict(num_draft_tokens=3), False),  # small batch: split-K tree attention
+    (dict(num_draft_tokens=3), True),  # large batch: causal extend
+    (dict(num_draft_tokens=3, draft_topk=2, num_verify_tokens=6), False),
+])
+def test_padded_graph_shapes_keep_greedy_output(make_llm, tiny_llama_dir, tmp_path, spec,
+                                                chain_as_extend):
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = random_prompts([5, 17, 3, 30, 9], seed=3)
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   spec_policy="always", **spec)
+    runner = llm.engine.runner
+    runner.shape_graphs = graphs = EagerGraphs()
+    runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()  # 5 requests -> 8 rows
+    if chain_as_extend:
+        llm.engine.spec.split_k_verify_below = 0
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == ref
+    kinds = {k[0] for k in graphs.keys}
+    assert {"eagle3"} <= kinds and kinds & {"target"}
+    assert llm.spec_stats()["proposed"] > 0
