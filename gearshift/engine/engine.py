@@ -136,15 +136,12 @@ class Engine:
         return outputs
 
     def _observe_cost(self, plan: StepPlan, k: int) -> None:
-        """Feed the step's measured time (device time on GPU, read after the step's sync)
-        back to a policy that models costs."""
+        """Feed the step's measured wall time (host work, drafting and the device, after the
+        step's one sync: what tokens per second really pay) to a policy that models costs."""
         observe = getattr(self.scheduler.policy, "observe", None)
-        if observe is None:
-            return
-        ms = self.runner.last_device_ms()
-        if ms is None or k > 0:  # VERIFY: the whole step (drafting included) is the cost
-            ms = self.last_step["time_s"] * 1e3
-        observe(k, plan.batch_size, sum(r.num_tokens for r in plan.reqs), ms)
+        if observe is not None:
+            observe(k, plan.batch_size, sum(r.num_tokens for r in plan.reqs),
+                    self.last_step["time_s"] * 1e3)
 
     def _account(self, plan: StepPlan, outputs: list[StepOutput], dt: float) -> None:
         s = self._stats

@@ -15,6 +15,7 @@ Data flow: Engine.step -> SpecWorker.verify_step (VERIFY plans) / draft_extend_a
 from __future__ import annotations
 
 from collections import Counter
+from itertools import accumulate
 
 import torch
 
@@ -144,7 +145,7 @@ class SpecWorker:
         n_tree = tree.num_nodes  # a tree is smaller than its budget when K was capped
         n_nodes = nodes_override or [min(len(s), n_tree) if k else 1
                                      for s, k in zip(node_slots, ks)]
-        offsets = [sum(n_nodes[:i]) for i in range(b)]
+        offsets = [0, *accumulate(n_nodes)][:b]  # first verify token of each request
         # few (request, kv head) pairs cannot fill the GPU: split-K tree attention spreads
         # each prefix over the SMs; beyond that, causal extend reads each prefix once
         small = b * self.runner.model.config.num_kv_heads < self.split_k_verify_below
