@@ -129,7 +129,10 @@ class SpecWorker:
         n_max = max(len(s) for s in node_slots) if self.topk == 1 else self.tree_nodes
         s_max = max(self.scratch(k) for k in ks)
         st = Stager(self.runner.device)
-        st.add_ints("roots", [r.output_token_ids[-1] for r in reqs])
+        # the pending token: usually the last sampled one, or the last prompt token when a
+        # chunked prefill ends with a 1-token chunk
+        st.add_ints("roots", [r.token_slice(r.num_computed_tokens, r.num_computed_tokens + 1)[0]
+                              for r in reqs])
         st.add_ints("prefix", [r.num_computed_tokens for r in reqs])
         st.add_ints("rows", [r.req_pool_index for r in reqs])
         st.add_ints("k", list(ks))

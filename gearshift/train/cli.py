@@ -1,7 +1,7 @@
 """`gearshift train-tiny-lm`, `gearshift train-eagle3` and `gearshift make-bench-model`.
 
 Data flow: argv -> gearshift/cli.py -> register() here -> tiny_lm.train / eagle3.train /
-widen.make_bench_model.
+widen.make_bench_model (+ widen_eagle3.make_bench_head).
 Heavy imports (torch, transformers) happen only when a subcommand runs.
 """
 
@@ -29,6 +29,8 @@ def _train_eagle3(args: argparse.Namespace) -> int:
 
 
 def _make_bench_model(args: argparse.Namespace) -> int:
+    if bool(args.head) != bool(args.head_out):
+        raise SystemExit("make-bench-model: --head and --head-out go together")
     import torch
 
     from gearshift.train import widen
@@ -38,6 +40,14 @@ def _make_bench_model(args: argparse.Namespace) -> int:
         device=args.device, shard_gb=args.shard_gb,
     )
     print(f"bench model written to {out}")
+    if args.head:
+        from gearshift.train import widen_eagle3
+
+        head_out = widen_eagle3.make_bench_head(
+            args.head, out, args.head_out, draft_vocab_size=args.head_draft_vocab,
+            seed=args.seed, dtype=getattr(torch, args.dtype), device=args.device,
+        )
+        print(f"bench EAGLE-3 head written to {head_out}")
     return 0
 
 
@@ -68,4 +78,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16")
     p.add_argument("--device", default="cpu", help="where random weights are generated")
     p.add_argument("--shard-gb", type=float, default=4.0, help="max safetensors shard size")
+    p.add_argument("--head", default=None,
+                   help="also widen this EAGLE-3 head of --src (needs --head-out)")
+    p.add_argument("--head-out", default=None, help="output directory of the widened head")
+    p.add_argument("--head-draft-vocab", type=int, default=None,
+                   help="pad the head's draft vocabulary to N rows that never win "
+                        "(32000 matches the public Llama-3.1-8B heads; default: keep)")
     p.set_defaults(func=_make_bench_model)

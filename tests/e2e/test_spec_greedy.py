@@ -105,3 +105,20 @@ def test_drafts_never_run_past_the_context_limit(make_llm, tiny_llama_dir, tree)
         spec.update(draft_topk=2, num_verify_tokens=5)
     outs = make_llm(tiny_llama_dir, **opts, **spec).generate(prompts, params)
     assert [o.token_ids for o in outs] == ref
+
+
+def test_random_policy_thousands_of_steps(make_llm, tiny_llama_dir, draft_dir):
+    """Issue-4 soak on CPU: >= 2000 engine steps with K changing every step (0 included),
+    a small KV pool (preemption) and opted-out requests: exact, and nothing leaks."""
+    prompts = random_prompts([4 + (7 * i) % 37 for i in range(36)], seed=5)
+    params = [SamplingParams(max_tokens=80 + (i % 5) * 20, temperature=0.0, ignore_eos=True,
+                             speculative=i % 4 != 0) for i in range(len(prompts))]
+    opts = dict(max_num_seqs=2, max_num_batched_tokens=32, kv_cache_tokens=300)
+    ref = make_llm(tiny_llama_dir, **opts).generate(prompts, params)
+    llm = make_llm(tiny_llama_dir, **opts, speculative_algorithm="draft",
+                   draft_model=str(draft_dir), num_draft_tokens=4, spec_policy="random")
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+    assert llm.stats()["steps"] >= 2000
+    assert all(o.spec.proposed == 0 for o, p in zip(outs, params) if not p.speculative)
+    assert sorted(llm.spec_stats()["steps_by_k"]) == [0, 1, 2, 3, 4]
