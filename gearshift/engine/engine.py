@@ -72,7 +72,8 @@ class Engine:
             self.scheduler.spec_slots = self.spec.slots_needed
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
         self._seed_rng = torch.Generator().manual_seed(config.seed)
-        self._stats = {"steps": 0, "decode_steps": 0, "extend_steps": 0, "tokens_computed": 0,
+        self._stats = {"steps": 0, "decode_steps": 0, "extend_steps": 0, "verify_steps": 0,
+                       "tokens_computed": 0,
                        "tokens_generated": 0, "step_time_s": 0.0}
         self.last_step: dict = {}  # mode, batch_size, num_tokens, time_s of the latest step
 
@@ -146,7 +147,7 @@ class Engine:
     def _account(self, plan: StepPlan, outputs: list[StepOutput], dt: float) -> None:
         s = self._stats
         s["steps"] += 1
-        s["decode_steps" if plan.mode is ForwardMode.DECODE else "extend_steps"] += 1
+        s[f"{plan.mode.value}_steps"] += 1
         s["tokens_computed"] += plan.num_tokens
         self.last_step = {"mode": plan.mode.value, "batch_size": plan.batch_size,
                           "num_tokens": plan.num_tokens, "time_s": dt,
