@@ -15,6 +15,7 @@ Data flow: args -> LLM engines -> per (policy, c): Engine.step loop -> metrics -
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import time
 
@@ -22,6 +23,8 @@ import torch
 from tqdm.auto import tqdm
 
 from gearshift.request import SamplingParams
+
+log = logging.getLogger("gearshift.bench")
 
 CHAIN_POLICIES = ("off", "always-2", "always-4", "threshold", "threshold-vllm", "goodput")
 
@@ -35,8 +38,8 @@ def make_prompts(tokenizer, vocab: int, n: int, input_len: int, seed: int) -> li
             ids = [tokenizer.encode(t)[:input_len] for t in texts if len(t) > 4 * input_len]
             if ids:
                 return [ids[i % len(ids)] for i in range(n)]
-        except Exception:  # noqa: BLE001 (any corpus problem: fall back to synthetic prompts)
-            pass
+        except Exception as e:  # noqa: BLE001 (any corpus problem: fall back to synthetic prompts)
+            log.warning("held-out corpus prompts unavailable (%s): using random token ids", e)
     g = torch.Generator().manual_seed(seed)
     return torch.randint(10, vocab, (n, input_len), generator=g).tolist()
 
