@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def _run(model_dir, backend, graphs, prompts, **kw):
     llm = LLM(str(model_dir), device="cuda", dtype="float32", attention_backend=backend,
-              cuda_graphs=graphs, max_num_seqs=8, **{"kv_cache_tokens": 4096, **kw})
+              cuda_graphs=graphs, **{"max_num_seqs": 8, "kv_cache_tokens": 4096, **kw})
     outs = llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
     stats = llm.memory_stats()
     assert stats["kv_slots_free"] + stats["kv_slots_cached"] == stats["kv_slots_total"]
@@ -61,3 +61,22 @@ def test_speculation_on_gpu_matches_plain(tiny_llama_dir, tmp_path, spec):
     got, llm = _run(tiny_llama_dir, "triton", True, prompts, **spec)
     assert got == ref
     assert llm.engine.spec_stats()["proposed"] > 0
+
+
+@pytest.mark.parametrize("topk", [1, 2])
+def test_speculation_graphs_at_larger_batch(tiny_llama_dir, tmp_path, topk):
+    """40 requests x 2 kv heads: chains verify as graphed causal extend (padded batch),
+    trees as padded graphed tree attention; output equals plain decoding."""
+    from eagle3_checkpoints import make_eagle3_checkpoint
+
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = [list(range(3 + i % 7, 3 + i % 7 + 4 + i % 13)) for i in range(40)]
+    spec = dict(speculative_algorithm="eagle3", draft_model=str(head), num_draft_tokens=3,
+                spec_policy="always", max_num_seqs=48)
+    if topk > 1:
+        spec.update(draft_topk=topk, num_verify_tokens=6)
+    ref, _ = _run(tiny_llama_dir, "triton", True, prompts, max_num_seqs=48)
+    got, llm = _run(tiny_llama_dir, "triton", True, prompts, **spec)
+    assert got == ref
+    keys = {k[:2] for k in llm.engine.runner.shape_graphs.entries}
+    assert any(k[0] == "target" for k in keys)
