@@ -70,6 +70,7 @@ class Engine:
                 pad=self.runner.decode_pad)
             self.scheduler.max_draft_len = config.num_draft_tokens
             self.scheduler.spec_slots = self.spec.slots_needed
+            self.scheduler.spec_mixed = config.draft_topk == 1  # riders need causal extend
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._stats = {"steps": 0, "decode_steps": 0, "extend_steps": 0, "verify_steps": 0,

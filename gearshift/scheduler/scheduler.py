@@ -48,6 +48,7 @@ class Scheduler:
         self.policy = policy  # None: no speculation configured
         self.max_draft_len = max_draft_len
         self.spec_slots = spec_slots  # K -> KV slots a speculating request needs this step
+        self.spec_mixed = False  # prefill chunks may ride along in VERIFY steps (chains)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -112,20 +113,26 @@ class Scheduler:
             budget -= n
             free -= n
             reserve += 1
-        if plan.reqs and all(n == 1 and s for n, s in zip(plan.extend_lens, plan.sample)):
+        decoding = [i for i, (n, s) in enumerate(zip(plan.extend_lens, plan.sample))
+                    if n == 1 and s]
+        if plan.reqs and len(decoding) == plan.batch_size:
             plan.mode = ForwardMode.DECODE
-            if self.policy is not None:
-                self._plan_speculation(plan, free)
+        if self.policy is not None and decoding and (
+                plan.mode is ForwardMode.DECODE or self.spec_mixed):
+            self._plan_speculation(plan, decoding, free)
         return plan
 
-    def _plan_speculation(self, plan: StepPlan, free: int) -> None:
-        """Decide K per request now, before allocation: the plan is final from here on."""
-        view = PolicyView(plan.reqs, len(self.waiting), self.max_draft_len)
-        ks = [max(0, min(k, self.max_draft_len)) for k in self.policy.plan(view)]
+    def _plan_speculation(self, plan: StepPlan, decoding: list[int], free: int) -> None:
+        """Decide K for the decoding requests now, before allocation: the plan is final from
+        here on. Prefill chunks in the same plan (`spec_mixed`) keep K = 0."""
+        dec = [plan.reqs[i] for i in decoding]
+        view = PolicyView(dec, len(self.waiting), self.max_draft_len)
         room = self.max_model_len  # drafts may not run past the context limit
-        ks = [min(k, room - r.num_tokens - 1, r.params.max_tokens - len(r.output_token_ids) - 1)
-              if k else 0 for k, r in zip(ks, plan.reqs)]
-        ks = [max(k, 0) for k in ks]
+        ks = [0] * plan.batch_size
+        for i, r, k in zip(decoding, dec, self.policy.plan(view)):
+            k = min(k, self.max_draft_len, room - r.num_tokens - 1,
+                    r.params.max_tokens - len(r.output_token_ids) - 1)
+            ks[i] = max(k, 0)
         extra = sum(self.spec_slots(k) - 1 for k in ks if k)
         if not any(ks) or extra > free:
             return
@@ -178,6 +185,8 @@ class Scheduler:
                 continue
             req.slots.extend(kept)
             req.num_computed_tokens += len(kept)
+            if not toks:  # a prefill chunk that does not reach the end of the prompt
+                continue
             emitted: list[int] = []
             reason = None
             for tok in toks:

@@ -119,11 +119,17 @@ class SpecWorker:
     # ------------------------------------------------------------------ VERIFY steps
     @torch.inference_mode()
     def verify_step(self, plan: StepPlan, scheduler: Scheduler) -> list[StepOutput]:
+        """Decoding requests verify 1 + K tokens; prefill chunks in the same plan ("riders",
+        chains only) extend as usual in the same causal pass and sample at their end."""
         reqs, ks = plan.reqs, plan.draft_lens
         b = len(reqs)
+        ride = [not (n == 1 and smp) for n, smp in zip(plan.extend_lens, plan.sample)]
         node_slots, scratch = [], []
-        for k in ks:
-            node_slots.append(self.slots.alloc(self.nodes(k)))
+        for req in reqs:  # riders admitted this step get their req_to_token row here
+            if req.req_pool_index < 0:
+                req.req_pool_index = self.builder.rows.alloc()
+        for k, n, r in zip(ks, plan.extend_lens, ride):
+            node_slots.append(self.slots.alloc(n if r else self.nodes(k)))
             scratch.append(self.slots.alloc(self.scratch(k)))
         depth = max(ks)
         n_max = max(len(s) for s in node_slots) if self.topk == 1 else self.tree_nodes
@@ -148,13 +154,16 @@ class SpecWorker:
         n_tree = tree.num_nodes  # a tree is smaller than its budget when K was capped
         n_nodes = nodes_override or [min(len(s), n_tree) if k else 1
                                      for s, k in zip(node_slots, ks)]
-        offsets = [0, *accumulate(n_nodes)][:b]  # first verify token of each request
+        # tokens each request sends through the target (a rider: its whole chunk)
+        n_tokens = [len(s) if r else n for s, r, n in zip(node_slots, ride, n_nodes)]
+        offsets = [0, *accumulate(n_tokens)][:b]  # first target token of each request
         # few (request, kv head) pairs cannot fill the GPU: split-K tree attention spreads
         # each prefix over the SMs; beyond that, causal extend reads each prefix once
         small = b * self.runner.model.config.num_kv_heads < self.split_k_verify_below
-        if self.topk == 1 and not (small and self.runner.shape_graphs is not None):
+        if self.topk == 1 and (any(ride) or not (small and self.runner.shape_graphs is not None)):
             # chains verify as a causal extend over positions L..L+K (prefix read once)
-            fb, flat, key = self._chain_verify_batch(reqs, tree, node_slots, n_nodes, n_tree)
+            fb, flat, key, node_tok = self._chain_verify_batch(reqs, tree, node_slots, n_nodes,
+                                                               n_tree, ride)
         else:
             flat_cpu = [i * n_tree + j for i, n in enumerate(n_nodes) for j in range(n)]
             pad = 0
@@ -172,8 +181,9 @@ class SpecWorker:
                 torch.nn.functional.pad(d["node_slots"].view(b, n_max), (0, n_tree - n_max))
             fb = self._tree_verify_batch(tree, slots_bn, d2, depth, max(prefix_cpu), pad)
             key = ("verify-tree", fb.num_tokens, n_tree) if self.runner.shape_graphs else None
+            node_tok = None
         logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key)  # [T(+pad), V]
-        logits_t = logits_t[: flat.shape[0]]
+        logits_t = logits_t[node_tok] if node_tok is not None else logits_t[: flat.shape[0]]
         logits = torch.zeros(b * n_tree, logits_t.shape[-1], device=logits_t.device)
         logits[flat] = logits_t
         valid = torch.zeros(b * n_tree, dtype=torch.bool, device=logits_t.device)
@@ -181,47 +191,70 @@ class SpecWorker:
         valid = valid.view(b, n_tree) & (tree.depths <= d["k"][:, None])  # a request's own K
         res = verify(tree, valid, logits.view(b, n_tree, -1), sb, depth, self.topk)
         packed = torch.cat([res.num_accepted[:, None], res.path, res.tokens], 1).tolist()  # sync
-        new_tokens, kept, freed = [], [], []
+        new_tokens, kept, freed, rows_used = [], [], [], []
         for i in range(b):
-            a = packed[i][0]
-            path = packed[i][1:depth + 2][:a + 1]
-            new_tokens.append(packed[i][depth + 2:][:a + 1])
+            if ride[i]:  # the whole chunk stays; its last token's sample only if it ends the prompt
+                a, path = 0, list(range(len(node_slots[i])))
+                new_tokens.append(packed[i][depth + 2:][:1] if plan.sample[i] else [])
+            else:
+                a = packed[i][0]
+                path = packed[i][1:depth + 2][:a + 1]
+                new_tokens.append(packed[i][depth + 2:][:a + 1])
+                self._account(reqs[i], ks[i], n_nodes[i] - 1, a)
             kept.append([node_slots[i][j] for j in path])
             keep = set(path)
             freed.append([s for j, s in enumerate(node_slots[i]) if j not in keep] + scratch[i])
-            self._account(reqs[i], ks[i], n_nodes[i] - 1, a)
+            rows_used.append(path)
         self._record_paths(reqs, kept, prefix_cpu)
         outputs = scheduler.commit_spec(plan, new_tokens, kept, freed)
         live = [i for i, r in enumerate(reqs) if not r.is_finished]
-        token_idx = [offsets[i] + j for i in live for j in packed[i][1:depth + 2][:packed[i][0] + 1]]
+        token_idx = [offsets[i] + j for i in live for j in rows_used[i]]
         self._draft_extend([reqs[i] for i in live], [prefix_cpu[i] for i in live],
-                           [packed[i][0] + 1 for i in live], aux, token_idx)
+                           [len(rows_used[i]) for i in live], aux, token_idx)
         return outputs
 
-    def _chain_verify_batch(self, reqs, tree, node_slots, n_nodes, n_tree):
+    def _chain_verify_batch(self, reqs, tree, node_slots, n_nodes, n_tree, ride):
         """Node j of a chain sits at position L + j: record its slot in req_to_token and
-        verify with ordinary causal extend attention (the prefix is read once per request)."""
+        verify with ordinary causal extend attention (the prefix is read once per request).
+        Riders contribute their prompt chunk; their node 0 is the chunk's last token.
+        -> (batch, flat node indices, graph key, target token of each flat node)."""
         st = Stager(self.runner.device)
-        flat = [i * n_tree + j for i, n in enumerate(n_nodes) for j in range(n)]
+        flat, node_tok, rider_pos, rider_ids, t = [], [], [], [], 0
+        extend = [len(s) if r else n for s, r, n in zip(node_slots, ride, n_nodes)]
+        for i, (req, n, r) in enumerate(zip(reqs, extend, ride)):
+            if r:
+                flat.append(i * n_tree)
+                node_tok.append(t + n - 1)
+                rider_pos.extend(range(t, t + n))
+                rider_ids.extend(req.token_slice(req.num_computed_tokens,
+                                                 req.num_computed_tokens + n))
+            else:
+                flat.extend(i * n_tree + j for j in range(n))
+                node_tok.extend(range(t, t + n))
+            t += n
         prefix = [r.num_computed_tokens for r in reqs]
-        out_loc = [s for slots, n in zip(node_slots, n_nodes) for s in slots[:n]]
+        out_loc = [s for slots, n in zip(node_slots, extend) for s in slots[:n]]
         rows = [r.req_pool_index for r in reqs]
-        extend = list(n_nodes)
         key = None
-        if self.runner.shape_graphs is not None and len(set(n_nodes)) == 1:
+        if self.runner.shape_graphs is not None and len(set(extend)) == 1 and not any(ride):
             # uniform candidates per request: pad to a graph batch size (dummy row 0, slot 0)
-            n, pad = n_nodes[0], self.runner.decode_pad(len(reqs)) - len(reqs)
+            n, pad = extend[0], self.runner.decode_pad(len(reqs)) - len(reqs)
             rows, prefix, extend = rows + [0] * pad, prefix + [0] * pad, extend + [n] * pad
             out_loc = out_loc + [0] * (n * pad)
             key = ("verify", len(rows), n)
         stage_forward(st, rows, prefix, extend, [0] * len(out_loc), out_loc)
         st.add_ints("flat", flat)
+        st.add_ints("node_tok", node_tok)
+        st.add_ints("rider_pos", rider_pos)
+        st.add_ints("rider_ids", rider_ids)
         d = st.to_device()
-        ids = tree.tokens.view(-1)[d["flat"]]
-        d["input_ids"] = torch.cat([ids, ids.new_zeros(len(out_loc) - len(flat))])
+        ids = torch.zeros(len(out_loc), dtype=torch.long, device=d["flat"].device)
+        ids[d["node_tok"]] = tree.tokens.view(-1)[d["flat"]]  # riders: their chunk's last token
+        ids[d["rider_pos"]] = d["rider_ids"]  # ... is overwritten by the prompt token itself
+        d["input_ids"] = ids
         fb = forward_batch(d, ForwardMode.VERIFY, len(reqs), prefix, extend, self.runner.kv)
         fb.logits_indices = torch.arange(fb.num_tokens, device=fb.input_ids.device)
-        return fb, d["flat"], key
+        return fb, d["flat"], key, d["node_tok"]
 
     def _tree_verify_batch(self, tree, slots_bn, d2, depth: int, max_prefix: int,
                            pad: int) -> ForwardBatch:

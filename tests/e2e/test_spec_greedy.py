@@ -122,3 +122,30 @@ def test_random_policy_thousands_of_steps(make_llm, tiny_llama_dir, draft_dir):
     assert llm.stats()["steps"] >= 2000
     assert all(o.spec.proposed == 0 for o, p in zip(outs, params) if not p.speculative)
     assert sorted(llm.spec_stats()["steps_by_k"]) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("algo", ["eagle3", "draft"])
+def test_prefill_chunks_ride_along_with_verification(make_llm, tiny_llama_dir, draft_dir,
+                                                     head_dir, algo):
+    """Under constant arrivals most steps carry a prefill chunk: decoding requests still
+    speculate in those steps (chains), and the chunk extends in the same causal pass."""
+    prompts = random_prompts([3, 5, 60, 44, 70, 9], seed=13)
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    opts = dict(max_num_batched_tokens=16, max_num_seqs=6)
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir, **opts).generate(prompts, params)]
+    draft = head_dir if algo == "eagle3" else draft_dir
+    llm = make_llm(tiny_llama_dir, **opts, speculative_algorithm=algo, draft_model=str(draft),
+                   num_draft_tokens=3, spec_policy="always")
+    mixed = []
+    orig = llm.engine.scheduler.schedule
+
+    def schedule():
+        plan = orig()
+        if plan.draft_lens and any(n > 1 for n in plan.extend_lens):
+            mixed.append(plan)
+        return plan
+
+    llm.engine.scheduler.schedule = schedule
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == ref
+    assert mixed, "no VERIFY step carried a prefill chunk"
