@@ -194,3 +194,18 @@ def random_prompts(lengths: list[int], seed: int = 0, vocab: int = VOCAB_SIZE) -
     """Token-id prompts of the given lengths, avoiding the special tokens (ids < 3)."""
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def make_perturbed_draft(target_dir, out_dir, noise: float = 0.15, seed: int = 5):
+    """A draft model = the target with every matrix perturbed (acceptance ~0.7)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(target_dir / "config.json", out_dir / "config.json")
+    gen = torch.Generator().manual_seed(seed)
+    weights = {name: w + noise * w.std() * torch.randn(w.shape, generator=gen) if w.dim() > 1 else w
+               for name, w in load_file(target_dir / "model.safetensors").items()}
+    save_file(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
+    return out_dir

@@ -21,11 +21,9 @@ tokens -> counts  <->  HF oracle -> exact distributions.
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
-from checkpoints import load_hf_model, make_tiny_checkpoint
+from checkpoints import load_hf_model, make_perturbed_draft, make_tiny_checkpoint
 
 from gearshift import SamplingParams
 
@@ -44,19 +42,6 @@ CONFIGS = {
     "tree-t1": (dict(draft_topk=2, num_verify_tokens=5), 1.0),
     "tree-top_p0.9": (dict(draft_topk=2, num_verify_tokens=5), 0.9),
 }
-
-
-def make_perturbed_draft(target_dir, out_dir, noise: float = 0.15, seed: int = 5):
-    """A draft model = the target with every matrix perturbed (acceptance ~0.7)."""
-    from safetensors.torch import load_file, save_file
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(target_dir / "config.json", out_dir / "config.json")
-    gen = torch.Generator().manual_seed(seed)
-    weights = {name: w + noise * w.std() * torch.randn(w.shape, generator=gen) if w.dim() > 1 else w
-               for name, w in load_file(target_dir / "model.safetensors").items()}
-    save_file(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
-    return out_dir
 
 
 def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,12 +20,11 @@ Data flow (tests only): toy LMs / HF models -> reference step <-> expand + verif
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 
 import pytest
 import torch
-from checkpoints import load_hf_model, make_tiny_checkpoint, random_prompts
+from checkpoints import load_hf_model, make_perturbed_draft, make_tiny_checkpoint, random_prompts
 
 from gearshift import SamplingParams
 from gearshift.runner.sampler import SamplingBatch, seeded_uniform
@@ -199,19 +198,6 @@ def test_tree_step_matches_reference(topk, num_nodes, top_p):
 
 SMALL = dict(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
              num_attention_heads=2, num_key_value_heads=1, head_dim=16, with_tokenizer=False)
-
-
-def make_perturbed_draft(target_dir, out_dir, noise: float = 0.15, seed: int = 5):
-    """A draft model = the target with every matrix perturbed (acceptance ~0.7)."""
-    from safetensors.torch import load_file, save_file
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(target_dir / "config.json", out_dir / "config.json")
-    gen = torch.Generator().manual_seed(seed)
-    weights = {name: w + noise * w.std() * torch.randn(w.shape, generator=gen) if w.dim() > 1 else w
-               for name, w in load_file(target_dir / "model.safetensors").items()}
-    save_file(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
-    return out_dir
 
 
 @pytest.fixture(scope="module")
