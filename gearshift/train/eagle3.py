@@ -383,8 +383,7 @@ def train(args: argparse.Namespace) -> dict:
     val_acc = evaluate(head, target, val, args, t2d) if val is not None and val.size > 64 else None
     print(f"done: {step} steps in {train_seconds:.0f}s; val acc/step {val_acc}", flush=True)
     report = {
-        "command": " ".join(["gearshift train-eagle3", *sys.argv[1:]])
-        if args.record_command else None,
+        "command": _command_line() if args.record_command else None,
         "args": {k: v for k, v in vars(args).items() if isinstance(v, str | int | float | None)},
         "shape": asdict(head.shape), "num_parameters": num_params, "steps": step,
         "tokens_seen": step * args.batch_size * args.seq_len,
@@ -395,6 +394,12 @@ def train(args: argparse.Namespace) -> dict:
     save_head(head.cpu(), target_dir, out, args.save_dtype, report)
     print(f"saved EAGLE-3 head to {out}", flush=True)
     return report
+
+
+def _command_line() -> str:
+    """This run as a `gearshift train-eagle3 ...` command (from the CLI or `-m`)."""
+    argv = sys.argv[1:]
+    return " ".join(["gearshift train-eagle3", *argv[argv[:1] == ["train-eagle3"]:]])
 
 
 def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
