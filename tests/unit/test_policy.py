@@ -114,3 +114,22 @@ def test_static_threshold_random_policies():
     mixed = reqs(3) + reqs(3, speculative=False)
     assert all(ks[3:] == [0, 0, 0] for ks in (RandomPolicy(4, 2).plan(PolicyView(mixed, 0, 4))
                                               for _ in range(20)))
+
+
+def test_cost_model_interpolates_extrapolates_and_learns():
+    m = CostModel(base={0: [[1.0, 4.0], [64.0, 6.0], [256.0, 14.0]]}, attn_ms_per_token={0: 1e-4})
+    assert m.predict(0, 1, 0) == 4.0 and m.predict(0, 0, 0) == 4.0  # never below the first point
+    assert m.predict(0, 32, 0) == pytest.approx(4.0 + 2.0 * 31 / 63)
+    assert m.predict(0, 512, 0) == pytest.approx(14.0 + 8.0 / 192 * 256)  # last slope
+    assert m.predict(0, 64, 10_000) == pytest.approx(7.0)  # + attention over the context
+    for _ in range(100):  # the machine is 2 ms slower at batch 64 than the prior said
+        m.observe(0, 64, 0, 8.0)
+    assert m.predict(0, 64, 0) == pytest.approx(8.0, abs=0.05)
+    assert m.observations == 100
+
+
+def test_roofline_prior_turns_compute_bound_with_tokens():
+    m = CostModel.roofline(weight_bytes=16e9, flops_per_token=16e9, kv_bytes_per_token=0,
+                           max_k=4, batch_sizes=[1, 64, 256], overhead_ms=0.0, draft_frac=0.0)
+    assert m.predict(0, 1, 0) == pytest.approx(16e9 / 4.2e12 * 1e3)  # weight streaming
+    assert m.predict(4, 256, 0) > 5 * m.predict(0, 1, 0)  # 1280 tokens: compute-bound
