@@ -209,3 +209,10 @@ def make_perturbed_draft(target_dir, out_dir, noise: float = 0.15, seed: int = 5
                for name, w in load_file(target_dir / "model.safetensors").items()}
     save_file(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
     return out_dir
+
+
+def assert_idle_invariant(llm) -> None:
+    """When the engine is idle every KV slot is either free or cached: none leaked."""
+    stats = llm.memory_stats()
+    total, free, cached = stats["kv_slots_total"], stats["kv_slots_free"], stats["kv_slots_cached"]
+    assert free + cached == total, f"KV slots leaked while idle: {stats}"

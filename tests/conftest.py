@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from checkpoints import ARCHS, make_tiny_checkpoint  # noqa: E402
+from checkpoints import ARCHS, assert_idle_invariant, make_tiny_checkpoint  # noqa: E402
 
 
 def _quiet_transformers() -> None:
@@ -38,13 +38,6 @@ _quiet_transformers()
 # Tiny models gain nothing from intra-op threads, and on a shared 2-core CI box spinning
 # worker threads make every forward ~10x slower.
 torch.set_num_threads(1)
-
-
-def assert_idle_invariant(llm) -> None:
-    """When the engine is idle every KV slot is either free or cached: none leaked."""
-    stats = llm.memory_stats()
-    total, free, cached = stats["kv_slots_total"], stats["kv_slots_free"], stats["kv_slots_cached"]
-    assert free + cached == total, f"KV slots leaked while idle: {stats}"
 
 
 # ---- tiny checkpoints, built once per session -------------------------------------------

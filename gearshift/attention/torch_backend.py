@@ -15,13 +15,15 @@ from gearshift.forward_batch import ForwardBatch
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
             sm_scale: float) -> torch.Tensor:
     # q: [B, Hq, Lq, D]; k, v: [B, Hkv, Lk, D]; mask: [B, 1, Lq, Lk] bool (True = attend)
-    groups = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(groups, dim=1)
-    v = v.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * sm_scale
-    scores = scores.masked_fill(~mask, float("-inf"))
+    b, hq, lq, d = q.shape
+    hkv = k.shape[1]
+    # GQA without copying K/V: q heads of one kv head share it through broadcasting
+    qg = q.float().view(b, hkv, hq // hkv, lq, d)  # [B, Hkv, G, Lq, D]
+    scores = torch.matmul(qg, k.float().transpose(-1, -2)[:, :, None]) * sm_scale
+    scores = scores.masked_fill(~mask[:, :, None], float("-inf"))  # [B, Hkv, G, Lq, Lk]
     probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, v.float()).to(q.dtype)
+    out = torch.matmul(probs, v.float()[:, :, None])  # [B, Hkv, G, Lq, D]
+    return out.view(b, hq, lq, d).to(q.dtype)
 
 
 class TorchBackend(AttentionBackend):

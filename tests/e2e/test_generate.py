@@ -13,8 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from checkpoints import EOS_ID, random_prompts
-from conftest import assert_idle_invariant
+from checkpoints import EOS_ID, assert_idle_invariant, random_prompts
 
 from gearshift import SamplingParams
 

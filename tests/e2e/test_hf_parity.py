@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import hf_greedy, load_hf_model, random_prompts
-from conftest import assert_idle_invariant
+from checkpoints import assert_idle_invariant, hf_greedy, load_hf_model, random_prompts
 
 from gearshift import SamplingParams
 
