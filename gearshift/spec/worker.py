@@ -120,7 +120,19 @@ class SpecWorker:
     @torch.inference_mode()
     def verify_step(self, plan: StepPlan, scheduler: Scheduler) -> list[StepOutput]:
         """Decoding requests verify 1 + K tokens; prefill chunks in the same plan ("riders",
-        chains only) extend as usual in the same causal pass and sample at their end."""
+        chains only) extend as usual in the same causal pass and sample at their end.
+        If the step fails before its commit, the slots it allocated go back to the pool."""
+        allocated: list[list[int]] = []
+        try:
+            return self._verify_step(plan, scheduler, allocated)
+        except BaseException:
+            if allocated and allocated[-1] is not None:  # not committed yet
+                for slots in allocated:
+                    self.slots.free(slots)
+            raise
+
+    def _verify_step(self, plan: StepPlan, scheduler: Scheduler,
+                     allocated: list[list[int]]) -> list[StepOutput]:
         reqs, ks = plan.reqs, plan.draft_lens
         b = len(reqs)
         ride = [not (n == 1 and smp) for n, smp in zip(plan.extend_lens, plan.sample)]
@@ -130,7 +142,9 @@ class SpecWorker:
                 req.req_pool_index = self.builder.rows.alloc()
         for k, n, r in zip(ks, plan.extend_lens, ride):
             node_slots.append(self.slots.alloc(n if r else self.nodes(k)))
+            allocated.append(node_slots[-1])
             scratch.append(self.slots.alloc(self.scratch(k)))
+            allocated.append(scratch[-1])
         depth = max(ks)
         n_max = max(len(s) for s in node_slots) if self.topk == 1 else self.tree_nodes
         s_max = max(self.scratch(k) for k in ks)
@@ -206,6 +220,7 @@ class SpecWorker:
             freed.append([s for j, s in enumerate(node_slots[i]) if j not in keep] + scratch[i])
             rows_used.append(path)
         self._record_paths(reqs, kept, prefix_cpu)
+        allocated.append(None)  # from here on the scheduler owns (or has freed) every slot
         outputs = scheduler.commit_spec(plan, new_tokens, kept, freed)
         live = [i for i, r in enumerate(reqs) if not r.is_finished]
         token_idx = [offsets[i] + j for i in live for j in rows_used[i]]

@@ -98,3 +98,23 @@ def test_flipping_speculation_never_uses_stale_shapes(make_llm, tiny_llama_dir, 
     assert full_steps >= 2
     stats = llm.memory_stats()
     assert stats["kv_slots_free"] == stats["kv_slots_total"]
+
+
+def test_failed_verify_step_returns_its_slots(make_llm, tiny_llama_dir):
+    """A VERIFY step that fails before its commit gives back every slot it allocated."""
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="ngram", num_draft_tokens=3,
+                   spec_policy="always")
+    eng = llm.engine
+    eng.add_request("r", [5, 6, 7, 5, 6, 7, 5, 6], SamplingParams(max_tokens=20, temperature=0.0,
+                                                                 ignore_eos=True))
+    eng.step()  # prefill
+    free_before = eng.slots.num_free
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("device fault")
+
+    eng.runner.forward_all = boom
+    with pytest.raises(RuntimeError, match="device fault"):
+        eng.step()
+    assert eng.slots.num_free == free_before
+    eng.abort_request("r")
