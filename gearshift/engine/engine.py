@@ -121,20 +121,17 @@ class Engine:
             return []
         if plan.mode is ForwardMode.VERIFY:
             outputs = self.spec.verify_step(plan, self.scheduler)
-            self._account(plan, outputs, time.perf_counter() - t0)
-            self._observe_cost(plan, max(plan.draft_lens))
-            return outputs
-        pad = self.runner.decode_pad(plan.batch_size) if plan.mode is ForwardMode.DECODE else None
-        fb, sb = self.builder.prepare(plan, pad_to=pad)
-        tokens, aux = self.runner.run(fb, sb)
-        outputs = self.scheduler.commit(plan, tokens[: plan.batch_size].tolist())  # the one sync
-        if self.spec is not None:  # the draft follows every committed token, at any K
-            self.spec.draft_extend_after(plan, aux)
-            self._account(plan, outputs, time.perf_counter() - t0)
-            if plan.mode is ForwardMode.DECODE:
-                self._observe_cost(plan, 0)
-            return outputs
+        else:
+            pad = self.runner.decode_pad(plan.batch_size) if plan.mode is ForwardMode.DECODE \
+                else None
+            fb, sb = self.builder.prepare(plan, pad_to=pad)
+            tokens, aux = self.runner.run(fb, sb)
+            outputs = self.scheduler.commit(plan, tokens[: plan.batch_size].tolist())  # 1 sync
+            if self.spec is not None:  # the draft follows every committed token, at any K
+                self.spec.draft_extend_after(plan, aux)
         self._account(plan, outputs, time.perf_counter() - t0)
+        if self.spec is not None and plan.mode is not ForwardMode.EXTEND:
+            self._observe_cost(plan, max(plan.draft_lens, default=0))
         return outputs
 
     def _observe_cost(self, plan: StepPlan, k: int) -> None:
