@@ -216,3 +216,19 @@ def assert_idle_invariant(llm) -> None:
     stats = llm.memory_stats()
     total, free, cached = stats["kv_slots_total"], stats["kv_slots_free"], stats["kv_slots_cached"]
     assert free + cached == total, f"KV slots leaked while idle: {stats}"
+
+
+def slot_batch(kv, mode, chunks, slot_of):
+    """A ForwardBatch over a hand-built slot cache, built by the engine's own staging code.
+    chunks: (req_to_token row, prefix length, new token ids) per request;
+    slot_of(row, position) -> the KV slot of that token (recorded in req_to_token)."""
+    from gearshift.scheduler.batch import Stager, forward_batch, stage_forward
+
+    rows = [c[0] for c in chunks]
+    prefix = [c[1] for c in chunks]
+    extend = [len(c[2]) for c in chunks]
+    ids = [t for c in chunks for t in c[2]]
+    loc = [slot_of(r, p) for r, p0, toks in chunks for p in range(p0, p0 + len(toks))]
+    st = Stager(kv.k.device)
+    stage_forward(st, rows, prefix, extend, ids, loc)
+    return forward_batch(st.to_device(), mode, len(chunks), prefix, extend, kv)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoints import slot_batch
 from eagle3_checkpoints import DRAFT_VOCAB_SIZE, draft_vocab_ids, make_eagle3_checkpoint
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
@@ -95,31 +96,9 @@ def reference(draft_dir: Path, embed: torch.Tensor, ids: torch.Tensor,
 # ---- a hand-built slot KV cache: request row r, position p -> slot 1 + (r-1)*MAX_LEN + p ---
 
 def make_batch(kv: KVCache, mode: ForwardMode,
-               chunks: list[tuple[int, int, list[int]]]) -> ForwardBatch:
+                  chunks: list[tuple[int, int, list[int]]]) -> ForwardBatch:
     """chunks: (req_to_token row, prefix length, new token ids) per request."""
-    ids, pos, loc, ext, pre, start = [], [], [], [], [], []
-    for row, prefix, toks in chunks:
-        start.append(len(ids))
-        ids += toks
-        pos += list(range(prefix, prefix + len(toks)))
-        slots = [1 + (row - 1) * MAX_LEN + p for p in range(prefix, prefix + len(toks))]
-        loc += slots
-        kv.req_to_token[row, prefix:prefix + len(toks)] = torch.tensor(slots, dtype=torch.int32)
-        ext.append(len(toks))
-        pre.append(prefix)
-    seq = [p + e for p, e in zip(pre, ext)]
-    i64, i32 = torch.int64, torch.int32
-    return ForwardBatch(
-        mode=mode, batch_size=len(chunks), padded_batch_size=len(chunks), num_tokens=len(ids),
-        input_ids=torch.tensor(ids, dtype=i64), positions=torch.tensor(pos, dtype=i64),
-        out_cache_loc=torch.tensor(loc, dtype=i64),
-        req_pool_indices=torch.tensor([c[0] for c in chunks], dtype=i64),
-        seq_lens=torch.tensor(seq, dtype=i32), extend_lens=torch.tensor(ext, dtype=i32),
-        extend_start_loc=torch.tensor(start, dtype=i32), prefix_lens=torch.tensor(pre, dtype=i32),
-        logits_indices=torch.tensor([s + e - 1 for s, e in zip(start, ext)], dtype=i64),
-        seq_lens_cpu=seq, extend_lens_cpu=ext, prefix_lens_cpu=pre, max_seq_len=max(seq),
-        max_extend_len=max(ext),
-    )
+    return slot_batch(kv, mode, chunks, lambda r, p: 1 + (r - 1) * MAX_LEN + p)
 
 
 VARIANTS = {

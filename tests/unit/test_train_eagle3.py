@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from checkpoints import make_tiny_checkpoint
+from checkpoints import make_tiny_checkpoint, slot_batch
 from transformers import LlamaForCausalLM
 
 from gearshift.attention.base import KVCache
@@ -73,31 +73,10 @@ def test_loss_falls_and_layout(setup) -> None:
     assert "embed_tokens.weight" not in t and t["fc.weight"].shape == (64, 3 * 64)
 
 
-def _batch(kv: KVCache, mode: ForwardMode, chunks: list[tuple[int, int, list[int]]]) -> ForwardBatch:
+def _batch(kv: KVCache, mode: ForwardMode,
+              chunks: list[tuple[int, int, list[int]]]) -> ForwardBatch:
     """chunks: (req_to_token row, prefix length, new token ids); slot = row * MAX_LEN + pos."""
-    ids, pos, loc, ext, pre, start = [], [], [], [], [], []
-    for row, prefix, toks in chunks:
-        start.append(len(ids))
-        ids += toks
-        pos += range(prefix, prefix + len(toks))
-        slots = [row * MAX_LEN + p for p in range(prefix, prefix + len(toks))]
-        loc += slots
-        kv.req_to_token[row, prefix:prefix + len(toks)] = torch.tensor(slots, dtype=torch.int32)
-        ext.append(len(toks))
-        pre.append(prefix)
-    seq = [p + e for p, e in zip(pre, ext)]
-    i64, i32 = torch.int64, torch.int32
-    return ForwardBatch(
-        mode=mode, batch_size=len(chunks), padded_batch_size=len(chunks), num_tokens=len(ids),
-        input_ids=torch.tensor(ids, dtype=i64), positions=torch.tensor(pos, dtype=i64),
-        out_cache_loc=torch.tensor(loc, dtype=i64),
-        req_pool_indices=torch.tensor([c[0] for c in chunks], dtype=i64),
-        seq_lens=torch.tensor(seq, dtype=i32), extend_lens=torch.tensor(ext, dtype=i32),
-        extend_start_loc=torch.tensor(start, dtype=i32), prefix_lens=torch.tensor(pre, dtype=i32),
-        logits_indices=torch.tensor([s + e - 1 for s, e in zip(start, ext)], dtype=i64),
-        seq_lens_cpu=seq, extend_lens_cpu=ext, prefix_lens_cpu=pre, max_seq_len=max(seq),
-        max_extend_len=max(ext),
-    )
+    return slot_batch(kv, mode, chunks, lambda r, p: r * MAX_LEN + p)
 
 
 @torch.no_grad()
