@@ -56,8 +56,26 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
     if kw.get("draft_model") and "speculative_algorithm" not in kw:
-        raise SystemExit("error: --draft-model needs --speculative-algorithm eagle3|draft")
+        kw["speculative_algorithm"] = draft_algorithm(kw["draft_model"])
     return kw
+
+
+def draft_algorithm(draft_dir: str) -> str:
+    """`eagle3` for a directory holding an EAGLE-3 head, `draft` for any other model: what
+    --draft-model means when --speculative-algorithm is not given."""
+    import json
+    from pathlib import Path
+
+    from gearshift.models.eagle3_loader import EAGLE3_ARCHITECTURES
+
+    cfg = Path(draft_dir) / "config.json"
+    if not cfg.is_file():
+        raise SystemExit(f"error: --draft-model {draft_dir}: no config.json there")
+    try:
+        archs = json.loads(cfg.read_text()).get("architectures") or []
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: --draft-model {draft_dir}: unreadable config.json ({e})") from e
+    return "eagle3" if any(a in EAGLE3_ARCHITECTURES for a in archs) else "draft"
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -1,0 +1,27 @@
+"""CLI argument resolution: --draft-model alone picks the speculative algorithm from the
+directory (EAGLE-3 head -> eagle3, any other model -> draft); a bad directory is named."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from gearshift.cli import add_engine_args, draft_algorithm, engine_kwargs
+from gearshift.models.default import DEFAULT_MODEL_DIR
+
+
+def test_draft_algorithm_from_directory(tmp_path) -> None:
+    assert draft_algorithm(str(DEFAULT_MODEL_DIR / "eagle3")) == "eagle3"
+    assert draft_algorithm(str(DEFAULT_MODEL_DIR / "target")) == "draft"
+    with pytest.raises(SystemExit, match="no config.json"):
+        draft_algorithm(str(tmp_path))
+
+
+def test_engine_kwargs_infers_eagle3() -> None:
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    args = p.parse_args(["--draft-model", str(DEFAULT_MODEL_DIR / "eagle3")])
+    assert engine_kwargs(args)["speculative_algorithm"] == "eagle3"
+    args = p.parse_args(["--draft-model", "x", "--speculative-algorithm", "draft"])
+    assert engine_kwargs(args)["speculative_algorithm"] == "draft"
