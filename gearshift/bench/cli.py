@@ -21,6 +21,12 @@ def register(sub) -> None:
     sweep.add_args(p)
     p.set_defaults(func=sweep.run)
 
+    from gearshift.bench import pair
+
+    p = bsub.add_parser("pair", help="widened bench pair vs small pair: cost, tokens, acceptance")
+    pair.add_args(p)
+    p.set_defaults(func=pair.run)
+
     p = bsub.add_parser("serve", help="load a running server with an async client")
     add_serve_bench_args(p)
     p.set_defaults(func=run_serve_bench)
