@@ -178,7 +178,7 @@ def print_report(r: dict) -> None:
             t.add_column(col, justify="right" if col != "model" else "left")
         for name in ("big", "preset"):
             m = c[name]
-            t.add_row(f"{name}: {m['model']}", fmt(m["decode_device_ms_median"]),
+            t.add_row(f"{name} ({Path(m['model']).name})", fmt(m["decode_device_ms_median"]),
                       fmt(m["decode_step_ms_median"]), fmt(m["decode_step_ms_p90"]))
         t.add_row("ratio big / preset", fmt(c["device_ratio"]), fmt(c["wall_ratio"]), "")
         con.print(t)
