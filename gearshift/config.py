@@ -145,6 +145,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # prefill chunk budget per step
     max_model_len: int | None = None  # None: min(max_position_embeddings, KV capacity)
     cuda_graphs: bool = True  # decode graphs per padded batch size (CUDA only)
+    overlap_schedule: bool = True  # plan + prepare step n+1 while step n runs on the device
     seed: int = 0
     # speculative decoding (None = off; see gearshift/spec/)
     speculative_algorithm: str | None = None  # "eagle3" | "draft" | "ngram"
