@@ -1,7 +1,10 @@
 """Attention backend contract: store this step's K/V into the slot pool, then attend.
 
 Data flow: ModelRunner picks one backend (registry below) -> every Attention layer calls
-`backend.forward(q, k, v, layer_id, fb)` -> backend dispatches on fb.mode.
+`q = backend.rope_and_store(q, k, v, positions, cos, sin, layer_id, fb)` (rotates q and k,
+writes K/V at fb.out_cache_loc; one fused kernel in the Triton backend on CUDA) and then
+`backend.attend(q, layer_id, fb)`, which dispatches on fb.tree / fb.mode. Callers whose
+q/k are already rotated use `backend.forward(q, k, v, layer_id, fb)` (store + attend).
 
 KV buffers live in `KVCache` (one tensor each for K and V):
     k[layer, slot, kv_head, head_dim], v[layer, slot, kv_head, head_dim]
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from gearshift.forward_batch import ForwardBatch
+from gearshift.models import ops
 
 
 @dataclass
@@ -52,15 +56,31 @@ class AttentionBackend(ABC):
         self.kv.k[layer_id].index_copy_(0, fb.out_cache_loc, k)
         self.kv.v[layer_id].index_copy_(0, fb.out_cache_loc, v)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                fb: ForwardBatch) -> torch.Tensor:
-        """q: [num_tokens, num_heads, head_dim]; returns the same shape."""
+    def rope_and_store(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        """Neox RoPE on q and k at `positions`, then K/V into the slot pool; returns rotated q.
+
+        q: [T, Hq, D]; k, v: [T, Hkv, D] (views into the fused qkv output); positions: [T];
+        cos, sin: [max_pos, D/2] fp32 (RotaryEmbedding's tables). q may be rotated in place;
+        k afterwards holds either value (only the cache copy is defined)."""
+        q, k = ops.rope(q, k, positions, cos, sin)
         self.store_kv(k, v, layer_id, fb)
+        return q
+
+    def attend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        """q: [num_tokens, num_heads, head_dim] over the K/V already stored; same shape out."""
         if fb.tree is not None:
             return self.tree(q, layer_id, fb)
         if fb.mode.name == "DECODE":
             return self.decode(q, layer_id, fb)
         return self.extend(q, layer_id, fb)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                fb: ForwardBatch) -> torch.Tensor:
+        """Store already-rotated k/v, then attend. q: [num_tokens, num_heads, head_dim]."""
+        self.store_kv(k, v, layer_id, fb)
+        return self.attend(q, layer_id, fb)
 
     @abstractmethod
     def decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor: ...

@@ -1,7 +1,7 @@
 """Reference attention in plain PyTorch over the slot pool (any device, eager only).
 
-Data flow: called by Attention layers through AttentionBackend.forward; the Triton
-backend is tested against this one.
+Data flow: called by Attention layers through AttentionBackend.rope_and_store (the
+default: ops.rope, then store_kv) and .attend; the Triton backend is tested against it.
 """
 
 from __future__ import annotations

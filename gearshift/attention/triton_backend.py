@@ -1,7 +1,9 @@
 """Triton attention backend: split-K decode and causal flash extend over the slot pool.
 
-Data flow: Attention layer -> AttentionBackend.forward (stores K/V at out_cache_loc) ->
-TritonBackend.decode / .extend -> kernels/decode.py, kernels/extend.py.
+Data flow: Attention layer -> TritonBackend.rope_and_store (on CUDA one fused kernel,
+models/kernels/rope.py: rotates q in place, writes rotated K and V at out_cache_loc) ->
+AttentionBackend.attend -> TritonBackend.decode / .extend / .tree -> kernels/decode.py,
+kernels/extend.py, kernels/tree.py.
 
 Decode is CUDA-graph safe: its grid depends only on the padded batch size (the number
 of KV splits is a function of it), and its fp32 scratch comes from one persistent buffer
@@ -23,6 +25,7 @@ from gearshift.attention.kernels.decode import (
 from gearshift.attention.kernels.extend import extend_attention
 from gearshift.attention.kernels.tree import tree_attention
 from gearshift.forward_batch import ForwardBatch
+from gearshift.models.kernels.rope import rope_and_store_kv
 
 
 class TritonBackend(AttentionBackend):
@@ -60,6 +63,15 @@ class TritonBackend(AttentionBackend):
         buffer = self._workspaces[(num_heads, head_dim)][1]
         row = workspace_row(head_dim)
         return buffer[:bs * num_heads * splits * row].view(bs, num_heads, splits, row)
+
+    def rope_and_store(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        # q: [T, Hq, D] rotated in place; k, v: [T, Hkv, D] -> kv slots fb.out_cache_loc
+        if not q.is_cuda:
+            return super().rope_and_store(q, k, v, positions, cos, sin, layer_id, fb)
+        return rope_and_store_kv(q, k, v, positions, cos, sin, self.kv.k[layer_id],
+                                 self.kv.v[layer_id], fb.out_cache_loc)
 
     def decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         # q: [padded_bs, num_heads, head_dim]

@@ -11,7 +11,7 @@ Data flow (speculative decoding, eagle3 proposer):
                                                        v                 v
                                              cat([norm(embeds), hidden_norm(hidden)])  [T, 2H]
                                                        |
-                      self_attn (q/k/v from 2H; RoPE; draft KV layer 0 via the backend)
+                      self_attn (q/k/v from 2H; RoPE + draft KV layer 0 via the backend)
                                                        |
                             residual += attn; x = post_attention_layernorm(residual)
                                                        |
@@ -62,8 +62,9 @@ class Eagle3Attention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = self.rope(positions, q, k)
-        o = attn.forward(q, k, v, 0, fb)  # the draft's KV cache has one layer: id 0
+        # the draft's KV cache (its own backend instance) has one layer: id 0
+        q = attn.rope_and_store(q, k, v, positions, self.rope.cos, self.rope.sin, 0, fb)
+        o = attn.attend(q, 0, fb)  # [T, Hq, D]
         return self.o_proj(o.reshape(t, self.q_size))
 
 

@@ -1,8 +1,9 @@
 """Shared building blocks of the decoder models: RMSNorm, rotary embedding, attention
 (q/k/v fused into one projection), gated MLP (gate/up fused).
 
-Data flow: models/llama.py composes these; Attention hands q/k/v to the attention
-backend chosen by the runner (through the ForwardBatch's `attn` field set per step).
+Data flow: models/llama.py composes these; Attention hands q/k/v and RotaryEmbedding's
+cos/sin tables to the attention backend chosen by the runner (`rope_and_store`: rotate,
+write K/V to the slot pool; then `attend`).
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ class RotaryEmbedding(nn.Module):
         self.sin = freqs.sin().float().to(device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        # positions: [T]; q: [T, Hq, D]; k: [T, Hkv, D] (may be rotated in place)
+        # positions: [T]; q: [T, Hq, D]; k: [T, Hkv, D] (may be rotated in place). Attention
+        # layers instead pass self.cos / self.sin to AttentionBackend.rope_and_store, which
+        # fuses this rotation with the KV-cache write.
         return ops.rope(q, k, positions, self.cos, self.sin)
 
 
@@ -99,8 +102,8 @@ class Attention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(positions, q, k)
-        o = attn.forward(q, k, v, self.layer_id, fb)  # [T, Hq, D]
+        q = attn.rope_and_store(q, k, v, positions, self.rope.cos, self.rope.sin, self.layer_id, fb)
+        o = attn.attend(q, self.layer_id, fb)  # [T, Hq, D]
         return self.o_proj(o.reshape(t, self.q_size))
 
 

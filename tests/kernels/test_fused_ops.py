@@ -11,9 +11,14 @@ own helpers (tl.sum) are decorated when triton is first imported.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from gearshift.attention.base import KVCache
+from gearshift.attention.torch_backend import TorchBackend
+from gearshift.attention.triton_backend import TritonBackend
 from gearshift.models.kernels.activation import silu_and_mul, silu_and_mul_ref
 from gearshift.models.kernels.norm import (
     fused_add_rms_norm,
@@ -268,6 +273,26 @@ def test_rope_and_store_kv_int32_positions_and_dummy_slot_rows():
     assert_matches(k_pool[0, 1:], exp_kc[1:])  # slot 0 takes either padded row's k
     assert torch.equal(v_pool[0, 1:], exp_vc[1:])
     assert torch.equal(k_pool[0, 7], k_row0), "position 0 is the identity"
+
+
+@pytest.mark.parametrize("backend_cls", [TorchBackend, TritonBackend])
+def test_backend_rope_and_store_then_attend_equals_rotate_then_forward(backend_cls):
+    """The contract the layers use: rope_and_store + attend == rotate, then forward. On CUDA
+    the Triton backend takes the fused kernel; elsewhere both take the default path."""
+    hq, hkv, d, t = 4, 2, 64, 3
+    qkv, k_pool, v_pool, positions, loc = _rope_store_case(t, hq, hkv, d, torch.float32, seed=60)
+    cos, sin = _rope_tables(4096, d)
+    kv = KVCache(k_pool.clone(), v_pool.clone(), torch.zeros(1, 1, dtype=torch.int32))
+    kv_ref = KVCache(k_pool.clone(), v_pool.clone(), kv.req_to_token)
+    fb = SimpleNamespace(out_cache_loc=loc)  # all that storing reads
+    q, k, v = _split_qkv(qkv.clone(), hq, hkv, d)
+    rq, rk = apply_rope_ref(q, k, positions, cos, sin)
+    TorchBackend(kv_ref, 0.125).store_kv(rk, v, 1, fb)
+
+    out = backend_cls(kv, 0.125).rope_and_store(q, k, v, positions, cos, sin, 1, fb)
+    assert_matches(out, rq)
+    assert_matches(kv.k, kv_ref.k)
+    assert torch.equal(kv.v, kv_ref.v)
 
 
 # ---- silu_and_mul --------------------------------------------------------------------------
