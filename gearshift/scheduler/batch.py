@@ -5,13 +5,15 @@ Data flow: Scheduler.schedule() -> StepPlan -> prepare() -> (ForwardBatch, Sampl
 -> ModelRunner. The only writer of Request.slots / req_pool_index allocations for plain
 steps (SpecWorker.prepare does it for VERIFY steps) and of req_to_token for extends.
 `extend_batch()` builds the same layout from given tokens and slots (no allocation): the
-speculative worker uses it for DRAFT_EXTEND.
+speculative worker uses it for DRAFT_EXTEND. `Padding` (chosen by ModelRunner.padding)
+lays a DECODE or EXTEND batch out for a captured CUDA-graph shape.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -58,18 +60,65 @@ class Stager:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Padding:
+    """The CUDA-graph shape a plain step is laid out for (ModelRunner.padding(plan) picks
+    it; None = eager, unpadded). Padding uses the reserved dummy row 0 and dummy slot 0
+    (kv_pool.py), so it never reads or writes a real request's KV.
+
+    DECODE to `rows` (tokens == rows): every padding row is a 1-token dummy request.
+    EXTEND to (`rows`, `tokens`): the real requests (T tokens), then ONE dummy request
+    holding the tokens - T padding tokens, then empty requests up to `rows`:
+
+        request      r0   r1   r2  | dummy       | empty  empty ...
+        row          5    2    7   | 0           | 0      0
+        prefix       4    9    0   | 0           | 0      0
+        extend       3    1    2   | tokens - T  | 0      0
+        start        0    3    4   | T           | tokens tokens
+        logits idx   2    3    5   | 0           | 0      0
+        tokens       real (T)      | id 0, slot 0, positions 0 .. tokens - T - 1
+
+    The dummy's keys are req_to_token[0, :tokens - T] = slot 0, so the extend kernel
+    reads row 0 only (runner buckets never exceed the table's columns); empty requests
+    own no tile. The kernel's grid then depends on (tokens, rows) alone.
+    """
+
+    rows: int  # per-request rows: DECODE graph batch size; max_num_seqs + 1 for EXTEND
+    tokens: int  # token rows (== rows for DECODE)
+
+
+def pad_batch(mode: ForwardMode, rows: list[int], prefix: list[int], extend: list[int],
+              input_ids: list[int], out_loc: list[int], padding: Padding | None):
+    """Host lists of a batch with `padding`'s dummy requests and tokens appended (see
+    Padding). -> (rows, prefix, extend, input_ids, out_loc); unchanged without padding."""
+    if padding is None:
+        return list(rows), list(prefix), list(extend), list(input_ids), list(out_loc)
+    if mode is ForwardMode.DECODE:
+        pad = max(padding.rows - len(rows), 0)
+        return (rows + [0] * pad, prefix + [0] * pad, extend + [1] * pad,
+                input_ids + [0] * pad, out_loc + [0] * pad)
+    assert mode is ForwardMode.EXTEND, f"no padded layout for {mode.name}"
+    n = padding.tokens - sum(extend)  # the dummy request's tokens
+    empty = padding.rows - len(rows) - 1
+    assert n >= 0 and empty >= 0, f"{len(rows)} requests / {sum(extend)} tokens exceed {padding}"
+    return (rows + [0] * (1 + empty), prefix + [0] * (1 + empty), extend + [n] + [0] * empty,
+            input_ids + [0] * n, out_loc + [0] * n)
+
+
 def stage_forward(st: Stager, rows: Sequence[int], prefix: list[int], extend: list[int],
-                  input_ids: list[int], out_loc: list[int]) -> None:
-    """Per-token and per-request lists of an extend-layout batch (padding already applied)."""
+                  input_ids: list[int], out_loc: list[int], num_real: int | None = None) -> None:
+    """Per-token and per-request lists of an extend-layout batch (padding already applied;
+    requests from index `num_real` on are padding: their logits index is 0)."""
+    num_real = len(extend) if num_real is None else num_real
     positions: list[int] = []
     token_rows: list[int] = []
     start, logits_idx, acc = [], [], 0
-    for row, p, n in zip(rows, prefix, extend):
+    for i, (row, p, n) in enumerate(zip(rows, prefix, extend)):
         positions.extend(range(p, p + n))
         token_rows.extend([row] * n)
         start.append(acc)
         acc += n
-        logits_idx.append(acc - 1)
+        logits_idx.append(acc - 1 if i < num_real else 0)
     st.add_ints("input_ids", input_ids)
     st.add_ints("positions", positions)
     st.add_ints("out_cache_loc", out_loc)
@@ -133,9 +182,14 @@ class BatchBuilder:
         self.slots, self.rows, self.kv = slots, rows, kv
         self.device = device
 
-    def prepare(self, plan: StepPlan, pad_to: int | None = None) -> tuple[ForwardBatch, SamplingBatch]:
+    def prepare(self, plan: StepPlan, padding: Padding | None = None,
+                pad_to: int | None = None) -> tuple[ForwardBatch, SamplingBatch]:
+        """Slots and device tensors for `plan`, laid out for `padding` (the graph shape
+        ModelRunner.padding(plan) picked; None: unpadded). `pad_to` is the older spelling
+        of DECODE padding: Padding(pad_to, pad_to)."""
         bs = plan.batch_size
-        pad = max(pad_to or bs, bs) - bs  # padded DECODE rows: dummy row 0, dummy slot 0
+        if padding is None and pad_to is not None and plan.mode is ForwardMode.DECODE:
+            padding = Padding(pad_to, pad_to)
         input_ids: list[int] = []
         out_loc: list[int] = []
         for req, n, prefix in zip(plan.reqs, plan.extend_lens, plan.prefix_lens):
@@ -145,14 +199,17 @@ class BatchBuilder:
             req.slots.extend(new)
             out_loc.extend(new)
             input_ids.extend(req.token_slice(prefix, prefix + n))
+        rows, prefix, extend, input_ids, out_loc = pad_batch(
+            plan.mode, [r.req_pool_index for r in plan.reqs], plan.prefix_lens, plan.extend_lens,
+            input_ids, out_loc, padding)
         st = Stager(self.device)
-        prefix = plan.prefix_lens + [0] * pad
-        extend = plan.extend_lens + [1] * pad
-        stage_forward(st, [r.req_pool_index for r in plan.reqs] + [0] * pad, prefix, extend,
-                      input_ids + [0] * pad, out_loc + [0] * pad)
-        stage_sampling(st, plan.reqs, pad)
+        stage_forward(st, rows, prefix, extend, input_ids, out_loc, num_real=bs)
+        # DECODE samples its padded rows (graph-sized); EXTEND samples the real ones only
+        stage_sampling(st, plan.reqs, len(rows) - bs if plan.mode is ForwardMode.DECODE else 0)
         d = st.to_device()
         fb = forward_batch(d, plan.mode, bs, prefix, extend, self.kv)
+        if padding is not None and plan.mode is ForwardMode.EXTEND:
+            fb.max_extend_len = padding.tokens  # the grid bound: a constant of the graph shape
         assert fb.mode is ForwardMode.EXTEND or fb.num_tokens == fb.padded_batch_size, \
             "DECODE must carry one token per row"
         return fb, sampling_batch(d, plan.reqs)
