@@ -145,6 +145,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # prefill chunk budget per step
     max_model_len: int | None = None  # None: min(max_position_embeddings, KV capacity)
     cuda_graphs: bool = True  # decode graphs per padded batch size (CUDA only)
+    extend_graph_max_tokens: int = 2048  # EXTEND graphs per padded token count up to this; 0 = off
     overlap_schedule: bool = True  # plan + prepare step n+1 while step n runs on the device
     seed: int = 0
     # speculative decoding (None = off; see gearshift/spec/)
@@ -172,6 +173,8 @@ class EngineConfig:
             raise ConfigError("kv_cache_tokens must be >= 16")
         if self.max_num_batched_tokens < 1:
             raise ConfigError("max_num_batched_tokens must be >= 1")
+        if self.extend_graph_max_tokens < 0:
+            raise ConfigError("extend_graph_max_tokens must be >= 0 (0 = no EXTEND graphs)")
         if not 0.0 < self.kv_memory_fraction < 1.0:
             raise ConfigError("kv_memory_fraction must be in (0, 1)")
         self._validate_spec()

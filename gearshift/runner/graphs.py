@@ -1,10 +1,14 @@
-"""CUDA graphs for DECODE steps, one per padded batch size, sharing one memory pool.
+"""CUDA graphs: DECODE steps (one graph per padded batch size), EXTEND steps (one graph
+per padded token count) and lazily captured VERIFY / DRAFT shapes, sharing one memory pool.
 
-Data flow: ModelRunner.__init__ -> DecodeGraphRunner.capture(); per DECODE step:
-BatchBuilder pads the batch to `padded_size(bs)` -> `replay(fb)` copies the step's
-inputs into the static buffers, replays, and returns logits [padded_bs, vocab].
-Capturing requires an attention backend whose DECODE path reads lengths from device
-tensors only (the Triton backend); the torch reference backend runs eagerly.
+Data flow: ModelRunner.prepare_hot_path -> ExtendGraphRunner.capture() (largest first),
+DecodeGraphRunner.capture(); per step: ModelRunner.padding(plan) names the graph shape,
+BatchBuilder.prepare lays the batch out for it (scheduler/batch.py, `Padding`) ->
+`replay(fb)` copies the step's inputs into the static buffers (one copy per tensor),
+replays, and returns the static outputs: logits [rows, vocab] (and aux features).
+Capturing requires an attention backend whose paths read lengths from device tensors
+only and size their grids from host ints fixed by the shape (the Triton backend); the
+torch reference backend runs eagerly.
 """
 
 from __future__ import annotations
@@ -54,39 +58,63 @@ def default_batch_sizes(max_bs: int) -> list[int]:
     return sorted({s for s in sizes if s < max_bs} | {max_bs})
 
 
+def extend_token_buckets(max_tokens: int) -> list[int]:
+    """Padded token counts of the EXTEND graphs: multiples of 64 up to 512, then of 128,
+    and `max_tokens` itself as the largest (none when max_tokens <= 0)."""
+    if max_tokens <= 0:
+        return []
+    sizes = list(range(64, 513, 64)) + list(range(640, max_tokens, 128))
+    return sorted({s for s in sizes if s < max_tokens} | {max_tokens})
+
+
+def pick_bucket(sizes: list[int], n: int) -> int | None:
+    """The smallest size >= n, or None when n exceeds them all (sizes ascending)."""
+    i = bisect.bisect_left(sizes, n)
+    return sizes[i] if i < len(sizes) else None
+
+
+@torch.inference_mode()
+def capture_graphs(sizes: list[int], batch_for, forward, pool):
+    """Capture `forward(batch_for(size))` for every size, largest first (later graphs reuse
+    its memory), into `pool` (None: a new one). -> (graphs, static outputs, pool)."""
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    outputs: dict[int, object] = {}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for size in sorted(sizes, reverse=True):
+            fb = batch_for(size)
+            for _ in range(2):  # warm up kernels / autotuning outside the graph
+                forward(fb)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                outputs[size] = forward(fb)
+            if pool is None:
+                pool = graph.pool()
+            graphs[size] = graph
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return graphs, outputs, pool
+
+
 class DecodeGraphRunner:
-    def __init__(self, forward_logits, max_bs: int, device: torch.device) -> None:
+    def __init__(self, forward_logits, max_bs: int, device: torch.device, pool=None) -> None:
         self.forward_logits = forward_logits  # (ForwardBatch) -> logits [bs, vocab] (, aux)
         self.sizes = default_batch_sizes(max_bs)
         self.buf = _StaticBuffers.allocate(max_bs, device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, object] = {}  # static output tensor(s) per graph
-        self.pool = None
+        self.pool = pool  # None: capture() creates one
 
     def can_run(self, fb: ForwardBatch) -> bool:
         return fb.mode is ForwardMode.DECODE and fb.padded_batch_size in self.graphs
 
     def padded_size(self, bs: int) -> int:
-        i = bisect.bisect_left(self.sizes, bs)
-        return self.sizes[i] if i < len(self.sizes) else bs
+        return pick_bucket(self.sizes, bs) or bs
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for bs in reversed(self.sizes):  # largest first: later graphs reuse its pool
-                fb = self.buf.batch(bs)
-                for _ in range(2):  # warm up kernels / autotuning outside the graph
-                    self.forward_logits(fb)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    self.outputs[bs] = self.forward_logits(fb)
-                if self.pool is None:
-                    self.pool = graph.pool()
-                self.graphs[bs] = graph
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
+        self.graphs, self.outputs, self.pool = capture_graphs(
+            self.sizes, self.buf.batch, self.forward_logits, self.pool)
 
     def replay(self, fb: ForwardBatch):
         bs = fb.padded_batch_size
@@ -99,6 +127,96 @@ class DecodeGraphRunner:
         b.prefix_lens[:bs].copy_(fb.prefix_lens)
         self.graphs[bs].replay()
         return self.outputs[bs]
+
+
+@dataclass
+class _ExtendBuffers:
+    """Static inputs of the EXTEND graphs: tokens of the largest bucket, `rows` requests."""
+
+    input_ids: torch.Tensor  # [max_tokens] int64
+    positions: torch.Tensor  # [max_tokens] int64
+    out_cache_loc: torch.Tensor  # [max_tokens] int64
+    req_pool_indices: torch.Tensor  # [rows] int64
+    seq_lens: torch.Tensor  # [rows] int32
+    extend_lens: torch.Tensor  # [rows] int32
+    extend_start_loc: torch.Tensor  # [rows] int32
+    prefix_lens: torch.Tensor  # [rows] int32
+    logits_indices: torch.Tensor  # [rows] int64
+
+    @classmethod
+    def allocate(cls, max_tokens: int, rows: int, device: torch.device) -> _ExtendBuffers:
+        z = lambda n, dt: torch.zeros(n, dtype=dt, device=device)
+        i64, i32 = torch.int64, torch.int32
+        return cls(z(max_tokens, i64), z(max_tokens, i64), z(max_tokens, i64), z(rows, i64),
+                   z(rows, i32), z(rows, i32), z(rows, i32), z(rows, i32), z(rows, i64))
+
+    def capture_batch(self, num_tokens: int) -> ForwardBatch:
+        """The static batch of the `num_tokens` graph, filled with the layout of a step with
+        no real request: the dummy request (row 0, prefix 0, slot 0) holds every token and
+        the other rows are empty. Host fields are the graph's shape constants."""
+        t, rows = num_tokens, self.req_pool_indices.shape[0]
+        self.input_ids[:t].zero_()
+        self.positions[:t].copy_(torch.arange(t, device=self.positions.device))
+        self.out_cache_loc[:t].zero_()
+        for buf in (self.req_pool_indices, self.prefix_lens, self.logits_indices):
+            buf.zero_()
+        self.extend_lens.zero_()
+        self.extend_lens[0] = t
+        self.seq_lens.copy_(self.extend_lens)
+        self.extend_start_loc.fill_(t)
+        self.extend_start_loc[0] = 0
+        lens = [t] + [0] * (rows - 1)
+        return ForwardBatch(
+            mode=ForwardMode.EXTEND, batch_size=0, padded_batch_size=rows, num_tokens=t,
+            input_ids=self.input_ids[:t], positions=self.positions[:t],
+            out_cache_loc=self.out_cache_loc[:t], req_pool_indices=self.req_pool_indices,
+            seq_lens=self.seq_lens, extend_lens=self.extend_lens,
+            extend_start_loc=self.extend_start_loc, prefix_lens=self.prefix_lens,
+            logits_indices=self.logits_indices, seq_lens_cpu=lens, extend_lens_cpu=list(lens),
+            prefix_lens_cpu=[0] * rows, max_seq_len=t, max_extend_len=t,
+        )
+
+
+class ExtendGraphRunner:
+    """CUDA graphs for EXTEND steps (prefill chunks, decoders riding along as 1-token
+    extends), one per padded token count in `sizes`, all over `rows` per-request rows
+    (max_num_seqs + 1): the real requests, one dummy request holding the padding tokens,
+    then empty requests (layout: `Padding` in scheduler/batch.py). The extend kernel's grid
+    is then a function of (tokens, rows) only. Graphs return the static logits
+    [rows, vocab] (and aux features [tokens, ...] when the forward captures them)."""
+
+    def __init__(self, forward_logits, sizes: list[int], rows: int, device: torch.device,
+                 pool=None) -> None:
+        self.forward_logits = forward_logits  # (ForwardBatch) -> logits [rows, vocab] (, aux)
+        self.sizes = sorted(sizes)
+        self.rows = rows
+        self.buf = _ExtendBuffers.allocate(max(sizes), rows, device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, object] = {}  # static output tensor(s) per graph
+        self.pool = pool  # None: capture() creates one
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        return (fb.mode is ForwardMode.EXTEND and fb.tree is None
+                and fb.padded_batch_size == self.rows and fb.num_tokens in self.graphs)
+
+    def capture(self) -> None:
+        self.graphs, self.outputs, self.pool = capture_graphs(
+            self.sizes, self.buf.capture_batch, self.forward_logits, self.pool)
+
+    def replay(self, fb: ForwardBatch):
+        t = fb.num_tokens
+        b = self.buf
+        b.input_ids[:t].copy_(fb.input_ids)
+        b.positions[:t].copy_(fb.positions)
+        b.out_cache_loc[:t].copy_(fb.out_cache_loc)
+        b.req_pool_indices.copy_(fb.req_pool_indices)
+        b.seq_lens.copy_(fb.seq_lens)
+        b.extend_lens.copy_(fb.extend_lens)
+        b.extend_start_loc.copy_(fb.extend_start_loc)
+        b.prefix_lens.copy_(fb.prefix_lens)
+        b.logits_indices.copy_(fb.logits_indices)
+        self.graphs[t].replay()
+        return self.outputs[t]
 
 
 class ShapeGraphs:

@@ -1,23 +1,34 @@
-"""ModelRunner: owns the model, the KV cache, the attention backend and the decode CUDA
-graphs; turns a ForwardBatch into sampled token ids without synchronising the host.
+"""ModelRunner: owns the model, the KV cache, the attention backend and the CUDA graphs
+(DECODE per padded batch size, EXTEND per padded token count); turns a ForwardBatch into
+sampled token ids without synchronising the host.
 
-Data flow: Engine.step(): BatchBuilder.prepare -> ModelRunner.run(fb, sb) -> token ids
-(device) -> Engine reads them once (the step's single sync) -> Scheduler.commit.
+Data flow: Engine.step(): ModelRunner.padding(plan) -> BatchBuilder.prepare(plan, padding)
+-> ModelRunner.run(fb, sb) -> token ids (device) -> Engine reads them once (the step's
+single sync) -> Scheduler.commit.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 
 import torch
 
 from gearshift.attention.base import KVCache, create_backend
 from gearshift.config import ConfigError, EngineConfig, ModelConfig
-from gearshift.forward_batch import ForwardBatch
+from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.models.loader import DTYPES, load_model
-from gearshift.runner.graphs import DecodeGraphRunner, ShapeGraphs
+from gearshift.runner.graphs import (
+    DecodeGraphRunner,
+    ExtendGraphRunner,
+    ShapeGraphs,
+    extend_token_buckets,
+    pick_bucket,
+)
 from gearshift.runner.sampler import SamplingBatch, sample
+from gearshift.scheduler.batch import Padding
+from gearshift.scheduler.plan import StepPlan
 
 log = logging.getLogger("gearshift.runner")
 
@@ -47,12 +58,17 @@ class ModelRunner:
         self._events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                         if self.device.type == "cuda" else None)
         self.graphs: DecodeGraphRunner | None = None
+        self.extend_graphs: ExtendGraphRunner | None = None
+        self.extend_sizes: list[int] = []  # padded token counts of EXTEND steps (graph buckets)
+        self.extend_rows = config.max_num_seqs + 1  # per-request rows of a padded EXTEND batch
         self.shape_graphs: ShapeGraphs | None = None  # VERIFY / DRAFT graphs, captured lazily
         self.capture: tuple[int, ...] = ()  # target layers whose outputs the draft consumes
+        self.step_counts: Counter[str] = Counter()  # run() calls: {decode,extend}_{graphed,eager}
 
     def prepare_hot_path(self, capture: tuple[int, ...] = ()) -> None:
-        """Compile kernels and capture the decode CUDA graphs (with `capture` outputs when a
-        draft consumes target features). Called once the engine knows its draft."""
+        """Compile kernels and capture the EXTEND and DECODE CUDA graphs (with `capture`
+        outputs when a draft consumes target features), largest first, in one memory pool.
+        Called once the engine knows its draft."""
         self.capture = capture
         if self.config.attention_backend == "triton" and self.device.type == "cuda":
             from gearshift.attention.kernels.extend import warmup_extend
@@ -64,11 +80,28 @@ class ModelRunner:
         t0 = time.perf_counter()
         cfg = self.model.config
         self.attn.reserve_decode_workspace(self.config.max_num_seqs, cfg.num_heads, cfg.head_dim)
-        self.graphs = DecodeGraphRunner(self._forward_logits, self.config.max_num_seqs, self.device)
+        pool = None
+        sizes = extend_token_buckets(self._extend_graph_limit())
+        if sizes:  # the widest activations: captured first, later graphs reuse the memory
+            self.extend_graphs = ExtendGraphRunner(self._forward_logits, sizes, self.extend_rows,
+                                                   self.device)
+            self.extend_graphs.capture()
+            self.extend_sizes, pool = sizes, self.extend_graphs.pool
+        self.graphs = DecodeGraphRunner(self._forward_logits, self.config.max_num_seqs, self.device,
+                                        pool)
         self.graphs.capture()
         self.shape_graphs = ShapeGraphs(self.graphs.pool)
-        log.info("captured %d decode graphs in %.1fs", len(self.graphs.graphs),
+        log.info("captured %d decode graphs and %d extend graphs (tokens %s, %d rows) in %.1fs",
+                 len(self.graphs.graphs), len(sizes), sizes, self.extend_rows,
                  time.perf_counter() - t0)
+
+    def _extend_graph_limit(self) -> int:
+        """Largest padded EXTEND token count: the knob, at most one step's tokens (prefill
+        budget + decoders riding along) and the context length, so that the dummy request's
+        positions stay inside RoPE's table and its keys inside req_to_token row 0."""
+        cfg = self.config
+        return min(cfg.extend_graph_max_tokens, cfg.max_num_batched_tokens + cfg.max_num_seqs,
+                   self.max_model_len)
 
     def _kv_capacity(self, cfg: ModelConfig, dtype: torch.dtype) -> int:
         if self.config.kv_cache_tokens is not None:
@@ -92,6 +125,21 @@ class ModelRunner:
     def decode_pad(self, bs: int) -> int:
         return self.graphs.padded_size(bs) if self.graphs else bs
 
+    def extend_pad(self, num_tokens: int) -> int | None:
+        """Padded token count of an EXTEND step (its graph bucket), None: eager, unpadded."""
+        return pick_bucket(self.extend_sizes, num_tokens)
+
+    def padding(self, plan: StepPlan) -> Padding | None:
+        """The graph shape `plan` will run in, for BatchBuilder.prepare(plan, padding);
+        None: eager and unpadded (VERIFY plans, EXTEND steps past the largest bucket)."""
+        if plan.mode is ForwardMode.DECODE:
+            rows = self.decode_pad(plan.batch_size)
+            return Padding(rows, rows)
+        if plan.mode is ForwardMode.EXTEND and plan.batch_size < self.extend_rows:
+            tokens = self.extend_pad(plan.num_tokens)
+            return Padding(self.extend_rows, tokens) if tokens is not None else None
+        return None
+
     def _forward_logits(self, fb: ForwardBatch):
         """-> logits [padded_bs, vocab] (and aux features [T, 3H] when capturing)."""
         if self.capture:
@@ -102,18 +150,30 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, fb: ForwardBatch, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> (sampled token ids [padded_bs], aux features or None), on device. No host sync."""
+        """-> (sampled token ids, aux features or None), on device. No host sync.
+        Tokens: [padded_bs] for DECODE, [batch_size] for EXTEND; aux: [tokens, ...] with the
+        real tokens first (a padded EXTEND batch returns only those)."""
         if self._events:
             self._events[0].record()
-        if self.graphs is not None and self.graphs.can_run(fb):
-            out = self.graphs.replay(fb)
-        else:
-            out = self._forward_logits(fb)
+        graph = next((g for g in (self.graphs, self.extend_graphs)
+                      if g is not None and g.can_run(fb)), None)
+        out = graph.replay(fb) if graph is not None else self._forward_logits(fb)
+        self.step_counts[f"{fb.mode.value}_{'eager' if graph is None else 'graphed'}"] += 1
         logits, aux = out if self.capture else (out, None)
-        tokens = sample(logits[: fb.padded_batch_size], sb)
+        if fb.mode is ForwardMode.DECODE:  # graph-sized rows (sb is padded alike)
+            tokens = sample(logits[: fb.padded_batch_size], sb)
+        else:  # EXTEND: the real requests' rows; aux of the real tokens (they come first)
+            tokens = sample(logits[: fb.batch_size], sb)
+            if aux is not None and fb.padded_batch_size > fb.batch_size:
+                aux = aux[: sum(fb.extend_lens_cpu[: fb.batch_size])]
         if self._events:
             self._events[1].record()
         return tokens, aux
+
+    def graph_stats(self) -> dict[str, int]:
+        """How many run() steps replayed a graph / ran eagerly, per mode (for stats / bench)."""
+        return {f"{m}_{k}": self.step_counts[f"{m}_{k}"]
+                for m in ("decode", "extend") for k in ("graphed", "eager")}
 
     def _forward_all(self, fb: ForwardBatch, capture: tuple[int, ...]):
         if capture:
