@@ -1,0 +1,159 @@
+"""The padded EXTEND layout of the CUDA-graph path, checked on CPU (no graphs): the pure
+layout (`pad_batch` + `stage_forward`), the token buckets, and engine runs in which every
+EXTEND step is laid out for a bucket and run eagerly: real rows' logits, aux features and
+KV equal the unpadded run's, and the only extra writes go to dummy row 0 / slot 0.
+
+Data flow (tests only): Scheduler plan -> ModelRunner.padding -> BatchBuilder.prepare
+(padded) -> ModelRunner.run (eager) vs the same engine unpadded.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import random_prompts
+
+from gearshift import SamplingParams
+from gearshift.forward_batch import ForwardMode
+from gearshift.runner.graphs import extend_token_buckets, pick_bucket
+from gearshift.scheduler.batch import Padding, Stager, pad_batch, stage_forward
+
+
+def test_extend_token_buckets() -> None:
+    assert extend_token_buckets(0) == []
+    assert extend_token_buckets(40) == [40]
+    assert extend_token_buckets(200) == [64, 128, 192, 200]
+    assert extend_token_buckets(512) == list(range(64, 513, 64))
+    assert extend_token_buckets(1100) == list(range(64, 513, 64)) + [640, 768, 896, 1024, 1100]
+    sizes = extend_token_buckets(200)
+    assert [pick_bucket(sizes, n) for n in (1, 64, 65, 199, 200, 201)] == \
+        [64, 64, 128, 200, 200, None]
+
+
+def _staged(rows, prefix, extend, ids, loc, num_real):
+    st = Stager(torch.device("cpu"))
+    stage_forward(st, rows, prefix, extend, ids, loc, num_real=num_real)
+    return {k: v.tolist() for k, v in st.to_device().items()}
+
+
+def test_extend_padding_layout() -> None:
+    # three real requests (rows 5, 2, 7) with 6 tokens, padded to 10 tokens over 6 rows
+    ids, loc = [11, 12, 13, 14, 15, 16], [21, 22, 23, 24, 25, 26]
+    rows, prefix, extend, ids_p, loc_p = pad_batch(
+        ForwardMode.EXTEND, [5, 2, 7], [4, 9, 0], [3, 1, 2], ids, loc, Padding(rows=6, tokens=10))
+    assert rows == [5, 2, 7, 0, 0, 0]
+    assert prefix == [4, 9, 0, 0, 0, 0]
+    assert extend == [3, 1, 2, 4, 0, 0]  # one dummy request holds all padding tokens
+    assert ids_p == ids + [0] * 4 and loc_p == loc + [0] * 4  # token id 0, dummy slot 0
+    d = _staged(rows, prefix, extend, ids_p, loc_p, num_real=3)
+    assert d["positions"] == [4, 5, 6, 9, 0, 1, 0, 1, 2, 3]
+    assert d["token_rows"] == [5, 5, 5, 2, 7, 7, 0, 0, 0, 0]
+    assert d["extend_start_loc"] == [0, 3, 4, 6, 10, 10]  # empty requests start at T_pad
+    assert d["seq_lens"] == [7, 10, 2, 4, 0, 0]
+    assert d["logits_indices"] == [2, 3, 5, 0, 0, 0]  # padding rows read token 0
+    assert d["req_pool_indices"] == rows and d["extend_lens"] == extend
+
+
+def test_extend_padding_exact_fit_and_overflow() -> None:
+    rows, prefix, extend, ids, loc = pad_batch(
+        ForwardMode.EXTEND, [3], [0], [8], list(range(8)), list(range(1, 9)), Padding(4, 8))
+    assert (rows, prefix, extend) == ([3, 0, 0, 0], [0, 0, 0, 0], [8, 0, 0, 0])
+    assert ids == list(range(8)) and loc == list(range(1, 9))  # no padding token
+    with pytest.raises(AssertionError):
+        pad_batch(ForwardMode.EXTEND, [3], [0], [9], [0] * 9, [1] * 9, Padding(4, 8))
+    with pytest.raises(AssertionError):  # no row left for the dummy request
+        pad_batch(ForwardMode.EXTEND, [1, 2], [0, 0], [1, 1], [0, 0], [1, 2], Padding(2, 8))
+
+
+def test_decode_padding_layout_and_no_padding() -> None:
+    rows, prefix, extend, ids, loc = pad_batch(
+        ForwardMode.DECODE, [4, 6], [10, 3], [1, 1], [7, 8], [30, 31], Padding(4, 4))
+    assert (rows, prefix, extend) == ([4, 6, 0, 0], [10, 3, 0, 0], [1, 1, 1, 1])
+    assert ids == [7, 8, 0, 0] and loc == [30, 31, 0, 0]
+    args = ([4], [2], [3], [1, 2, 3], [5, 6, 7])
+    out = pad_batch(ForwardMode.EXTEND, *args, None)
+    assert out == args and all(a is not b for a, b in zip(out, args))  # copies, not aliases
+
+
+# ---- engine level: padded (eager) == unpadded -------------------------------------------
+
+ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=40, kv_cache_tokens=1024)
+BUCKETS = [16, 32, 48]  # every EXTEND step of ENGINE fits (<= 40 tokens)
+
+
+def _record(engine, padded: bool) -> list[dict]:
+    """Lay EXTEND steps out for BUCKETS (as Engine.step does with runner.padding(plan));
+    record each EXTEND forward's batch, logits and aux."""
+    runner, builder = engine.runner, engine.builder
+    log: list[dict] = []
+    if padded:
+        runner.extend_sizes = list(BUCKETS)
+        prepare = builder.prepare
+        builder.prepare = lambda plan, padding=None, pad_to=None: prepare(
+            plan, runner.padding(plan), pad_to=pad_to)
+    forward, run = runner._forward_logits, runner.run
+
+    def forward_logits(fb):
+        out = forward(fb)
+        if fb.mode is ForwardMode.EXTEND:
+            logits = out[0] if runner.capture else out
+            log.append(dict(fb=fb, logits=logits.clone()))
+        return out
+
+    def run_and_keep_aux(fb, sb):
+        tokens, aux = run(fb, sb)
+        if fb.mode is ForwardMode.EXTEND and aux is not None:
+            log[-1]["aux"] = aux.clone()
+        return tokens, aux
+
+    runner._forward_logits, runner.run = forward_logits, run_and_keep_aux
+    return log
+
+
+@pytest.mark.parametrize("backend,capture", [("torch", False), ("triton", True)])
+def test_padded_extend_matches_unpadded(make_llm, tiny_llama_dir, backend, capture) -> None:
+    """Same requests through two engines in lockstep; one lays every EXTEND step out for a
+    bucket. Triton runs interpreted here (TRITON_INTERPRET=1): the extend kernel sees the
+    padded grid; `capture` also returns aux features, as for an EAGLE-3 draft."""
+    engines = [make_llm(tiny_llama_dir, attention_backend=backend, **ENGINE).engine
+               for _ in range(2)]
+    logs = [_record(engines[0], padded=False), _record(engines[1], padded=True)]
+    if capture:
+        for e in engines:
+            e.runner.capture = (0, 1)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    for i, prompt in enumerate(random_prompts([30, 5, 70, 12, 3, 45], seed=1)):
+        for e in engines:
+            e.add_request(str(i), prompt, params)
+    tokens: list[dict] = [{}, {}]
+    while engines[0].has_unfinished_requests():
+        for e, toks in zip(engines, tokens):
+            for out in e.step():
+                toks.setdefault(out.request_id, []).extend(out.new_token_ids)
+        ref_kv, pad_kv = (e.runner.kv for e in engines)
+        # real slots and rows: identical to the unpadded run (extra writes: slot 0, row 0)
+        torch.testing.assert_close(pad_kv.k[:, 1:], ref_kv.k[:, 1:], atol=1e-5, rtol=0)
+        torch.testing.assert_close(pad_kv.v[:, 1:], ref_kv.v[:, 1:], atol=1e-5, rtol=0)
+        assert torch.equal(pad_kv.req_to_token[1:], ref_kv.req_to_token[1:])
+        assert not pad_kv.req_to_token[0].any()  # row 0 only ever points at slot 0
+        assert not ref_kv.k[:, 0].any() and not ref_kv.req_to_token[0].any()
+    assert not engines[1].has_unfinished_requests()
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 6
+
+    ref, pad = logs
+    assert len(ref) == len(pad) >= 4
+    mixed = 0
+    for r, p in zip(ref, pad):
+        bs, fb = r["fb"].batch_size, p["fb"]
+        t = r["fb"].num_tokens
+        assert fb.padded_batch_size == ENGINE["max_num_seqs"] + 1 and fb.batch_size == bs
+        assert fb.num_tokens == pick_bucket(BUCKETS, t) and fb.max_extend_len == fb.num_tokens
+        assert p["logits"].shape[0] == fb.padded_batch_size
+        torch.testing.assert_close(p["logits"][:bs], r["logits"], atol=1e-5, rtol=0)
+        if capture:  # callers get the real tokens' features only, in the same order
+            assert p["aux"].shape == r["aux"].shape == (t, 2 * 64)
+            torch.testing.assert_close(p["aux"], r["aux"], atol=1e-5, rtol=0)
+        mixed += 1 in fb.extend_lens_cpu[:bs] and max(fb.extend_lens_cpu[:bs]) > 1
+    assert mixed, "no step had a prefill chunk with decoders riding along"
+    stats = engines[1].runner.graph_stats()
+    assert stats["extend_eager"] == len(pad) and stats["extend_graphed"] == 0
