@@ -1,8 +1,11 @@
-"""Engine: the step loop. One step reads in three lines:
+"""Engine: the step loop. One step reads in four lines:
 
     plan = scheduler.schedule()                  # pure CPU: who computes what
     fb, sb = builder.prepare(plan, pad_to=...)   # slots + device tensors for exactly this plan
-    outputs = scheduler.commit(plan, runner.run(fb, sb).tolist())
+    tokens = runner.run(fb, sb)                  # on the device, no host sync
+    outputs = scheduler.commit(plan, tokens)     # or, overlapped: advance now, resolve next call
+
+With overlap scheduling (engine/overlap.py) the host plans step n+1 while step n runs.
 
 Data flow: LLM / AsyncEngine -> Engine.add_request -> step() -> StepOutput per request.
 Not thread-safe: one thread calls add_request, abort_request and step.
@@ -18,6 +21,7 @@ from pathlib import Path
 import torch
 
 from gearshift.config import EngineConfig
+from gearshift.engine.overlap import PendingStep, TokenFeed
 from gearshift.forward_batch import ForwardMode
 from gearshift.models.default import DEFAULT_MODEL_DIR
 from gearshift.models.loader import resolve_model_config
@@ -72,6 +76,12 @@ class Engine:
             self.scheduler.spec_slots = self.spec.slots_needed
             self.scheduler.spec_mixed = config.draft_topk == 1  # riders need causal extend
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
+        self.overlap = config.overlap_schedule
+        self.feed = TokenFeed(config.max_num_seqs + 1, self.runner.device)
+        self.pending: PendingStep | None = None  # launched, tokens not read yet (overlap)
+        self._resolved_device_ms: float | None = None
+        if self.spec is not None:
+            self.spec.feed = self.feed
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._stats = {"steps": 0, "decode_steps": 0, "extend_steps": 0, "verify_steps": 0,
                        "tokens_computed": 0,
@@ -105,7 +115,7 @@ class Engine:
         self.scheduler.abort(request_id, reason)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.pending is not None
 
     def num_running(self) -> int:
         return len(self.scheduler.running)
@@ -115,24 +125,75 @@ class Engine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[StepOutput]:
+        """Run one step; returns what the requests gained. With overlap scheduling (the
+        default) a plain step returns the previous step's tokens: its own are read on the
+        next call, while the device already runs the step after it."""
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.is_empty:
-            return []
+            return self._resolve_pending()
         if plan.mode is ForwardMode.VERIFY:
-            outputs = self.spec.verify_step(plan, self.scheduler)
-        else:
-            pad = self.runner.decode_pad(plan.batch_size) if plan.mode is ForwardMode.DECODE \
-                else None
-            fb, sb = self.builder.prepare(plan, pad_to=pad)
-            tokens, aux = self.runner.run(fb, sb)
+            return self._verify(plan)
+        pad = self.runner.decode_pad(plan.batch_size) if plan.mode is ForwardMode.DECODE \
+            else None
+        fb, sb = self.builder.prepare(plan, pad_to=pad)
+        if any(r.num_pending for r in plan.reqs):
+            fb.input_ids = self.feed.resolve_ids(fb.input_ids)
+        timing = self._timing_events()
+        tokens, aux = self.runner.run(fb, sb)
+        if not self.overlap:
             outputs = self.scheduler.commit(plan, tokens[: plan.batch_size].tolist())  # 1 sync
             if self.spec is not None:  # the draft follows every committed token, at any K
                 self.spec.draft_extend_after(plan, aux)
-        self._account(plan, outputs, time.perf_counter() - t0)
+            self._account(plan, outputs, time.perf_counter() - t0, self.runner.last_device_ms())
+            self._observe(plan)
+            return outputs
+        if timing is not None:
+            timing[1].record()
+        tag = self.feed.tag()
+        host, copied = self.feed.publish(fb.req_pool_indices[: tokens.shape[0]], tokens)
+        rows = self.scheduler.advance(plan, tag)
+        if self.spec is not None:  # drafts follow on the device (placeholders resolved there)
+            self.spec.draft_extend_after(plan, aux)
+        outputs = self._resolve_pending()
+        self.pending = PendingStep(plan, rows, host, copied, timing)
+        self._account(plan, outputs, time.perf_counter() - t0, self._resolved_device_ms)
+        self._observe(plan)
+        return outputs
+
+    def _verify(self, plan: StepPlan) -> list[StepOutput]:
+        """A VERIFY step needs every token on the host (drafting reads them): resolve the
+        pending step first, keeping the rows and slots of requests it finishes until this
+        step has run (they are in the plan; their results are dropped at commit)."""
+        self.scheduler.held = []
+        try:
+            outputs = self._resolve_pending()
+            t0 = time.perf_counter()
+            outputs += self.spec.verify_step(plan, self.scheduler)
+        finally:
+            self.scheduler.release_held()
+        self._account(plan, outputs, time.perf_counter() - t0, self.runner.last_device_ms())
+        self._observe(plan)
+        return outputs
+
+    def _resolve_pending(self) -> list[StepOutput]:
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return []
+        outputs = self.scheduler.resolve(pending.plan, pending.rows, pending.tokens())
+        self._resolved_device_ms = pending.device_ms()
+        return outputs
+
+    def _timing_events(self):
+        if not (self.overlap and self.feed.cuda):
+            return None
+        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        events[0].record()
+        return events
+
+    def _observe(self, plan: StepPlan) -> None:
         if self.spec is not None and plan.mode is not ForwardMode.EXTEND:
             self._observe_cost(plan, max(plan.draft_lens, default=0))
-        return outputs
 
     def _observe_cost(self, plan: StepPlan, k: int) -> None:
         """Feed the step's measured wall time (host work, drafting and the device, after the
@@ -142,14 +203,15 @@ class Engine:
             observe(k, plan.batch_size, sum(r.num_tokens for r in plan.reqs),
                     self.last_step["time_s"] * 1e3)
 
-    def _account(self, plan: StepPlan, outputs: list[StepOutput], dt: float) -> None:
+    def _account(self, plan: StepPlan, outputs: list[StepOutput], dt: float,
+                 device_ms: float | None) -> None:
         s = self._stats
         s["steps"] += 1
         s[f"{plan.mode.value}_steps"] += 1
         s["tokens_computed"] += plan.num_tokens
         self.last_step = {"mode": plan.mode.value, "batch_size": plan.batch_size,
                           "num_tokens": plan.num_tokens, "time_s": dt,
-                          "device_ms": self.runner.last_device_ms()}
+                          "device_ms": device_ms}
         s["tokens_generated"] += sum(len(o.new_token_ids) for o in outputs)
         s["step_time_s"] += dt
         log.debug("step %s bs=%d tokens=%d %.2fms", plan.mode.name, plan.batch_size,

@@ -56,6 +56,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self._arrivals = 0
+        self.held: list[Request] | None = None  # releases postponed while a step is built
 
     # ------------------------------------------------------------------ requests
     def add(self, req: Request) -> None:
@@ -102,6 +103,8 @@ class Scheduler:
         while admit and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             if req.req_pool_index < 0 and self.rows.num_free == 0:
+                break
+            if req.num_pending:  # preempted with a token still on the device: next step
                 break
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if n > free - reserve:
@@ -169,6 +172,66 @@ class Scheduler:
                                       self._spec_counts(req)))
         return outputs
 
+    # ------------------------------------------------------------------ overlap scheduling
+    def advance(self, plan: StepPlan, tag: int) -> list[tuple[int, bool] | None]:
+        """Overlap mode, once the step is launched and before its tokens are known: count
+        its tokens as computed and give each sampling request a placeholder for the token
+        being sampled, so the next step can be planned now. A request that reaches its
+        length limit leaves the batch here (its slots go back at once: later steps run
+        after this one on the device). The placeholder is -(tag + row + 1): TokenFeed maps
+        it to the token on the device. Returns per request (output index, closed) or None,
+        for resolve()."""
+        rows: list[tuple[int, bool] | None] = []
+        for req, n, do_sample in zip(plan.reqs, plan.extend_lens, plan.sample):
+            if req.is_finished:
+                rows.append(None)
+                continue
+            req.num_computed_tokens += n
+            if not do_sample:
+                rows.append(None)
+                continue
+            rows.append((len(req.output_token_ids), self._closes(req)))
+            req.output_token_ids.append(-(tag + req.req_pool_index + 1))
+            req.num_pending += 1
+            if rows[-1][1]:
+                self.running.remove(req)
+                self._finish(req, None)
+                req.closing = True
+        return rows
+
+    def _closes(self, req: Request) -> bool:
+        """Whether the token about to be appended is the request's last by length."""
+        n = len(req.output_token_ids) + 1
+        return n >= req.params.max_tokens or req.num_tokens + 1 >= self.max_model_len
+
+    def resolve(self, plan: StepPlan, rows: list[tuple[int, bool] | None],
+                sampled: list[int]) -> list[StepOutput]:
+        """The step's tokens are known: fill the placeholders, finish on EOS / stop ids (a
+        request finishing here may already be in the next step: its placeholder there is
+        dropped and that step's token ignored) and report the step's outputs."""
+        outputs: list[StepOutput] = []
+        for req, row, tok in zip(plan.reqs, rows, sampled):
+            if row is None:
+                continue
+            idx, closed = row
+            req.num_pending -= 1
+            if req.is_finished and not req.closing:
+                continue  # aborted, or finished by an earlier token
+            req.output_token_ids[idx] = tok
+            reason = self._stop_reason(req, tok) or ("length" if closed else None)
+            if reason is not None:
+                if not closed:  # drop the placeholders of steps already launched
+                    del req.output_token_ids[idx + 1:]
+                req.closing = False
+                if req in self.running:
+                    self.running.remove(req)
+                elif req in self.waiting:
+                    self.waiting.remove(req)
+                self._finish(req, reason)
+            outputs.append(StepOutput(req.request_id, [tok], reason is not None, reason,
+                                      self._spec_counts(req)))
+        return outputs
+
     def _spec_counts(self, req: Request) -> tuple[int, int] | None:
         return (req.spec_proposed, req.spec_accepted) if self.policy is not None else None
 
@@ -203,23 +266,38 @@ class Scheduler:
         return outputs
 
     def _finish_reason(self, req: Request, tok: int) -> str | None:
+        reason = self._stop_reason(req, tok)
+        if reason is not None:
+            return reason
+        if len(req.output_token_ids) >= req.params.max_tokens or req.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    @staticmethod
+    def _stop_reason(req: Request, tok: int) -> str | None:
         p = req.params
         if not p.ignore_eos and tok in req.eos_token_ids:
             return "stop"
         if p.stop_token_ids and tok in p.stop_token_ids:
             return "stop"
-        if len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            return "length"
         return None
 
-    def _finish(self, req: Request, reason: str) -> None:
+    def _finish(self, req: Request, reason: str | None) -> None:
         self._release(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
 
     def _release(self, req: Request) -> None:
+        if self.held is not None:  # a step is being built over this request's row and slots
+            self.held.append(req)
+            return
         self.slots.free(req.slots)
         req.slots = []
         if req.req_pool_index >= 0:
             self.rows.free(req.req_pool_index)
             req.req_pool_index = -1
+
+    def release_held(self) -> None:
+        held, self.held = self.held or [], None
+        for req in held:
+            self._release(req)

@@ -71,6 +71,7 @@ class SpecWorker:
         self.tokens_per_k = 1 if self.topk == 1 else max(1, (self.tree_nodes - 1) // self.max_k)
         self.split_k_verify_below = 64  # (requests x kv heads) under which chains use split-K
         self.stats = Counter()  # steps_by_k.*, proposed, accepted, accept_len.*
+        self.feed = None  # Engine's TokenFeed: resolves placeholders of overlapped steps
 
     # ------------------------------------------------------------------ sizing
     def nodes(self, k: int) -> int:
@@ -110,6 +111,8 @@ class SpecWorker:
         for req, p, n in zip(reqs, prefix, extend):
             ids.extend(req.token_slice(p + shift, p + n + shift))
         fb = self.builder.extend_batch(ForwardMode.DRAFT_EXTEND, reqs, prefix, extend, ids)
+        if self.feed is not None and min(ids) < 0:  # tokens still on the device (overlap)
+            fb.input_ids = self.feed.resolve_ids(fb.input_ids)
         feats = None
         if aux is not None:
             idx = torch.tensor(token_idx, dtype=torch.long).to(aux.device, non_blocking=True)

@@ -134,3 +134,65 @@ def test_random_workload_keeps_invariants():
         assert len({id(r) for r in p.reqs}) == p.batch_size
     assert all(r.is_finished and len(r.output_token_ids) == r.params.max_tokens for r in rs)
     assert slots.num_free == slots.total and rows.num_free == rows.size
+
+
+# ---- overlap scheduling: advance (tokens still on the device) then resolve -----------------
+
+def overlap_drive(sched, slots, rows, token):
+    """The engine's overlapped loop: plan n+1, advance it, then resolve step n.
+    token(request, output index) -> the token sampled there."""
+    pending, outputs, placeholder_inputs = None, [], 0
+    while sched.has_unfinished() or pending:
+        plan = sched.schedule()
+        out = []
+        if not plan.is_empty:
+            fake_prepare(plan, slots, rows)
+            for r, p, n in zip(plan.reqs, plan.prefix_lens, plan.extend_lens):
+                placeholder_inputs += sum(t < 0 for t in r.token_slice(p, p + n))
+            step = (plan, sched.advance(plan, tag=0))
+        if pending is not None:
+            toks = [token(r, row[0]) if row else -1 for r, row in zip(pending[0].reqs, pending[1])]
+            out = sched.resolve(pending[0], pending[1], toks)
+        pending = step if not plan.is_empty else None
+        outputs.extend(out)
+    return outputs, placeholder_inputs
+
+
+def test_overlap_eos_while_next_step_is_launched():
+    sched, slots, rows = make()
+    a, b = req("a", 3, max_tokens=10), req("b", 5, max_tokens=10)
+    sched.add(a)
+    sched.add(b)
+    # a emits EOS (0) as its 3rd token; by then its 4th step is already launched
+    outputs, n_placeholders = overlap_drive(
+        sched, slots, rows, lambda r, i: 0 if r is a and i == 2 else 7)
+    assert n_placeholders > 0  # decode inputs were staged before their tokens were known
+    assert a.output_token_ids == [7, 7, 0] and a.finish_reason == "stop"
+    assert b.output_token_ids == [7] * 10 and b.finish_reason == "length"
+    assert [o.new_token_ids for o in outputs if o.request_id == "a"] == [[7], [7], [0]]
+    assert [o.finished for o in outputs if o.request_id == "b"] == [False] * 9 + [True]
+    assert a.num_pending == 0 and b.num_pending == 0
+    assert slots.num_free == slots.total and rows.num_free == rows.size
+
+
+def test_overlap_eos_on_the_token_before_the_length_limit():
+    """The last token (by length) is launched while the one before it turns out to be EOS."""
+    sched, slots, rows = make()
+    a = req("a", 3, max_tokens=4)
+    sched.add(a)
+    outputs, _ = overlap_drive(sched, slots, rows,
+                               lambda r, i: 0 if i == 2 else 7)
+    assert a.output_token_ids == [7, 7, 0] and a.finish_reason == "stop"
+    assert [o.finish_reason for o in outputs] == [None, None, "stop"]
+    assert slots.num_free == slots.total
+
+
+def test_overlap_preempted_request_waits_for_its_pending_token():
+    sched, slots, rows = make(total=24, budget=64)
+    reqs = [req(f"r{i}", 6, max_tokens=8) for i in range(3)]
+    for r in reqs:
+        sched.add(r)
+    outputs, _ = overlap_drive(sched, slots, rows, lambda r, i: 3)
+    assert sched.num_preemptions > 0
+    assert all(r.output_token_ids == [3] * 8 and r.finish_reason == "length" for r in reqs)
+    assert slots.num_free == slots.total and rows.num_free == rows.size
