@@ -1,10 +1,11 @@
-"""The padded EXTEND layout of the CUDA-graph path, checked on CPU (no graphs): the pure
-layout (`pad_batch` + `stage_forward`), the token buckets, and engine runs in which every
-EXTEND step is laid out for a bucket and run eagerly: real rows' logits, aux features and
-KV equal the unpadded run's, and the only extra writes go to dummy row 0 / slot 0.
+"""The padded EXTEND layout of the CUDA-graph path, checked on CPU: the pure layout
+(`pad_batch` + `stage_forward`), the token buckets, and engine runs in which every EXTEND
+step is laid out for a bucket and run eagerly, or through ExtendGraphRunner's static
+buffers with an eager stand-in for CUDA graphs: real rows' logits, aux features and KV
+equal the unpadded run's, and the only extra writes go to dummy row 0 / slot 0.
 
 Data flow (tests only): Scheduler plan -> ModelRunner.padding -> BatchBuilder.prepare
-(padded) -> ModelRunner.run (eager) vs the same engine unpadded.
+(padded) -> ModelRunner.run (eager | ExtendGraphRunner.replay) vs the same engine unpadded.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from checkpoints import random_prompts
 
 from gearshift import SamplingParams
 from gearshift.forward_batch import ForwardMode
-from gearshift.runner.graphs import extend_token_buckets, pick_bucket
+from gearshift.runner import graphs as graphs_mod
+from gearshift.runner.graphs import ExtendGraphRunner, extend_token_buckets, pick_bucket
 from gearshift.scheduler.batch import Padding, Stager, pad_batch, stage_forward
 
 
@@ -81,23 +83,58 @@ ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=40, kv_cache_tokens=1024)
 BUCKETS = [16, 32, 48]  # every EXTEND step of ENGINE fits (<= 40 tokens)
 
 
-def _record(engine, padded: bool) -> list[dict]:
-    """Lay EXTEND steps out for BUCKETS (as Engine.step does with runner.padding(plan));
-    record each EXTEND forward's batch, logits and aux."""
+class _EagerGraph:
+    """A CUDA graph's contract without CUDA: replay re-runs the forward on the static batch
+    it was captured with and writes into the outputs of the capture."""
+
+    def __init__(self, forward, fb, out) -> None:
+        self.forward, self.fb, self.out = forward, fb, out
+
+    def replay(self) -> None:
+        new = self.forward(self.fb)
+        pairs = zip(self.out, new) if isinstance(new, tuple) else [(self.out, new)]
+        for dst, src in pairs:
+            dst.copy_(src)
+
+
+def _eager_capture(sizes, batch_for, forward, pool):
+    graphs, outputs = {}, {}
+    for size in sorted(sizes, reverse=True):
+        fb = batch_for(size)
+        outputs[size] = forward(fb)
+        graphs[size] = _EagerGraph(forward, fb, outputs[size])
+    return graphs, outputs, pool
+
+
+def _record(engine, mode: str) -> list[dict]:
+    """mode "eager" / "graph": lay EXTEND steps out for BUCKETS (as Engine.step does with
+    runner.padding(plan)) and run them eagerly / through ExtendGraphRunner; "ref": unpadded.
+    Records each EXTEND forward's batch, logits [rows, vocab] and aux."""
     runner, builder = engine.runner, engine.builder
     log: list[dict] = []
-    if padded:
+    if mode != "ref":
         runner.extend_sizes = list(BUCKETS)
         prepare = builder.prepare
         builder.prepare = lambda plan, padding=None, pad_to=None: prepare(
             plan, runner.padding(plan), pad_to=pad_to)
+    if mode == "graph":
+        runner.extend_graphs = graphs = ExtendGraphRunner(
+            runner._forward_logits, BUCKETS, runner.extend_rows, runner.device)
+        graphs.capture()
+        replay = graphs.replay
+
+        def replay_and_log(fb):
+            out = replay(fb)
+            log.append(dict(fb=fb, logits=(out[0] if runner.capture else out).clone()))
+            return out
+
+        graphs.replay = replay_and_log
     forward, run = runner._forward_logits, runner.run
 
     def forward_logits(fb):
         out = forward(fb)
         if fb.mode is ForwardMode.EXTEND:
-            logits = out[0] if runner.capture else out
-            log.append(dict(fb=fb, logits=logits.clone()))
+            log.append(dict(fb=fb, logits=(out[0] if runner.capture else out).clone()))
         return out
 
     def run_and_keep_aux(fb, sb):
@@ -110,17 +147,20 @@ def _record(engine, padded: bool) -> list[dict]:
     return log
 
 
-@pytest.mark.parametrize("backend,capture", [("torch", False), ("triton", True)])
-def test_padded_extend_matches_unpadded(make_llm, tiny_llama_dir, backend, capture) -> None:
+@pytest.mark.parametrize("backend,capture,mode", [
+    ("torch", False, "eager"), ("triton", True, "eager"), ("triton", True, "graph")])
+def test_padded_extend_matches_unpadded(make_llm, tiny_llama_dir, monkeypatch, backend, capture,
+                                        mode) -> None:
     """Same requests through two engines in lockstep; one lays every EXTEND step out for a
     bucket. Triton runs interpreted here (TRITON_INTERPRET=1): the extend kernel sees the
-    padded grid; `capture` also returns aux features, as for an EAGLE-3 draft."""
+    padded grid (in "graph" mode the grid of the capture-time batch, whose host fields
+    are the graph's constants); `capture` also returns aux features, as for EAGLE-3."""
+    monkeypatch.setattr(graphs_mod, "capture_graphs", _eager_capture)
     engines = [make_llm(tiny_llama_dir, attention_backend=backend, **ENGINE).engine
                for _ in range(2)]
-    logs = [_record(engines[0], padded=False), _record(engines[1], padded=True)]
-    if capture:
-        for e in engines:
-            e.runner.capture = (0, 1)
+    for e in engines:
+        e.runner.capture = (0, 1) if capture else ()  # before the graphs capture their outputs
+    logs = [_record(engines[0], "ref"), _record(engines[1], mode)]
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     for i, prompt in enumerate(random_prompts([30, 5, 70, 12, 3, 45], seed=1)):
         for e in engines:
@@ -156,4 +196,5 @@ def test_padded_extend_matches_unpadded(make_llm, tiny_llama_dir, backend, captu
         mixed += 1 in fb.extend_lens_cpu[:bs] and max(fb.extend_lens_cpu[:bs]) > 1
     assert mixed, "no step had a prefill chunk with decoders riding along"
     stats = engines[1].runner.graph_stats()
-    assert stats["extend_eager"] == len(pad) and stats["extend_graphed"] == 0
+    graphed = len(pad) if mode == "graph" else 0
+    assert stats["extend_graphed"] == graphed and stats["extend_eager"] == len(pad) - graphed
