@@ -276,9 +276,9 @@ def test_rope_and_store_kv_int32_positions_and_dummy_slot_rows():
 
 
 @pytest.mark.parametrize("backend_cls", [TorchBackend, TritonBackend])
-def test_backend_rope_and_store_then_attend_equals_rotate_then_forward(backend_cls):
-    """The contract the layers use: rope_and_store + attend == rotate, then forward. On CUDA
-    the Triton backend takes the fused kernel; elsewhere both take the default path."""
+def test_backend_rope_and_store_equals_rotate_then_store_kv(backend_cls):
+    """The contract the layers use: rope_and_store == rotate (reference), then store_kv. On
+    CUDA the Triton backend takes the fused kernel; elsewhere both take the default path."""
     hq, hkv, d, t = 4, 2, 64, 3
     qkv, k_pool, v_pool, positions, loc = _rope_store_case(t, hq, hkv, d, torch.float32, seed=60)
     cos, sin = _rope_tables(4096, d)
