@@ -1,7 +1,7 @@
 """Engine: the step loop. One step reads in four lines:
 
     plan = scheduler.schedule()                  # pure CPU: who computes what
-    fb, sb = builder.prepare(plan, pad_to=...)   # slots + device tensors for exactly this plan
+    fb, sb = builder.prepare(plan, padding)      # slots + device tensors for exactly this plan
     tokens = runner.run(fb, sb)                  # on the device, no host sync
     outputs = scheduler.commit(plan, tokens)     # or, overlapped: advance now, resolve next call
 
@@ -134,9 +134,7 @@ class Engine:
             return self._resolve_pending()
         if plan.mode is ForwardMode.VERIFY:
             return self._verify(plan)
-        pad = self.runner.decode_pad(plan.batch_size) if plan.mode is ForwardMode.DECODE \
-            else None
-        fb, sb = self.builder.prepare(plan, pad_to=pad)
+        fb, sb = self.builder.prepare(plan, self.runner.padding(plan))  # the graph's shape
         if any(r.num_pending for r in plan.reqs):
             fb.input_ids = self.feed.resolve_ids(fb.input_ids)
         timing = self._timing_events()
@@ -225,6 +223,7 @@ class Engine:
     def stats(self) -> dict:
         out = dict(self._stats, preemptions=self.scheduler.num_preemptions,
                    running=self.num_running(), waiting=self.num_waiting())
+        out["graphs"] = self.runner.graph_stats()  # graphed vs eager steps per mode
         if self.spec is not None:
             out["spec"] = self.spec_stats()
         return out
