@@ -67,6 +67,7 @@ def run_offline(llm, *, num_prompts: int, input_len: int, output_len: int, seed:
         "decode_device_ms_median": _median([s["device_ms"] for s in steps if s["mode"] == "decode"]),
         "extend_step_ms_median": _median([s["time_ms"] for s in steps if s["mode"] == "extend"]),
         "preemptions": engine.stats()["preemptions"],
+        "graphs": engine.stats()["graphs"],  # graphed vs eager steps per mode
         "step_log": steps,
     }
 
@@ -92,6 +93,7 @@ def environment(llm) -> dict:
         "device": dev, "torch": torch.__version__, "model": cfg.model,
         "load_format": cfg.load_format, "dtype": cfg.dtype,
         "attention_backend": cfg.attention_backend, "cuda_graphs": cfg.use_cuda_graphs,
+        "overlap_schedule": cfg.overlap_schedule,
         "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
         "kv_slots": llm.engine.memory_stats()["kv_slots_total"],
         "model_shape": {"layers": mc.num_layers, "hidden": mc.hidden_size, "heads": mc.num_heads,
