@@ -141,7 +141,7 @@ class Engine:
         tokens, aux = self.runner.run(fb, sb)
         if not self.overlap:
             outputs = self.scheduler.commit(plan, tokens[: plan.batch_size].tolist())  # 1 sync
-            if self.spec is not None:  # the draft follows every committed token, at any K
+            if self._draft_follows():  # the draft follows every committed token, at any K
                 self.spec.draft_extend_after(plan, aux)
             self._account(plan, outputs, time.perf_counter() - t0, self.runner.last_device_ms())
             self._observe(plan)
@@ -151,13 +151,18 @@ class Engine:
         tag = self.feed.tag()
         host, copied = self.feed.publish(fb.req_pool_indices[: tokens.shape[0]], tokens)
         rows = self.scheduler.advance(plan, tag)
-        if self.spec is not None:  # drafts follow on the device (placeholders resolved there)
+        if self._draft_follows():  # on the device (placeholders resolved there)
             self.spec.draft_extend_after(plan, aux)
         outputs = self._resolve_pending()
         self.pending = PendingStep(plan, rows, host, copied, timing)
         self._account(plan, outputs, time.perf_counter() - t0, self._resolved_device_ms)
         self._observe(plan)
         return outputs
+
+    def _draft_follows(self) -> bool:
+        """The draft covers every committed token (so speculation resumes at full acceptance)
+        unless the policy never speculates."""
+        return self.spec is not None and self.scheduler.policy.drafts
 
     def _verify(self, plan: StepPlan) -> list[StepOutput]:
         """A VERIFY step needs every token on the host (drafting reads them): resolve the

@@ -21,6 +21,8 @@ class PolicyView:
 
 
 class Policy(ABC):
+    drafts = True  # whether it ever plans K > 0; if not, the draft need not follow tokens
+
     @abstractmethod
     def plan(self, view: PolicyView) -> list[int]:
         """Draft length per request of view.requests, each in [0, view.max_k]."""

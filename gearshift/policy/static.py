@@ -6,6 +6,8 @@ from gearshift.policy.base import Policy, PolicyView
 
 
 class OffPolicy(Policy):
+    drafts = False  # K is always 0: an engine with a draft costs what one without costs
+
     def plan(self, view: PolicyView) -> list[int]:
         return [0] * len(view.requests)
 

@@ -114,6 +114,8 @@ class ModelRunner:
         act = self.config.max_num_batched_tokens * (cfg.hidden_size * 8 + cfg.intermediate_size * 6)
         act += self.config.max_num_seqs * cfg.vocab_size * 16
         budget = free * self.config.kv_memory_fraction - act * 4 - (1 << 30)
+        if self.config.speculative:  # VERIFY logits of every node, sampled-row distributions
+            budget -= self.config.max_num_seqs * self.config.verify_nodes * cfg.vocab_size * 24
         slots = int(budget // per_token)
         if slots < 16:
             raise ConfigError(

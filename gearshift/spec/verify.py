@@ -63,6 +63,43 @@ def _sample(p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.
 def verify(tree: DraftTree, valid: torch.Tensor, logits: torch.Tensor, sb: SamplingBatch,
            max_depth: int, max_children: int) -> VerifyResult:
     """tree nodes [B, N]; valid [B, N] bool; logits [B, N, V] float32 (target at each node)."""
+    if sb.all_greedy:
+        return verify_greedy(tree, valid, logits, max_depth)
+    return verify_sampled(tree, valid, logits, sb, max_depth, max_children)
+
+
+def verify_greedy(tree: DraftTree, valid: torch.Tensor, logits: torch.Tensor,
+                  max_depth: int) -> VerifyResult:
+    """What both schemes reduce to when every row is greedy (one-hot p), without building
+    [B, N, V] distributions: from the root, follow the first child (in node order) whose
+    token is the target's argmax at its parent; emit the argmax where no child matches."""
+    b, n, _ = logits.shape
+    rows = torch.arange(b, device=logits.device)
+    target = logits.argmax(-1)  # [B, N]
+    match = children_mask(tree.parents) & valid[:, None, :] \
+        & (tree.tokens[:, None, :] == target[:, :, None])  # [B, N(parent), N(child)]
+    first = torch.where(match.any(-1), match.to(torch.int8).argmax(-1), -1)  # [B, N]
+    cur = torch.zeros(b, dtype=torch.long, device=logits.device)
+    alive = torch.ones(b, dtype=torch.bool, device=logits.device)
+    accepted = torch.zeros_like(cur)
+    path, toks = [cur], []
+    for _ in range(max_depth):
+        nxt = first[rows, cur]
+        moved = alive & (nxt >= 0)
+        accepted += moved.long()
+        alive &= moved
+        cur = torch.where(moved, nxt, cur)
+        path.append(cur)
+        toks.append(tree.tokens[rows, cur])
+    bonus = target[rows, cur]
+    tokens = torch.stack(toks + [bonus], dim=1) if toks else bonus[:, None]  # [B, D+1]
+    tokens = tokens.scatter(1, accepted[:, None], bonus[:, None])
+    return VerifyResult(accepted, torch.stack(path, dim=1), tokens)
+
+
+def verify_sampled(tree: DraftTree, valid: torch.Tensor, logits: torch.Tensor,
+                   sb: SamplingBatch, max_depth: int, max_children: int) -> VerifyResult:
+    """The general scheme (any mix of greedy and sampled rows)."""
     b, n, _ = logits.shape
     dev = logits.device
     p_all = target_probs(logits, sb)  # [B, N, V]

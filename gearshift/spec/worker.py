@@ -94,7 +94,7 @@ class SpecWorker:
         reqs, prefix, extend, token_idx = [], [], [], []
         start = 0
         for req, p, n in zip(plan.reqs, plan.prefix_lens, plan.extend_lens):
-            if not req.is_finished:
+            if not req.is_finished and req.params.speculative:  # opted out: never drafted for
                 reqs.append(req)
                 prefix.append(p)
                 extend.append(n)
@@ -225,7 +225,7 @@ class SpecWorker:
         self._record_paths(reqs, kept, prefix_cpu)
         allocated.append(None)  # from here on the scheduler owns (or has freed) every slot
         outputs = scheduler.commit_spec(plan, new_tokens, kept, freed)
-        live = [i for i, r in enumerate(reqs) if not r.is_finished]
+        live = [i for i, r in enumerate(reqs) if not r.is_finished and r.params.speculative]
         token_idx = [offsets[i] + j for i in live for j in rows_used[i]]
         self._draft_extend([reqs[i] for i in live], [prefix_cpu[i] for i in live],
                            [len(rows_used[i]) for i in live], aux, token_idx)

@@ -284,3 +284,36 @@ def test_tree_point_mass_scheme_is_exact(temp, top_p):
         assert (res.num_accepted[rows] > 0).any()
         assert chi2_pvalue(torch.bincount(seq[rows, 0], minlength=V), p[0]) > ALPHA, s
         assert chi2_pvalue(seq_counts(seq[rows], V), joint(p)) > ALPHA, s
+
+
+def test_greedy_fast_path_equals_the_general_scheme():
+    """verify() on an all-greedy batch takes verify_greedy (no [B, N, V] distributions);
+    it must give what the general scheme gives with one-hot targets, on random trees with
+    duplicate sibling tokens, invalid nodes and chains with draft probabilities."""
+    from gearshift.spec.verify import verify_greedy, verify_sampled
+
+    g = torch.Generator().manual_seed(3)
+    b, n, v, depth, width = 64, 9, 5, 3, 3
+    parents = torch.tensor([-1, 0, 0, 0, 1, 1, 2, 4, 4]).expand(b, n)
+    depths = torch.tensor([0, 1, 1, 1, 2, 2, 2, 3, 3]).expand(b, n)
+    tokens = torch.randint(0, v, (b, n), generator=g)  # small vocab: many matches, duplicates
+    valid = torch.rand(b, n, generator=g) > 0.15
+    valid[:, 0] = True
+    logits = torch.randn(b, n, v, generator=g)
+    tree = DraftTree(tokens, parents, depths)
+    sb = sampling_batch(b, temp=0.0)
+    fast = verify_greedy(tree, valid, logits, depth)
+    slow = verify_sampled(tree, valid, logits, sb, depth, width)
+    assert (fast.num_accepted > 0).any() and (fast.num_accepted == 0).any()
+    for a, c in ((fast.num_accepted, slow.num_accepted), (fast.path, slow.path),
+                 (fast.tokens, slow.tokens)):
+        assert torch.equal(a, c)
+    drafts = torch.randint(0, v, (b, 4), generator=g)
+    q = torch.softmax(torch.randn(b, 5, v, generator=g), -1)
+    chain = chain_tree(tokens[:, 0], drafts, q)
+    ones = torch.ones(b, 5, dtype=torch.bool)
+    logits = torch.randn(b, 5, v, generator=g)
+    fast = verify_greedy(chain, ones, logits, 4)
+    slow = verify_sampled(chain, ones, logits, sb, 4, 1)
+    assert torch.equal(fast.tokens, slow.tokens) and torch.equal(fast.num_accepted,
+                                                                 slow.num_accepted)
