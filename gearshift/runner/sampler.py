@@ -1,11 +1,30 @@
 """Token sampling without host synchronisation: greedy, temperature, top-k, top-p.
 
+Data flow: BatchBuilder -> SamplingBatch; ModelRunner: logits [B, V] -> sample -> token ids
+[B] (CUDA: the fused race kernel of runner/kernels/sample.py; elsewhere `sample_ref`).
+
 Randomness is counter-based: the uniform for (request seed, output index, token id) is an
 integer hash, so a seeded request yields the same tokens whatever batch it runs in, after
-preemption and recompute, and under CUDA graphs. Sampling uses the exponential race
-(argmax of p / Exp(1)), which draws exactly from p without a cumulative-sum search.
+preemption and recompute, and under CUDA graphs.
 
-Data flow: BatchBuilder -> SamplingBatch; ModelRunner: logits -> Sampler -> token ids [B].
+Sampling is a race (Gumbel-max): each row picks
+
+    argmax_i  logit_i / T  -  log(E_i),        E_i = -log(u_i) ~ Exp(1) i.i.d.
+
+which draws exactly from softmax(logit / T): log(p_i / E_i) = logit_i / T - log Z - log E_i,
+so this is the argmax of p_i / E_i, the exponential race (token i wins with probability
+p_i) that this sampler used before, one monotone map away: the same token up to float
+rounding, with nothing normalised and no cumulative sum. Greedy rows (T = 0) take
+argmax_i logit_i; ties go to the lowest index, as torch.argmax.
+
+u is capped at the largest float32 below 1: 128 of the 2**32 hashes round to 1.0, and
+E = 0 made that token win whatever its probability (some token in 0.4% of rows at a 128k
+vocabulary; 0 / 0 = NaN, which argmax picks, when top-k / top-p had zeroed it). Near 1
+float32 resolves u to 2**-24, so E is never below 6e-8: tokens with p well below 1e-8 are
+not drawn; above that the bias is below (6e-8 / p)**2 relative.
+
+Top-k / top-p rows are filtered first (`top_k_top_p_filter`: a sort, dropped tokens get
+logit -inf), then race like every other row.
 """
 
 from __future__ import annotations
@@ -14,8 +33,11 @@ from dataclasses import dataclass
 
 import torch
 
+HASH_MUL = 0x45D9F3B  # < 2**27: products of 32-bit values stay inside int64
+STEP_OFFSET = 0x9E3779B  # added to the output index before hashing
+U_MAX = 1.0 - 2.0**-24  # the largest float32 below 1
+MIN_TEMPERATURE = 1e-5  # sampled rows divide by max(T, this)
 _M32 = 0xFFFFFFFF
-_MUL = 0x45D9F3B  # < 2**27: products of 32-bit values stay inside int64
 
 
 @dataclass(slots=True)
@@ -33,22 +55,26 @@ class SamplingBatch:
 
 def hash32(x: torch.Tensor) -> torch.Tensor:
     """A 32-bit integer mixer on int64 tensors holding values in [0, 2**32)."""
-    x = (((x >> 16) ^ x) * _MUL) & _M32
-    x = (((x >> 16) ^ x) * _MUL) & _M32
+    x = (((x >> 16) ^ x) * HASH_MUL) & _M32
+    x = (((x >> 16) ^ x) * HASH_MUL) & _M32
     return (x >> 16) ^ x
 
 
 def seeded_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[B] seeds, [B] steps -> [B, vocab] float32 uniforms in (0, 1), deterministic."""
-    key = hash32(seeds ^ hash32((steps + 0x9E3779B) & _M32))  # [B]
+    """[B] seeds in [0, 2**32), [B] steps -> [B, vocab] float32 uniforms in (0, 1),
+    deterministic: (hash + 0.5) / 2**32 rounded to float32, capped at U_MAX (the 128 of
+    2**32 hashes that would round to 1.0)."""
+    key = hash32(seeds ^ hash32((steps + STEP_OFFSET) & _M32))  # [B]
     ids = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
     x = hash32(key[:, None] ^ hash32(ids)[None, :])  # [B, vocab]
-    return (x.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32)
+    return (x.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32).clamp_max_(U_MAX)
 
 
-def apply_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                      need_top_k: bool, need_top_p: bool) -> torch.Tensor:
-    """Zero the probabilities outside each row's top-k / nucleus. probs: [B, V]."""
+def top_k_top_p_drop(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                     need_top_k: bool, need_top_p: bool) -> torch.Tensor:
+    """[B, V] bool, in vocabulary order: the tokens outside each row's top-k / nucleus.
+    A token is kept when it ranks below k and the mass of strictly more likely tokens is
+    below p; the most likely token is always kept."""
     sorted_p, order = probs.sort(dim=-1, descending=True)
     drop = torch.zeros_like(sorted_p, dtype=torch.bool)
     if need_top_k:
@@ -59,20 +85,53 @@ def apply_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass of strictly better tokens
         drop |= before >= top_p[:, None]
     drop[:, 0] = False  # always keep the most likely token
-    return probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+    return torch.zeros_like(drop).scatter_(-1, order, drop)
+
+
+def apply_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                      need_top_k: bool, need_top_p: bool) -> torch.Tensor:
+    """Zero the probabilities outside each row's top-k / nucleus. probs: [B, V]."""
+    return probs.masked_fill(top_k_top_p_drop(probs, top_k, top_p, need_top_k, need_top_p), 0.0)
+
+
+def top_k_top_p_filter(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    """logits [B, V] -> a copy with -inf outside the top-k / nucleus of each sampled row
+    (greedy rows untouched), ranked on softmax(logits / T) like the speculative paths."""
+    temps = sb.temperatures.clamp_min(MIN_TEMPERATURE)[:, None]  # [B, 1]
+    probs = torch.softmax(logits.float() / temps, dim=-1)  # [B, V]
+    drop = top_k_top_p_drop(probs, sb.top_k, sb.top_p, sb.need_top_k, sb.need_top_p)
+    drop &= (sb.temperatures > 0)[:, None]
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def race_scores(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor,
+                steps: torch.Tensor) -> torch.Tensor:
+    """[B, V] float32 whose row argmax is the row's token (the reference of the kernel's
+    per-token score): logit for greedy rows, logit / T - log(-log(u)) for the others."""
+    x = logits.float()  # [B, V]
+    u = seeded_uniform(seeds, steps, x.shape[-1])  # [B, V]
+    temps = temperatures.clamp_min(MIN_TEMPERATURE)[:, None]  # [B, 1]
+    scores = x / temps - torch.log(-torch.log(u))
+    return torch.where(temperatures[:, None] == 0, x, scores)
+
+
+def sample_ref(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    """logits: [B, V] (fp32 / bf16 / fp16) -> token ids [B] int64, in plain torch."""
+    if sb.all_greedy:
+        return logits.argmax(dim=-1)
+    if sb.need_top_k or sb.need_top_p:
+        logits = top_k_top_p_filter(logits, sb)
+    return race_scores(logits, sb.temperatures, sb.seeds, sb.steps).argmax(dim=-1)
 
 
 def sample(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
-    """logits: [B, V] float32 -> token ids [B] int64."""
-    greedy = logits.argmax(dim=-1)
-    if sb.all_greedy:
-        return greedy
-    temps = sb.temperatures.clamp_min(1e-5)[:, None]
-    probs = torch.softmax(logits / temps, dim=-1)
-    if sb.need_top_k or sb.need_top_p:
-        probs = apply_top_k_top_p(probs, sb.top_k, sb.top_p, sb.need_top_k, sb.need_top_p)
-    exp = -torch.log(seeded_uniform(sb.seeds, sb.steps, logits.shape[-1]))
-    sampled = (probs / exp).argmax(dim=-1)
-    if sb.any_greedy:
-        sampled = torch.where(sb.temperatures == 0, greedy, sampled)
-    return sampled
+    """logits: [B, V] (fp32 / bf16 / fp16) -> token ids [B] int64. No host sync.
+    CUDA: one fused pass (runner/kernels/sample.py) after the optional top-k / top-p
+    filter; elsewhere `sample_ref`. Both choose the same tokens up to float rounding."""
+    if not logits.is_cuda:
+        return sample_ref(logits, sb)
+    from gearshift.runner.kernels.sample import race_argmax
+
+    if (sb.need_top_k or sb.need_top_p) and not sb.all_greedy:
+        logits = top_k_top_p_filter(logits, sb)
+    return race_argmax(logits, sb.temperatures, sb.seeds, sb.steps, greedy_only=sb.all_greedy)

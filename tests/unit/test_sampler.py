@@ -1,4 +1,6 @@
-"""Sampler: exact distribution (chi-square), determinism by seed, top-k / top-p masks."""
+"""Sampler (plain-torch path, what CPU runs): exact distribution (chi-square), the race's
+equivalence with the exponential race on probabilities, determinism by seed, top-k /
+top-p masks. The fused CUDA kernel is checked against this path in tests/kernels."""
 
 from __future__ import annotations
 
@@ -6,7 +8,18 @@ import math
 
 import torch
 
-from gearshift.runner.sampler import SamplingBatch, apply_top_k_top_p, sample, seeded_uniform
+from gearshift.runner.sampler import (
+    U_MAX,
+    SamplingBatch,
+    apply_top_k_top_p,
+    race_scores,
+    sample,
+    sample_ref,
+    seeded_uniform,
+    top_k_top_p_filter,
+)
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 1.5])
 
 
 def batch(n, temp=1.0, top_p=1.0, top_k=-1, seeds=None, steps=None):
@@ -69,3 +82,65 @@ def test_greedy_rows_in_mixed_batch_and_top_k_one():
     toks = sample(logits, sb)
     assert torch.equal(toks[::2], logits.argmax(-1)[::2])
     assert torch.equal(sample(logits, batch(6, top_k=1)), logits.argmax(-1))
+
+
+def test_plain_temperature_and_top_k_distributions():
+    n = 20000
+    logits = LOGITS.repeat(n, 1)
+    toks = sample(logits, batch(n, temp=0.7, seeds=torch.arange(n) * 31 + 3))
+    assert chi2_ok(torch.bincount(toks, minlength=6).float(), torch.softmax(LOGITS / 0.7, -1), n)
+    toks = sample(logits, batch(n, temp=1.3, top_k=3, seeds=torch.arange(n) + 77))
+    ref = torch.softmax(LOGITS / 1.3, -1) * torch.tensor([1.0, 1, 0, 0, 0, 1])
+    assert chi2_ok(torch.bincount(toks, minlength=6).float(), ref / ref.sum(), n)
+
+
+def test_race_picks_the_former_exponential_race_token():
+    """argmax(logit / T - log E) == argmax(softmax(logit / T) / E) for the same E (the
+    former sampler, in its float32 arithmetic): the log of the latter minus log Z, a
+    monotone map, so only float-rounding near-ties could differ (none in these rows)."""
+    logits = torch.randn(64, 3000, generator=torch.Generator().manual_seed(0)) * 4
+    temps = torch.rand(64, generator=torch.Generator().manual_seed(1)) + 0.2
+    seeds, steps = torch.arange(64) * 1009, torch.arange(64) % 5
+    exp = -torch.log(seeded_uniform(seeds, steps, 3000))  # E ~ Exp(1)
+    former = (torch.softmax(logits / temps[:, None], -1) / exp).argmax(-1)
+    assert torch.equal(race_scores(logits, temps, seeds, steps).argmax(-1), former)
+
+
+def test_hash_rounding_u_to_one_neither_wins_nor_breaks_the_uniform():
+    """(seed 18661, step 3) hashes token 867 to u = 1.0 before the cap: E was 0 and it won
+    at any logit (0 / 0 = NaN once top-k zeroed it); capped, E = 6e-8."""
+    u = seeded_uniform(torch.tensor([18661]), torch.tensor([3]), 1000)
+    assert u[0, 867] == U_MAX and u.max() < 1
+    logits = torch.zeros(4, 1000)
+    logits[:, 867] = -60.0
+    sb = batch(4, seeds=torch.full((4,), 18661), steps=torch.full((4,), 3))
+    assert (sample(logits, sb) != 867).all()
+    sb.top_k[:] = 10
+    sb.need_top_k = True
+    assert (sample(logits, sb) != 867).all()
+
+
+def test_filter_leaves_greedy_rows_and_kept_tokens_alone():
+    logits = torch.randn(4, 40, generator=torch.Generator().manual_seed(2))
+    sb = batch(4, top_k=3)
+    sb.temperatures[0] = 0.0
+    sb.any_greedy = True
+    out = top_k_top_p_filter(logits, sb)
+    assert torch.equal(out[0], logits[0])
+    kept = torch.isfinite(out[1:])
+    assert kept.sum(-1).tolist() == [3, 3, 3]
+    assert torch.equal(out[1:][kept], logits[1:][kept])
+    assert torch.equal(kept, logits[1:] >= logits[1:].topk(3).values[:, -1:])
+
+
+def test_low_precision_logits_and_dispatch():
+    logits = torch.randn(8, 257, generator=torch.Generator().manual_seed(4))
+    sb = batch(8, seeds=torch.arange(8) + 100, steps=torch.arange(8))
+    want = sample_ref(logits, sb)
+    assert torch.equal(sample(logits, sb), want)
+    for dtype in (torch.float16, torch.bfloat16):
+        low = logits.to(dtype)
+        assert torch.equal(sample(low, sb), race_scores(low.float(), sb.temperatures, sb.seeds,
+                                                        sb.steps).argmax(-1))
+    greedy = batch(8, temp=0.0)
+    assert torch.equal(sample(logits.half(), greedy), logits.half().argmax(-1))
