@@ -194,7 +194,7 @@ class ModelRunner:
             self._events[0].record()
         if graph_key is not None and self.shape_graphs is not None:
             out = self.shape_graphs.run(("target",) + graph_key, lambda s: self._forward_all(
-                _rebuild(fb, s), capture), _graph_inputs(fb))
+                rebuild_batch(fb, s), capture), graph_inputs(fb))
         else:
             out = self._forward_all(fb, capture)
         if self._events:
@@ -218,7 +218,7 @@ _GRAPH_FIELDS = ("input_ids", "positions", "out_cache_loc", "req_pool_indices", 
                  "extend_lens", "extend_start_loc", "prefix_lens", "logits_indices")
 
 
-def _graph_inputs(fb: ForwardBatch) -> dict[str, torch.Tensor]:
+def graph_inputs(fb: ForwardBatch) -> dict[str, torch.Tensor]:
     out = {name: getattr(fb, name) for name in _GRAPH_FIELDS}
     if fb.tree is not None:
         out.update(tree_rows=fb.tree.token_rows, tree_prefix=fb.tree.prefix_lens,
@@ -226,7 +226,7 @@ def _graph_inputs(fb: ForwardBatch) -> dict[str, torch.Tensor]:
     return out
 
 
-def _rebuild(fb: ForwardBatch, static: dict[str, torch.Tensor]) -> ForwardBatch:
+def rebuild_batch(fb: ForwardBatch, static: dict[str, torch.Tensor]) -> ForwardBatch:
     """The same batch over the graph's static tensors (host fields are shape constants)."""
     from dataclasses import replace
 

@@ -215,11 +215,14 @@ class BatchBuilder:
         return fb, sampling_batch(d, plan.reqs)
 
     def extend_batch(self, mode: ForwardMode, reqs: list[Request], prefix: list[int],
-                     extend: list[int], input_ids: list[int]) -> ForwardBatch:
-        """An extend-layout batch over slots the requests already own (no allocation)."""
+                     extend: list[int], input_ids: list[int], pad: int = 0) -> ForwardBatch:
+        """An extend-layout batch over slots the requests already own (no allocation);
+        `pad` one-token dummy rows (row 0, slot 0, position 0) follow the real ones."""
         out_loc: list[int] = []
         for req, p, n in zip(reqs, prefix, extend):
             out_loc.extend(req.slots[p:p + n])
         st = Stager(self.device)
-        stage_forward(st, [r.req_pool_index for r in reqs], prefix, extend, input_ids, out_loc)
+        rows = [r.req_pool_index for r in reqs] + [0] * pad
+        prefix, extend = prefix + [0] * pad, extend + [1] * pad
+        stage_forward(st, rows, prefix, extend, input_ids + [0] * pad, out_loc + [0] * pad)
         return forward_batch(st.to_device(), mode, len(reqs), prefix, extend, None)

@@ -2,7 +2,9 @@
 
 Draft row t consumes (token t+1, target feature of position t) and predicts token t+2;
 `draft_extend` runs it over newly committed rows and stores, per request, the last row's
-prenorm hidden state and draft logits: the seeds of the next step's depth 1.
+prenorm hidden state: the seed of the next step's depth 1 (its draft logits are computed
+when a VERIFY step proposes, so steps at K = 0 skip the draft lm_head). Single-token
+extends (every request decoding) are graph-safe: SpecWorker replays them as a CUDA graph.
 
 Data flow: target forward (captures aux layers) -> commit -> draft_extend(features) ->
 [next VERIFY step] propose: seeds -> drafter.expand (K-1 head steps) -> DraftTree.
@@ -25,6 +27,7 @@ from gearshift.spec.tree import DraftTree
 class Eagle3Proposer(Proposer):
     needs_features = True
     shifted_inputs = True
+    graph_extend = True  # draft_extend has static shapes for a padded 1-token-per-row batch
 
     def __init__(self, config: EngineConfig, head_dir: str, target_cfg: ModelConfig,
                  target_model: torch.nn.Module, target_kv: KVCache, max_positions: int,
@@ -42,7 +45,6 @@ class Eagle3Proposer(Proposer):
         self.target_vocab = target_cfg.vocab_size
         dtype = DTYPES[config.dtype]
         self.seed_hidden = torch.zeros(max_rows + 1, cfg.hidden_size, dtype=dtype, device=dev)
-        self.seed_logits = torch.zeros(max_rows + 1, cfg.draft_vocab_size, device=dev)
         self.to_target = torch.arange(cfg.draft_vocab_size, device=dev) + self.head.d2t  # [Vd]
 
     def scratch_slots(self, k: int, topk: int) -> int:
@@ -52,7 +54,6 @@ class Eagle3Proposer(Proposer):
         h = self.head(fb.input_ids, features, fb.positions, fb, self.attn)  # [T, H]
         last = h[fb.logits_indices]  # [B, H]
         self.seed_hidden[fb.req_pool_indices] = last
-        self.seed_logits[fb.req_pool_indices] = self.head.compute_logits(last)
 
     def _forward_step(self, ids, hidden, fb):
         h = self.head(ids, hidden, fb.positions, fb, self.attn)
@@ -63,7 +64,8 @@ class Eagle3Proposer(Proposer):
 
     def propose(self, ctx: ProposeContext) -> tuple[DraftTree, None]:
         b = ctx.roots.shape[0]
-        x = ExpandInputs(ctx.roots, self.seed_logits[ctx.rows], self.seed_hidden[ctx.rows],
+        seed = self.seed_hidden[ctx.rows]  # [B, H]
+        x = ExpandInputs(ctx.roots, self.head.compute_logits(seed).float(), seed,
                          ctx.prefix_lens, ctx.rows, ctx.scratch,
                          ctx.scratch.new_zeros(b, 0), -1, ctx.max_depth, ctx.topk, ctx.num_nodes,
                          max(ctx.prefix_lens_cpu), self.runner.max_positions - 1)

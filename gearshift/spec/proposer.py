@@ -37,6 +37,7 @@ class Proposer(ABC):
     needs_features = False  # EAGLE-3: the draft consumes target hidden states
     aux_layers: tuple[int, ...] = ()
     shifted_inputs = False  # draft row t consumes token t+1 (EAGLE) instead of token t
+    graph_extend = False  # draft_extend can be captured for padded 1-token-per-row batches
 
     def cost_fraction(self, target: torch.nn.Module) -> float:
         """Cost of one draft step relative to one target step (a prior for the policy)."""

@@ -22,7 +22,7 @@ import torch
 from gearshift.config import EngineConfig
 from gearshift.forward_batch import ForwardBatch, ForwardMode, TreeAttention
 from gearshift.request import Request
-from gearshift.runner.model_runner import ModelRunner
+from gearshift.runner.model_runner import ModelRunner, graph_inputs, rebuild_batch
 from gearshift.scheduler.batch import (
     BatchBuilder,
     Stager,
@@ -110,14 +110,26 @@ class SpecWorker:
         ids: list[int] = []
         for req, p, n in zip(reqs, prefix, extend):
             ids.extend(req.token_slice(p + shift, p + n + shift))
-        fb = self.builder.extend_batch(ForwardMode.DRAFT_EXTEND, reqs, prefix, extend, ids)
+        # every request decoding: one token each, padded to a graph size (dummy row 0, slot 0)
+        graphed = (self.proposer.graph_extend and self.runner.shape_graphs is not None
+                   and len(ids) == len(reqs))
+        pad = self.runner.decode_pad(len(reqs)) - len(reqs) if graphed else 0
+        fb = self.builder.extend_batch(ForwardMode.DRAFT_EXTEND, reqs, prefix, extend, ids, pad)
         if self.feed is not None and min(ids) < 0:  # tokens still on the device (overlap)
             fb.input_ids = self.feed.resolve_ids(fb.input_ids)
         feats = None
         if aux is not None:
-            idx = torch.tensor(token_idx, dtype=torch.long).to(aux.device, non_blocking=True)
-            feats = aux.index_select(0, idx)
-        self.proposer.draft_extend(fb, feats)
+            idx = torch.tensor(token_idx + [0] * pad, dtype=torch.long)
+            feats = aux.index_select(0, idx.to(aux.device, non_blocking=True))
+        if not graphed:
+            self.proposer.draft_extend(fb, feats)
+            return
+        inputs = graph_inputs(fb)
+        if feats is not None:
+            inputs["feats"] = feats
+        self.runner.shape_graphs.run(
+            ("draft_extend", fb.padded_batch_size, feats is not None),
+            lambda s: self.proposer.draft_extend(rebuild_batch(fb, s), s.get("feats")), inputs)
 
     # ------------------------------------------------------------------ VERIFY steps
     @torch.inference_mode()
