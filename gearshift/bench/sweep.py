@@ -148,6 +148,7 @@ def run(args) -> int:
                                    c * args.rounds, args.input_len, args.seed)
             results[name].append(run_point(eng, prompts, c, args.output_len))
             bar.update(1)
+        _save(args, results, environment(chain))  # partial results survive a time limit
     env = environment(chain)
     del chain, eng
     if args.tree_topk:
@@ -163,11 +164,15 @@ def run(args) -> int:
             bar.update(1)
     bar.close()
     _print(results)
+    _save(args, results, env)
+    plot(results, args.output_png)
+    return 0
+
+
+def _save(args, results: dict, env: dict) -> None:
     with open(args.output_json, "w") as f:
         json.dump({"results": results, "env": env, "args": vars(args) | {"func": None}}, f,
                   indent=1, default=str)
-    plot(results, args.output_png)
-    return 0
 
 
 def _print(results: dict) -> None:

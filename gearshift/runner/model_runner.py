@@ -230,7 +230,7 @@ def rebuild_batch(fb: ForwardBatch, static: dict[str, torch.Tensor]) -> ForwardB
     """The same batch over the graph's static tensors (host fields are shape constants)."""
     from dataclasses import replace
 
-    fields = {k: v for k, v in static.items() if not k.startswith("tree_")}
+    fields = {k: v for k, v in static.items() if k in _GRAPH_FIELDS}  # others: the caller's
     if fb.tree is not None:
         fields["tree"] = replace(fb.tree, token_rows=static["tree_rows"],
                                  prefix_lens=static["tree_prefix"], extra_slots=static["tree_extra"])

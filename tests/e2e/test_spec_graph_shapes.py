@@ -27,6 +27,7 @@ class EagerGraphs:
     (dict(num_draft_tokens=3), False),  # small batch: split-K tree attention
     (dict(num_draft_tokens=3), True),  # large batch: causal extend
     (dict(num_draft_tokens=3, draft_topk=2, num_verify_tokens=6), False),
+    (dict(num_draft_tokens=3, spec_policy="random"), False),  # K = 0 steps: graphed draft-extend
 ])
 def test_padded_graph_shapes_keep_greedy_output(make_llm, tiny_llama_dir, tmp_path, spec,
                                                 chain_as_extend):
@@ -35,7 +36,7 @@ def test_padded_graph_shapes_keep_greedy_output(make_llm, tiny_llama_dir, tmp_pa
     params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
     ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
-                   spec_policy="always", **spec)
+                   **{"spec_policy": "always", **spec})
     runner = llm.engine.runner
     runner.shape_graphs = graphs = EagerGraphs()
     runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()  # 5 requests -> 8 rows
@@ -45,4 +46,6 @@ def test_padded_graph_shapes_keep_greedy_output(make_llm, tiny_llama_dir, tmp_pa
     assert [o.token_ids for o in outs] == ref
     kinds = {k[0] for k in graphs.keys}
     assert {"eagle3"} <= kinds and kinds & {"target"}
+    if spec.get("spec_policy") == "random":
+        assert "draft_extend" in kinds
     assert llm.spec_stats()["proposed"] > 0
