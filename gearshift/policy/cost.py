@@ -4,9 +4,10 @@
 
 `base[K]` is a piecewise-linear curve over measured batch sizes: profiled at start-up on
 the GPU (target forward over bs*(K+1) tokens plus the draft's steps), or a roofline
-default when nothing was measured. Every executed step feeds its measured device time
-back (`observe`), which moves the nearest table points by an EMA of the error, so the
-model tracks the real machine (and context growth) without a user-written table.
+default when nothing was measured. Every executed step feeds its measured wall time back
+(`observe`), which moves the nearest table points towards it (fast for a point's first
+observations, then by an EMA of the error), so the model tracks the real machine (host
+work and context growth included) without a user-written table.
 
 Data flow: ModelRunner profile -> CostModel; Engine.step -> observe(K, bs, ctx, ms);
 GoodputPolicy.plan -> predict(K, bs, ctx).
@@ -25,6 +26,9 @@ class CostModel:
     attn_ms_per_token: dict[int, float] = field(default_factory=dict)  # per context token
     ema: float = 0.1
     observations: int = 0
+    # K -> observations per table point: a point's first measurement replaces the prior,
+    # the next ones average in (weight 1/(n+1)) until the EMA rate takes over
+    counts: dict[int, list[int]] = field(default_factory=dict)
 
     @classmethod
     def roofline(cls, weight_bytes: float, flops_per_token: float, kv_bytes_per_token: float,
@@ -56,9 +60,13 @@ class CostModel:
         err = ms - self.predict(k, bs, ctx_tokens)
         xs = [p[0] for p in pts]
         i = bisect.bisect_left(xs, bs)
-        for j in {max(i - 1, 0), min(i, len(pts) - 1)}:
-            w = 1.0 if len(pts) == 1 or xs[j] == bs else 0.5
-            pts[j][1] = max(pts[j][1] + self.ema * w * err, 1e-3)
+        counts = self.counts.setdefault(k, [0] * len(pts))
+        exact = i < len(pts) and xs[i] == bs
+        for j in {i} if exact else {max(i - 1, 0), min(i, len(pts) - 1)}:
+            w = 1.0 if exact or len(pts) == 1 else 0.5
+            rate = max(self.ema, 1.0 / (counts[j] + 1))  # the first observation replaces the prior
+            pts[j][1] = max(pts[j][1] + rate * w * err, 1e-3)
+            counts[j] += 1
         self.observations += 1
 
 

@@ -42,7 +42,7 @@ def acceptance(req: Request, prior: float, prior_weight: float) -> float:
 class GoodputPolicy(Policy):
     def __init__(self, cost: CostModel, max_k: int, *, prior: float = 0.6,
                  prior_weight: float = 4.0, margin: float = 0.05, pad=lambda bs: bs,
-                 explore_every: int = 64) -> None:
+                 explore_every: int = 64, explore_ratio: float = 0.8) -> None:
         self.cost = cost
         self.max_k = max_k
         self.prior, self.prior_weight = prior, prior_weight
@@ -50,10 +50,15 @@ class GoodputPolicy(Policy):
         self.pad = pad  # batch size -> padded (graph) batch size
         self.current_k = max_k
         self.last_prediction: dict = {}
-        # While in K = 0, a K whose predicted goodput is within half of the best is tried
-        # once every `explore_every` steps, so its cost and acceptance estimates stay fresh.
-        self.explore_every = explore_every
+        # Exploration keeps the estimates of the gears not in use fresh: while in K = 0, a K
+        # whose predicted goodput is at least `explore_ratio` of the best is tried once every
+        # `explore_every` steps (acceptance and its cost; a bounded loss: under heavy load a
+        # VERIFY step costs several plain steps, so clearly worse gears are not tried);
+        # while speculating, one step in `explore_every` runs at K = 0 (cheap: it measures
+        # what plain decode costs now).
+        self.explore_every, self.explore_ratio = explore_every, explore_ratio
         self._steps_at_zero = 0
+        self._steps_speculating = 0
 
     def goodput(self, view: PolicyView, k: int) -> tuple[float, float, float]:
         """-> (expected tokens, predicted ms, tokens per ms) for a uniform K."""
@@ -78,10 +83,13 @@ class GoodputPolicy(Policy):
             self._steps_at_zero += 1
             runner_up = max(range(1, max_k + 1), key=lambda k: scores[k][2], default=0)
             if (runner_up and self._steps_at_zero % self.explore_every == 0
-                    and scores[runner_up][2] >= 0.5 * scores[0][2]):
+                    and scores[runner_up][2] >= self.explore_ratio * scores[0][2]):
                 return [runner_up if self.eligible(r) else 0 for r in view.requests]
         else:
             self._steps_at_zero = 0
+            self._steps_speculating += 1
+            if self._steps_speculating % self.explore_every == 0:
+                return [0] * len(view.requests)
         self.last_prediction = {"k": best, "tokens": scores[best][0], "ms": scores[best][1],
                                 "bs": len(view.requests)}
         if log.isEnabledFor(logging.DEBUG):

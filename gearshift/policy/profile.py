@@ -1,8 +1,9 @@
 """Build the goodput policy's CostModel at start-up.
 
-On CUDA: time the target forward over bs*(K+1) tokens for a grid of batch sizes (eager,
-synthetic tokens on the dummy slot; a few ms each), add the draft's share, and let online
-observations refine it. On CPU: a roofline prior from the model's size, refined online.
+On CUDA, for a grid of batch sizes: K = 0 replays the captured decode graph of that size;
+K > 0 replays the EXTEND graph over bs*(K+1) tokens (what a chain's verification costs;
+eager forward where no graph fits), adds the draft's steps and a host-work prior. Online
+observations of real steps replace these quickly. On CPU: a roofline prior, refined online.
 
 Data flow: Engine.__init__ -> build_cost_model(runner, ...) -> GoodputPolicy.
 """
@@ -50,13 +51,54 @@ def build_cost_model(runner, max_k: int, max_num_seqs: int, draft_frac: float,
     model = CostModel()
     cache: dict[int, float] = {}
     limit = runner.max_positions
+    plain = {bs: _time_plain(runner, bs) for bs in sizes}
     for k in range(max_k + 1):
         pts = []
         for bs in sizes:
+            if k == 0:
+                pts.append([float(bs), plain[bs]])
+                continue
             tokens = min(bs * (1 + k * tokens_per_k), limit)
             if tokens not in cache:
-                cache[tokens] = _time_tokens(runner, tokens)
-            pts.append([float(bs), cache[tokens] * (1 + draft_frac * k)])
+                cache[tokens] = _time_verify(runner, tokens)
+            ms = cache[tokens] + draft_frac * k * plain[bs] + SPEC_HOST_MS
+            pts.append([float(bs), ms])
         model.base[k] = pts
         model.attn_ms_per_token[k] = kv_per_token / 4.2e12 * 1e3
     return model
+
+
+# Host work of a VERIFY step (drafting glue, verification, commit: synchronous, unlike plain
+# steps, which overlap scheduling hides): a prior that the measured step times replace.
+SPEC_HOST_MS = 2.0
+
+
+def _time_plain(runner, bs: int) -> float:
+    """A plain decode step at batch `bs`: its CUDA graph when captured (what serving runs),
+    else an eager forward."""
+    graphs = runner.graphs
+    if graphs is not None and graphs.padded_size(bs) in graphs.graphs:
+        return _time_graph(graphs.graphs[graphs.padded_size(bs)])
+    return _time_tokens(runner, bs)
+
+
+def _time_verify(runner, tokens: int) -> float:
+    """The target over `tokens` verify tokens: the EXTEND graph of that size when one is
+    captured (a chain verifies as a causal extend), else an eager forward."""
+    graphs = getattr(runner, "extend_graphs", None)
+    size = runner.extend_pad(tokens) if graphs is not None else None
+    if size is not None and size in graphs.graphs:
+        return _time_graph(graphs.graphs[size])
+    return _time_tokens(runner, tokens)
+
+
+def _time_graph(graph, repeats: int = 5) -> float:
+    """Device ms of one replay (the graphs' static inputs point at the dummy row / slot)."""
+    graph.replay()  # warm up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats

@@ -80,3 +80,24 @@ def test_speculation_graphs_at_larger_batch(tiny_llama_dir, tmp_path, topk):
     assert got == ref
     keys = {k[:2] for k in llm.engine.runner.shape_graphs.entries}
     assert any(k[0] == "target" for k in keys)
+
+
+def test_goodput_cost_profile_replays_the_captured_graphs(tiny_llama_dir, tmp_path):
+    """The start-up cost model times plain decode by replaying the decode graphs and K > 0
+    by the EXTEND graphs: finite, positive, and speculation never predicted cheaper."""
+    from eagle3_checkpoints import make_eagle3_checkpoint
+
+    from gearshift.policy.profile import SPEC_HOST_MS, build_cost_model
+
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = LLM(str(tiny_llama_dir), device="cuda", dtype="float32", attention_backend="triton",
+              max_num_seqs=16, kv_cache_tokens=4096, speculative_algorithm="eagle3",
+              draft_model=str(head), num_draft_tokens=3)
+    runner = llm.engine.runner
+    cost = build_cost_model(runner, 3, 16, 0.1)
+    for k in range(4):
+        assert all(0 < ms < 1e3 for _, ms in cost.base[k])
+    for (_, t0), (_, t3) in zip(cost.base[0], cost.base[3]):
+        assert t3 >= t0 + SPEC_HOST_MS * 0.99
+    out = llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    assert len(out[0].token_ids) == 8

@@ -58,6 +58,11 @@ def test_goodput_goes_to_zero_when_verification_is_compute_bound():
     cost = memory_bound_costs()
     pol = GoodputPolicy(cost, 5, margin=0.0)
     assert pol.plan(PolicyView(reqs(256, 0.7, ctx=1), 0, 5)) == [0] * 256
+    # and it stays there, but for one exploration step in `explore_every` (bounded loss)
+    plans = [pol.plan(PolicyView(reqs(256, 0.7, ctx=1), 0, 5))[0] for _ in range(640)]
+    assert sum(k > 0 for k in plans) <= 640 // pol.explore_every
+    pol.explore_ratio = 0.95  # gears this much worse than the best are never tried
+    assert not any(pol.plan(PolicyView(reqs(256, 0.7, ctx=1), 0, 5))[0] for _ in range(640))
     # in between, a shorter chain wins (the knee at 256 tokens: bs 64 -> K = 3)
     ks = pol.plan(PolicyView(reqs(64, 0.7, ctx=1), 0, 5))
     assert ks[0] == best_k_bruteforce(cost, 0.7, 64, 5) and 0 < ks[0] < 5
@@ -75,7 +80,7 @@ def test_goodput_low_acceptance_means_no_speculation_when_drafting_costs():
 def test_goodput_hysteresis_holds_steady_under_noise():
     rng = random.Random(0)
     cost = memory_bound_costs()
-    pol = GoodputPolicy(cost, 5, margin=0.08)
+    pol = GoodputPolicy(cost, 5, margin=0.08, explore_every=10**9)  # no exploration steps
     chosen = []
     for _ in range(300):
         # acceptance that hovers where K=4 and K=5 are within a few percent of each other
@@ -85,6 +90,26 @@ def test_goodput_hysteresis_holds_steady_under_noise():
     assert flips <= 2
     noiseless = GoodputPolicy(memory_bound_costs(), 5, margin=0.0)
     assert noiseless.plan(PolicyView(reqs(2, 0.5, ctx=1), 0, 5))[0] == chosen[-1]
+
+
+def test_goodput_explores_k0_while_speculating_and_a_bad_prior_is_corrected():
+    """The start-up profile can be wrong (e.g. plain decode timed with host overhead that
+    CUDA graphs and overlap scheduling hide). One step in `explore_every` at K = 0 measures
+    plain decode, and the cost table's first observations replace the prior quickly."""
+    cost = memory_bound_costs(max_k=4)
+    for p in cost.base[0]:
+        p[1] = 20.0  # prior: plain decode looks 5x more expensive than it is
+    actual = {0: 4.0, 1: 7.0, 2: 8.0, 3: 9.0, 4: 12.0}  # speculation costs host work
+    pol = GoodputPolicy(cost, 4, explore_every=16)
+    rs = reqs(8, 0.5)
+    chosen = []
+    for _ in range(400):
+        ks = pol.plan(PolicyView(rs, 0, 4))
+        chosen.append(ks[0])
+        pol.observe(ks[0], len(rs), 0, actual[ks[0]])
+    assert chosen[0] > 0  # the prior said: speculate
+    assert 0 in chosen[:40]  # an exploration step measured K = 0 early on
+    assert chosen[-100:].count(0) >= 90  # and the policy settled on plain decode
 
 
 def test_goodput_respects_opt_out_and_online_costs_move_the_decision():
