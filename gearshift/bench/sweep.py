@@ -14,6 +14,7 @@ Data flow: args -> LLM engines -> per (policy, c): Engine.step loop -> metrics -
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import statistics
@@ -151,6 +152,9 @@ def run(args) -> int:
         _save(args, results, environment(chain))  # partial results survive a time limit
     env = environment(chain)
     del chain, eng
+    gc.collect()  # the tree engine needs the chain engine's memory
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     if args.tree_topk:
         tree = LLM(**kw, num_draft_tokens=args.tree_depth, draft_topk=args.tree_topk,
                    num_verify_tokens=args.tree_tokens)

@@ -29,6 +29,7 @@ logit -inf), then race like every other row.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -124,11 +125,15 @@ def sample_ref(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     return race_scores(logits, sb.temperatures, sb.seeds, sb.steps).argmax(dim=-1)
 
 
+# GEARSHIFT_SAMPLER=torch: the torch path on CUDA too (an escape hatch for new GPU types)
+_TORCH_ONLY = os.environ.get("GEARSHIFT_SAMPLER", "").lower() == "torch"
+
+
 def sample(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     """logits: [B, V] (fp32 / bf16 / fp16) -> token ids [B] int64. No host sync.
     CUDA: one fused pass (runner/kernels/sample.py) after the optional top-k / top-p
     filter; elsewhere `sample_ref`. Both choose the same tokens up to float rounding."""
-    if not logits.is_cuda:
+    if not logits.is_cuda or _TORCH_ONLY:
         return sample_ref(logits, sb)
     from gearshift.runner.kernels.sample import race_argmax
 
