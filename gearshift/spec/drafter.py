@@ -10,19 +10,21 @@ committed draft KV plus the beam's ancestors' scratch slots), then
 Finally the best (num_verify_tokens - 1) candidates form the tree (ancestors always score
 higher than their descendants, so the selection is ancestor-closed).
 
-Data flow: SpecWorker -> Proposer.propose -> expand(...) -> DraftTree. No host sync.
+Data flow: SpecWorker -> Proposer.propose -> expand(...) -> DraftTree. No host sync;
+with CUDA graphs the whole expansion (all depths, selection, ancestor masks) is one graph
+per shape (`graphed_expand`), so a VERIFY step's drafting launches no eager glue.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from gearshift.forward_batch import ForwardBatch, ForwardMode, TreeAttention
 from gearshift.runner.sampler import SamplingBatch, apply_top_k_top_p, seeded_uniform
-from gearshift.spec.tree import DraftTree
+from gearshift.spec.tree import DraftTree, ancestor_mask
 from gearshift.spec.verify import SALT_DRAFT
 
 # (token ids [R] in target vocab, hidden [R, H] | None, ForwardBatch) -> (logits [R, Vd], hidden)
@@ -98,8 +100,8 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
         extra = torch.cat([base[:, None, :].expand(b, w, -1), beam_anc, own[..., None]], dim=-1)
         positions = (x.prefix_lens[:, None] + (d - 1 + x.pos_offset)).clamp_max(x.max_position)
         fb = _draft_batch(to_t(beam_tok).reshape(-1), positions.expand(b, w).reshape(-1),
-                          own.reshape(-1), x.rows.repeat_interleave(w),
-                          x.prefix_lens.repeat_interleave(w), extra.reshape(b * w, -1),
+                          own.reshape(-1), x.rows[:, None].expand(b, w).reshape(-1),
+                          x.prefix_lens[:, None].expand(b, w).reshape(-1), extra.reshape(b * w, -1),
                           x.max_prefix_len)
         hid = beam_hidden.reshape(b * w, -1) if beam_hidden is not None else None
         logits, new_hidden = step(fb.input_ids, hid, fb)
@@ -188,4 +190,35 @@ def graph_step(proposer, name: str, forward, ids, hidden, fb: ForwardBatch):
         return forward(s["ids"], s.get("hidden"), sfb)
 
     key = (name, ids.shape[0], t.extra_slots.shape[1], hidden is not None)
+    return graphs.run(key, fn, inputs)
+
+
+SAMPLING_FIELDS = ("temperatures", "top_p", "top_k", "seeds", "steps")
+
+
+def graphed_expand(graphs, name: str, x: ExpandInputs, first, step: StepFn, sb: SamplingBatch,
+                   to_target: torch.Tensor | None, target_vocab: int) -> DraftTree:
+    """`expand` as ONE graph per shape (rows, K, topk, nodes, sampling flags): the draft's
+    depth-1 logits (`first(roots-side inputs) -> (logits, hidden)`), every draft step, the
+    selection and the tree's ancestor mask. Without `graphs`: the same, eagerly.
+    `first(s)` reads the static inputs `s` ("rows" etc.); `step` is an un-graphed step.
+    The host max prefix length is a shape constant of the graph (the graph-safe tree
+    attention never reads it; the torch reference that does runs eagerly)."""
+
+    def fn(s):
+        logits, hidden = first(s)
+        xs = replace(x, roots=s["roots"], first_logits=logits, first_hidden=hidden,
+                     prefix_lens=s["prefix"], rows=s["rows"], scratch=s["scratch"],
+                     base_scratch=s["base"])
+        sbs = replace(sb, **{f: s[f] for f in SAMPLING_FIELDS})
+        tree = expand(xs, step, sbs, to_target, target_vocab)
+        tree.ancestors = ancestor_mask(tree.parents, x.depth)
+        return tree
+
+    inputs = {"roots": x.roots, "prefix": x.prefix_lens, "rows": x.rows, "scratch": x.scratch,
+              "base": x.base_scratch, **{f: getattr(sb, f) for f in SAMPLING_FIELDS}}
+    if graphs is None:
+        return fn(inputs)
+    key = (name, "expand", x.roots.shape[0], x.depth, x.topk, x.num_nodes, x.scratch.shape[1],
+           x.base_scratch.shape[1], sb.all_greedy, sb.any_greedy, sb.need_top_k, sb.need_top_p)
     return graphs.run(key, fn, inputs)

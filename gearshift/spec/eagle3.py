@@ -19,7 +19,7 @@ from gearshift.config import EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch
 from gearshift.models.eagle3_loader import load_eagle3
 from gearshift.models.loader import DTYPES
-from gearshift.spec.drafter import ExpandInputs, expand, graph_step
+from gearshift.spec.drafter import ExpandInputs, graphed_expand
 from gearshift.spec.proposer import ProposeContext, Proposer
 from gearshift.spec.tree import DraftTree
 
@@ -43,6 +43,7 @@ class Eagle3Proposer(Proposer):
         self.kv = kv
         self.attn = create_backend(config.attention_backend, kv, cfg.head_dim ** -0.5)
         self.target_vocab = target_cfg.vocab_size
+        self.max_positions = max_positions
         dtype = DTYPES[config.dtype]
         self.seed_hidden = torch.zeros(max_rows + 1, cfg.hidden_size, dtype=dtype, device=dev)
         self.to_target = torch.arange(cfg.draft_vocab_size, device=dev) + self.head.d2t  # [Vd]
@@ -59,14 +60,18 @@ class Eagle3Proposer(Proposer):
         h = self.head(ids, hidden, fb.positions, fb, self.attn)
         return self.head.compute_logits(h), h
 
-    def _step(self, ids, hidden, fb):
-        return graph_step(self, "eagle3", self._forward_step, ids, hidden, fb)
+    def _first(self, s: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        seed = self.seed_hidden[s["rows"]]  # [B, H]
+        return self.head.compute_logits(seed).float(), seed  # [B, Vd], [B, H]
 
     def propose(self, ctx: ProposeContext) -> tuple[DraftTree, None]:
+        """The whole expansion (seed logits, K - 1 head steps, selection) is one CUDA graph
+        per shape when the runner captures graphs."""
         b = ctx.roots.shape[0]
-        seed = self.seed_hidden[ctx.rows]  # [B, H]
-        x = ExpandInputs(ctx.roots, self.head.compute_logits(seed).float(), seed,
-                         ctx.prefix_lens, ctx.rows, ctx.scratch,
+        runner = getattr(self, "runner", None)
+        graphs = runner.shape_graphs if runner is not None else None
+        x = ExpandInputs(ctx.roots, None, None, ctx.prefix_lens, ctx.rows, ctx.scratch,
                          ctx.scratch.new_zeros(b, 0), -1, ctx.max_depth, ctx.topk, ctx.num_nodes,
-                         max(ctx.prefix_lens_cpu), self.runner.max_positions - 1)
-        return expand(x, self._step, ctx.sampling, self.to_target, self.target_vocab), None
+                         max(ctx.prefix_lens_cpu), self.max_positions - 1)
+        return graphed_expand(graphs, "eagle3", x, self._first, self._forward_step,
+                              ctx.sampling, self.to_target, self.target_vocab), None

@@ -29,6 +29,7 @@ class DraftTree:
     parents: torch.Tensor  # [B, N] int64; -1 for the root
     depths: torch.Tensor  # [B, N] int64; 0 for the root
     draft_probs: torch.Tensor | None = None  # [B, N, V] q of each node's token (chains, sampling)
+    ancestors: torch.Tensor | None = None  # [B, N, N] ancestor_mask(parents), when precomputed
 
     @property
     def num_nodes(self) -> int:

@@ -73,14 +73,20 @@ def verify_greedy(tree: DraftTree, valid: torch.Tensor, logits: torch.Tensor,
     """What both schemes reduce to when every row is greedy (one-hot p), without building
     [B, N, V] distributions: from the root, follow the first child (in node order) whose
     token is the target's argmax at its parent; emit the argmax where no child matches."""
-    b, n, _ = logits.shape
-    rows = torch.arange(b, device=logits.device)
-    target = logits.argmax(-1)  # [B, N]
+    return verify_greedy_ids(tree, valid, logits.argmax(-1), max_depth)
+
+
+def verify_greedy_ids(tree: DraftTree, valid: torch.Tensor, target: torch.Tensor,
+                      max_depth: int) -> VerifyResult:
+    """verify_greedy from the target's argmax token at each node, target: [B, N] int64.
+    Graph-safe (no host sync, shapes fixed by B, N and max_depth)."""
+    b, n = target.shape
+    rows = torch.arange(b, device=target.device)
     match = children_mask(tree.parents) & valid[:, None, :] \
         & (tree.tokens[:, None, :] == target[:, :, None])  # [B, N(parent), N(child)]
     first = torch.where(match.any(-1), match.to(torch.int8).argmax(-1), -1)  # [B, N]
-    cur = torch.zeros(b, dtype=torch.long, device=logits.device)
-    alive = torch.ones(b, dtype=torch.bool, device=logits.device)
+    cur = torch.zeros(b, dtype=torch.long, device=target.device)
+    alive = torch.ones(b, dtype=torch.bool, device=target.device)
     accepted = torch.zeros_like(cur)
     path, toks = [cur], []
     for _ in range(max_depth):

@@ -35,8 +35,8 @@ from gearshift.scheduler.kv_pool import SlotPool
 from gearshift.scheduler.plan import StepPlan
 from gearshift.scheduler.scheduler import Scheduler, StepOutput
 from gearshift.spec.proposer import ProposeContext, Proposer
-from gearshift.spec.tree import ancestor_mask
-from gearshift.spec.verify import verify
+from gearshift.spec.tree import DraftTree, ancestor_mask
+from gearshift.spec.verify import VerifyResult, verify, verify_greedy_ids
 
 
 def create_proposer(config: EngineConfig, runner: ModelRunner) -> Proposer:
@@ -212,14 +212,22 @@ class SpecWorker:
             key = ("verify-tree", fb.num_tokens, n_tree) if self.runner.shape_graphs else None
             node_tok = None
         logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key)  # [T(+pad), V]
-        logits_t = logits_t[node_tok] if node_tok is not None else logits_t[: flat.shape[0]]
-        logits = torch.zeros(b * n_tree, logits_t.shape[-1], device=logits_t.device)
-        logits[flat] = logits_t
-        valid = torch.zeros(b * n_tree, dtype=torch.bool, device=logits_t.device)
-        valid[flat] = True
-        valid = valid.view(b, n_tree) & (tree.depths <= d["k"][:, None])  # a request's own K
-        res = verify(tree, valid, logits.view(b, n_tree, -1), sb, depth, self.topk)
-        packed = torch.cat([res.num_accepted[:, None], res.path, res.tokens], 1).tolist()  # sync
+        # the tree path's accepted slots go to req_to_token on the device (a chain verified
+        # as an extend recorded its nodes' slots while building the batch)
+        record = None if node_tok is not None else (d["rows"], d["prefix"], slots_bn)
+        if sb.all_greedy:
+            packed = self._verify_greedy(tree, logits_t, flat, node_tok, d["k"], depth, record,
+                                         graphed=key is not None)
+        else:
+            logits_t = logits_t[node_tok] if node_tok is not None else logits_t[: flat.shape[0]]
+            logits = torch.zeros(b * n_tree, logits_t.shape[-1], device=logits_t.device)
+            logits[flat] = logits_t
+            valid = node_valid(flat, d["k"], tree.depths)
+            res = verify(tree, valid, logits.view(b, n_tree, -1), sb, depth, self.topk)
+            if record is not None:
+                record_paths(self.runner.kv.req_to_token, *record, res)
+            packed = pack(res)
+        packed = packed.tolist()  # the step's one host sync
         new_tokens, kept, freed, rows_used = [], [], [], []
         for i in range(b):
             if ride[i]:  # the whole chunk stays; its last token's sample only if it ends the prompt
@@ -234,7 +242,6 @@ class SpecWorker:
             keep = set(path)
             freed.append([s for j, s in enumerate(node_slots[i]) if j not in keep] + scratch[i])
             rows_used.append(path)
-        self._record_paths(reqs, kept, prefix_cpu)
         allocated.append(None)  # from here on the scheduler owns (or has freed) every slot
         outputs = scheduler.commit_spec(plan, new_tokens, kept, freed)
         live = [i for i, r in enumerate(reqs) if not r.is_finished and r.params.speculative]
@@ -291,7 +298,7 @@ class SpecWorker:
         """`pad` dummy tokens (row 0, slot 0, seeing only slot 0) follow the real ones."""
         b, n = tree.tokens.shape
         flat = d2["flat"]
-        anc = ancestor_mask(tree.parents, depth)  # [B, N, N]
+        anc = tree.ancestors if tree.ancestors is not None else ancestor_mask(tree.parents, depth)
         extra = torch.where(anc, slots_bn[:, None, :], -1).view(b * n, n)[flat]  # [T, N]
         # nodes deeper than their request's K are never accepted; keep their rows in range
         positions = (d2["prefix"][: flat.shape[0]] + tree.depths.view(-1)[flat]).clamp_max(
@@ -317,19 +324,28 @@ class SpecWorker:
             tree=TreeAttention(d2["rows"], prefix32, extra, max_prefix),
         )
 
-    def _record_paths(self, reqs: list[Request], kept: list[list[int]], prefix: list[int]) -> None:
-        """req_to_token[row, L + j] = slot of the j-th kept node (a tree path needs no copy)."""
-        rows, pos, slots = [], [], []
-        for req, ks, p in zip(reqs, kept, prefix):
-            rows.extend([req.req_pool_index] * len(ks))
-            pos.extend(range(p, p + len(ks)))
-            slots.extend(ks)
-        st = Stager(self.runner.device)
-        st.add_ints("rows", rows)
-        st.add_ints("pos", pos)
-        st.add_ints("slots", slots)
-        d = st.to_device()
-        self.runner.kv.req_to_token[d["rows"], d["pos"]] = d["slots"].to(torch.int32)
+    def _verify_greedy(self, tree, logits_t, flat, node_tok, k, depth: int, record,
+                       graphed: bool) -> torch.Tensor:
+        """Greedy verification from the target's argmax (no [B, N, V] logits gathered) ->
+        packed [B, 2 * depth + 3]; one CUDA graph per shape after a graphed target forward."""
+        b, n = tree.tokens.shape
+        inputs = {"target": logits_t.argmax(-1), "flat": flat, "k": k, "tokens": tree.tokens,
+                  "parents": tree.parents, "depths": tree.depths}  # target: [T(+pad)]
+        if node_tok is not None:
+            inputs["node_tok"] = node_tok
+        if record is not None:
+            inputs.update(zip(("rows", "prefix", "slots"), record))
+        req_to_token = self.runner.kv.req_to_token
+
+        def fn(s):
+            return greedy_packed(s, b, n, depth, req_to_token if record is not None else None)
+
+        graphs = self.runner.shape_graphs
+        if not graphed or graphs is None:
+            return fn(inputs)
+        key = ("verify-greedy", b, n, depth, inputs["target"].shape[0], flat.shape[0],
+               node_tok is not None, record is not None)
+        return graphs.run(key, fn, inputs)
 
     def _account(self, req: Request, k: int, proposed: int, accepted: int) -> None:
         self.stats[f"steps_by_k.{k}"] += 1
@@ -344,3 +360,38 @@ class SpecWorker:
             self.stats[f"accept_len.{accepted}"] += 1
             req.spec_proposed += proposed
             req.spec_accepted += accepted
+
+
+def node_valid(flat: torch.Tensor, k: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+    """[B, N] bool: the node went through the target and is within its request's own K."""
+    b, n = depths.shape
+    valid = torch.zeros(b * n, dtype=torch.bool, device=flat.device).index_fill_(0, flat, True)
+    return valid.view(b, n) & (depths <= k[:, None])
+
+
+def pack(res: VerifyResult) -> torch.Tensor:
+    """-> [B, 2 * D + 3]: accepted count, path [D + 1], tokens [D + 1] (one host copy)."""
+    return torch.cat([res.num_accepted[:, None], res.path, res.tokens], 1)
+
+
+def record_paths(req_to_token: torch.Tensor, rows: torch.Tensor, prefix: torch.Tensor,
+                 slots: torch.Tensor, res: VerifyResult) -> None:
+    """req_to_token[row, L + j] = slot of the j-th accepted node, j <= accepted (columns
+    past it repeat the last write). rows, prefix: [B]; slots: [B, N] node slots."""
+    d1 = res.path.shape[1]
+    j = torch.minimum(torch.arange(d1, device=rows.device)[None, :], res.num_accepted[:, None])
+    slot = slots.gather(1, res.path.gather(1, j))  # [B, D + 1]
+    req_to_token[rows[:, None].expand(-1, d1), prefix[:, None] + j] = slot.to(req_to_token.dtype)
+
+
+def greedy_packed(s: dict[str, torch.Tensor], b: int, n: int, depth: int,
+                  req_to_token: torch.Tensor | None) -> torch.Tensor:
+    """Graph body of greedy verification over static inputs `s` (see _verify_greedy)."""
+    flat = s["flat"]
+    tgt = s["target"][s["node_tok"]] if "node_tok" in s else s["target"][: flat.shape[0]]
+    target = torch.zeros(b * n, dtype=tgt.dtype, device=tgt.device).index_copy_(0, flat, tgt)
+    tree = DraftTree(s["tokens"], s["parents"], s["depths"])
+    res = verify_greedy_ids(tree, node_valid(flat, s["k"], s["depths"]), target.view(b, n), depth)
+    if req_to_token is not None:
+        record_paths(req_to_token, s["rows"], s["prefix"], s["slots"], res)
+    return pack(res)
