@@ -205,18 +205,22 @@ def graphed_expand(graphs, name: str, x: ExpandInputs, first, step: StepFn, sb: 
     The host max prefix length is a shape constant of the graph (the graph-safe tree
     attention never reads it; the torch reference that does runs eagerly)."""
 
+    # static inputs: what the expansion reads (only sampled chains read the sampling fields)
+    fields = SAMPLING_FIELDS if x.topk == 1 and not sb.all_greedy else ()
+    base = x.base_scratch if x.base_scratch.shape[1] else None
+
     def fn(s):
         logits, hidden = first(s)
         xs = replace(x, roots=s["roots"], first_logits=logits, first_hidden=hidden,
                      prefix_lens=s["prefix"], rows=s["rows"], scratch=s["scratch"],
-                     base_scratch=s["base"])
-        sbs = replace(sb, **{f: s[f] for f in SAMPLING_FIELDS})
+                     base_scratch=s["base"] if base is not None else x.base_scratch)
+        sbs = replace(sb, **{f: s[f] for f in fields})
         tree = expand(xs, step, sbs, to_target, target_vocab)
         tree.ancestors = ancestor_mask(tree.parents, x.depth)
         return tree
 
     inputs = {"roots": x.roots, "prefix": x.prefix_lens, "rows": x.rows, "scratch": x.scratch,
-              "base": x.base_scratch, **{f: getattr(sb, f) for f in SAMPLING_FIELDS}}
+              **({"base": base} if base is not None else {}), **{f: getattr(sb, f) for f in fields}}
     if graphs is None:
         return fn(inputs)
     key = (name, "expand", x.roots.shape[0], x.depth, x.topk, x.num_nodes, x.scratch.shape[1],

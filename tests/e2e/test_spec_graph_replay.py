@@ -1,0 +1,94 @@
+"""The graphs a VERIFY step adds (EAGLE-3 expansion, greedy verification) behave like CUDA
+graphs: a stand-in for ShapeGraphs captures the FIRST body per key and replays only that
+one on the key's static inputs (as a CUDA graph would), and fails on any host sync inside
+a body. Greedy output must equal plain decoding; sampled chains must run to completion."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import random_prompts
+from eagle3_checkpoints import make_eagle3_checkpoint
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gearshift import SamplingParams
+
+SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "masked_select"}
+
+
+class NoSync(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        assert func.overloadpacket.__name__ not in SYNC_OPS, f"host sync in a graph: {func}"
+        return func(*args, **(kwargs or {}))
+
+
+class ReplayGraphs:
+    """Keys of the spec worker's own graphs replay their first body; the target's graphs
+    (whose torch-reference attention reads host lengths) re-run the current one."""
+
+    def __init__(self) -> None:
+        self.entries: dict = {}
+        self.replays: dict = {}
+
+    def run(self, key, fn, inputs):
+        own = key[0] == "verify-greedy" or key[:2] == ("eagle3", "expand")
+        if key not in self.entries:
+            self.entries[key] = (fn, {k: v.clone() for k, v in inputs.items()})
+        first, static = self.entries[key]
+        assert static.keys() == inputs.keys()
+        for k, v in inputs.items():
+            static[k].copy_(v)  # also checks shapes are those of the key
+        self.replays[key] = self.replays.get(key, 0) + 1
+        if not own:  # the target / draft-extend bodies: the torch reference reads lengths
+            return fn(static)
+        tolist = torch.Tensor.tolist
+        torch.Tensor.tolist = lambda *a: pytest.fail("tolist in a graph body")
+        try:
+            with NoSync():
+                return first(static)
+        finally:
+            torch.Tensor.tolist = tolist
+
+
+def _engine(make_llm, tiny_llama_dir, head, spec):
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   **{"spec_policy": "always", **spec})
+    runner = llm.engine.runner
+    runner.shape_graphs = graphs = ReplayGraphs()
+    runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()
+    return llm, graphs
+
+
+@pytest.mark.parametrize("spec,chain_as_extend", [
+    (dict(num_draft_tokens=4), False),  # chain, tree attention: path recorded on the device
+    (dict(num_draft_tokens=4), True),  # chain verified as a causal extend
+    (dict(num_draft_tokens=4, draft_topk=4, num_verify_tokens=16), False),  # tree
+])
+def test_replayed_graphs_keep_greedy_output(make_llm, tiny_llama_dir, tmp_path, spec,
+                                            chain_as_extend):
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = random_prompts([5, 17, 3, 30, 9], seed=4)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
+    llm, graphs = _engine(make_llm, tiny_llama_dir, head, spec)
+    if chain_as_extend:
+        llm.engine.spec.split_k_verify_below = 0
+    assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+    expand = [k for k in graphs.entries if k[:2] == ("eagle3", "expand")]
+    greedy = [k for k in graphs.entries if k[0] == "verify-greedy"]
+    assert expand and greedy
+    assert max(graphs.replays[k] for k in expand + greedy) > 1  # replayed, not re-captured
+    # the tree-attention path records accepted paths inside the graph, an extend does not
+    assert any(k[-1] for k in greedy) == (not chain_as_extend)
+    assert llm.spec_stats()["proposed"] > 0
+
+
+def test_sampled_chain_expansion_replays(make_llm, tiny_llama_dir, tmp_path):
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm, graphs = _engine(make_llm, tiny_llama_dir, head, dict(num_draft_tokens=3))
+    params = SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=1,
+                            ignore_eos=True)
+    outs = llm.generate(random_prompts([6, 11], seed=2), params)
+    assert [len(o.token_ids) for o in outs] == [12, 12]
+    sampled = [k for k in graphs.entries if k[:2] == ("eagle3", "expand") and not k[-4]]
+    assert sampled and not any(k[0] == "verify-greedy" for k in graphs.entries)
