@@ -49,3 +49,25 @@ def test_padded_graph_shapes_keep_greedy_output(make_llm, tiny_llama_dir, tmp_pa
     if spec.get("spec_policy") == "random":
         assert "draft_extend" in kinds
     assert llm.spec_stats()["proposed"] > 0
+
+
+def test_graphed_draft_extend_after_accepted_drafts_keeps_acceptance(make_llm):
+    """With the shipped pair (real acceptance), VERIFY steps accept drafts and the draft then
+    extends over a+1 tokens per request: padded to K+1 tokens and replayed as a graph. Its
+    draft state must equal the eager draft-extend's: same proposals, same acceptance."""
+    from gearshift.bench.sweep import make_prompts
+    from gearshift.models.default import default_target_dir
+
+    kw = dict(speculative_algorithm="eagle3", num_draft_tokens=4, spec_policy="always")
+    eager = make_llm(default_target_dir(), **kw)
+    prompts = make_prompts(eager.tokenizer, eager.engine.model_config.vocab_size, 3, 40, 0)
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    graphed = make_llm(default_target_dir(), **kw)
+    runner = graphed.engine.runner
+    runner.shape_graphs = graphs = EagerGraphs()
+    runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()
+    assert [o.token_ids for o in graphed.generate(prompts, params)] == want
+    assert any(k[0] == "draft_extend" and k[2] == 5 for k in graphs.keys)  # K+1 wide
+    a, b = eager.spec_stats(), graphed.spec_stats()
+    assert a["accepted"] > 0 and (a["proposed"], a["accepted"]) == (b["proposed"], b["accepted"])
