@@ -4,7 +4,7 @@ concurrency (1, 2, 4, ... 256) for each speculation policy, on one target + draf
     off | always K=2 | always K=4 | tree | threshold (SGLang-like: off at >= 64)
         | threshold-vllm (K=3 <= 64, K=1 <= 128, off above) | goodput (default)
 
-Concurrency c = at most c requests running (closed loop over c * rounds requests).
+Concurrency c = at most c requests running (closed loop over max(c * rounds, 8) requests).
 Chain policies share one engine (max K = 4); the tree runs on its own engine. Prompts are
 held-out corpus files (real acceptance) or synthetic ids. Prints a table, writes JSON and
 a PNG plot, and reports the measured acceptance per point.
@@ -146,7 +146,7 @@ def run(args) -> int:
         results[name] = []
         for c in concs:
             prompts = make_prompts(chain.tokenizer, eng.model_config.vocab_size,
-                                   c * args.rounds, args.input_len, args.seed)
+                                   max(c * args.rounds, args.min_requests), args.input_len, args.seed)
             results[name].append(run_point(eng, prompts, c, args.output_len))
             bar.update(1)
         _save(args, results, environment(chain))  # partial results survive a time limit
@@ -163,7 +163,7 @@ def run(args) -> int:
         results[name] = []
         for c in concs:
             prompts = make_prompts(tree.tokenizer, tree.engine.model_config.vocab_size,
-                                   c * args.rounds, args.input_len, args.seed)
+                                   max(c * args.rounds, args.min_requests), args.input_len, args.seed)
             results[name].append(run_point(tree.engine, prompts, c, args.output_len))
             bar.update(1)
     bar.close()
@@ -202,6 +202,8 @@ def add_args(p) -> None:
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                    default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
     p.add_argument("--rounds", type=int, default=2, help="requests per point = c * rounds")
+    p.add_argument("--min-requests", type=int, default=8,
+                   help="at least this many requests per point (short points are noisy)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--tree-topk", type=int, default=4)
