@@ -27,7 +27,7 @@ from gearshift.request import SamplingParams
 
 log = logging.getLogger("gearshift.bench")
 
-CHAIN_POLICIES = ("off", "always-2", "always-4", "threshold", "threshold-vllm", "goodput")
+CHAIN_POLICIES = ("goodput", "off", "always-2", "always-4", "threshold", "threshold-vllm")
 
 
 def make_prompts(tokenizer, vocab: int, n: int, input_len: int, seed: int) -> list[list[int]]:
