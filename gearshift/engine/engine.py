@@ -80,6 +80,7 @@ class Engine:
         self.feed = TokenFeed(config.max_num_seqs + 1, self.runner.device)
         self.pending: PendingStep | None = None  # launched, tokens not read yet (overlap)
         self._resolved_device_ms: float | None = None
+        self._graphs_seen = self._num_graphs()  # lazily captured graphs so far
         if self.spec is not None:
             self.spec.feed = self.feed
         self._seed_rng = torch.Generator().manual_seed(config.seed)
@@ -195,8 +196,15 @@ class Engine:
         return events
 
     def _observe(self, plan: StepPlan) -> None:
-        if self.spec is not None and plan.mode is not ForwardMode.EXTEND:
+        """Feed the step's cost to the policy, unless the step captured a CUDA graph (a
+        one-off that would teach the policy that this gear costs seconds)."""
+        captured, self._graphs_seen = self._graphs_seen, self._num_graphs()
+        if self.spec is not None and plan.mode is not ForwardMode.EXTEND \
+                and captured == self._graphs_seen:
             self._observe_cost(plan, max(plan.draft_lens, default=0))
+
+    def _num_graphs(self) -> int:
+        return len(getattr(self.runner.shape_graphs, "entries", ()))
 
     def _observe_cost(self, plan: StepPlan, k: int) -> None:
         """Feed the step's measured wall time (host work, drafting and the device, after the

@@ -57,7 +57,9 @@ class CostModel:
         pts = self.base.get(k)
         if not pts or ms <= 0:
             return
-        err = ms - self.predict(k, bs, ctx_tokens)
+        pred = self.predict(k, bs, ctx_tokens)
+        ms = min(max(ms, 0.5 * pred), 2.0 * pred)  # one sample moves a point at most 2x
+        err = ms - pred
         xs = [p[0] for p in pts]
         i = bisect.bisect_left(xs, bs)
         counts = self.counts.setdefault(k, [0] * len(pts))

@@ -16,9 +16,11 @@ class EagerGraphs:
 
     def __init__(self) -> None:
         self.keys: set = set()
+        self.entries: dict = {}  # like ShapeGraphs: one entry per captured shape
 
     def run(self, key, fn, inputs):
         self.keys.add(key)
+        self.entries.setdefault(key, None)
         static = {k: v.clone() for k, v in inputs.items()}
         return fn(static)
 
@@ -71,3 +73,32 @@ def test_graphed_draft_extend_after_accepted_drafts_keeps_acceptance(make_llm):
     assert any(k[0] == "draft_extend" and k[2] == 5 for k in graphs.keys)  # K+1 wide
     a, b = eager.spec_stats(), graphed.spec_stats()
     assert a["accepted"] > 0 and (a["proposed"], a["accepted"]) == (b["proposed"], b["accepted"])
+
+
+def test_steps_that_capture_a_graph_are_not_observed(make_llm, tiny_llama_dir, tmp_path):
+    """A lazily captured graph makes its step take seconds once: the goodput policy must not
+    learn that cost. Observed steps are exactly the VERIFY / DECODE steps that captured
+    nothing."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=3, spec_policy="random")
+    eng = llm.engine
+    eng.runner.shape_graphs = graphs = EagerGraphs()
+    eng._graphs_seen = 0
+    eng.runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()
+    seen = []
+    eng.scheduler.policy.observe = lambda k, bs, ctx, ms: seen.append(len(graphs.entries))
+    steps = []
+    orig = eng._observe
+
+    def spy(plan):
+        before = eng._graphs_seen
+        orig(plan)
+        if plan.mode.value != "extend":
+            steps.append(before != eng._graphs_seen)  # this step captured a graph
+
+    eng._observe = spy
+    llm.generate(random_prompts([5, 9, 3], seed=1),
+                 SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    assert any(steps) and not all(steps)
+    assert len(seen) == steps.count(False)

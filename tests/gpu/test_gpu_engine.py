@@ -63,7 +63,7 @@ def test_speculation_on_gpu_matches_plain(tiny_llama_dir, tmp_path, spec):
     assert llm.engine.spec_stats()["proposed"] > 0
 
 
-@pytest.mark.parametrize("topk", [1, 2])
+@pytest.mark.parametrize("topk", [1, 2, 4])
 def test_speculation_graphs_at_larger_batch(tiny_llama_dir, tmp_path, topk):
     """40 requests x 2 kv heads: chains verify as graphed causal extend (padded batch),
     trees as padded graphed tree attention; output equals plain decoding."""
@@ -73,7 +73,9 @@ def test_speculation_graphs_at_larger_batch(tiny_llama_dir, tmp_path, topk):
     prompts = [list(range(3 + i % 7, 3 + i % 7 + 4 + i % 13)) for i in range(40)]
     spec = dict(speculative_algorithm="eagle3", draft_model=str(head), num_draft_tokens=3,
                 spec_policy="always", max_num_seqs=48)
-    if topk > 1:
+    if topk == 4:  # the bench sweep's tree: topk 4, depth 4, 16 verify tokens
+        spec.update(draft_topk=4, num_draft_tokens=4, num_verify_tokens=16)
+    elif topk > 1:
         spec.update(draft_topk=topk, num_verify_tokens=6)
     ref, _ = _run(tiny_llama_dir, "triton", True, prompts, max_num_seqs=48)
     got, llm = _run(tiny_llama_dir, "triton", True, prompts, **spec)

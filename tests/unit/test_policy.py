@@ -158,3 +158,13 @@ def test_roofline_prior_turns_compute_bound_with_tokens():
                            max_k=4, batch_sizes=[1, 64, 256], overhead_ms=0.0, draft_frac=0.0)
     assert m.predict(0, 1, 0) == pytest.approx(16e9 / 4.2e12 * 1e3)  # weight streaming
     assert m.predict(4, 256, 0) > 5 * m.predict(0, 1, 0)  # 1280 tokens: compute-bound
+
+
+def test_one_outlier_moves_a_cost_point_at_most_twofold():
+    cost = memory_bound_costs(max_k=1)
+    before = cost.predict(1, 8, 0)
+    cost.observe(1, 8, 0, before * 100)  # e.g. a step that compiled or captured something
+    assert cost.predict(1, 8, 0) <= 2 * before + 1e-9
+    for _ in range(20):  # consistent measurements still get there
+        cost.observe(1, 8, 0, before * 3)
+    assert cost.predict(1, 8, 0) > 2.5 * before
