@@ -167,3 +167,26 @@ def test_tree_bf16_long_prefix(slot_pool, device, num_heads, num_kv_heads, head_
     actual = backend.tree(q, 0, fb)
     assert actual.dtype == torch.bfloat16
     torch.testing.assert_close(actual.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_tree_kernel_takes_broadcast_rows_and_prefix_lens(slot_pool, device):
+    """A draft step's rows / prefix lengths can be expanded views (stride 0) of one value
+    per request: the kernel must read them like contiguous tensors (on the H200 it read
+    past the 1-element storage: an illegal address; the interpreter segfaulted)."""
+    num_heads, num_kv_heads, head_dim = 4, 2, 32
+    kv, fb = pool_and_batch(slot_pool, num_kv_heads, head_dim)
+    t = fb.tree
+    i = int((t.prefix_lens == max(PREFIX_LENS)).nonzero()[0])  # the longest prefix's tree
+    n = 4  # its first nodes: one row and one prefix length for all of them
+    rows = t.token_rows[i:i + 1].clone().expand(n)  # storage of ONE element
+    prefix = t.prefix_lens[i:i + 1].clone().expand(n)
+    assert rows.stride(0) == 0 and prefix.stride(0) == 0
+    q = torch.randn(n, num_heads, head_dim, device=device)
+    extra = t.extra_slots[i:i + n]
+    want = torch.empty_like(q)
+    tree_attention(q, kv.k[0], kv.v[0], kv.req_to_token, rows.contiguous(), prefix.contiguous(),
+                   extra, head_dim ** -0.5, want, num_kv_splits=4)
+    got = torch.empty_like(q)
+    tree_attention(q, kv.k[0], kv.v[0], kv.req_to_token, rows, prefix, extra, head_dim ** -0.5,
+                   got, num_kv_splits=4)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)

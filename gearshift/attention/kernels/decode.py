@@ -195,6 +195,8 @@ def decode_attention(
     block_d = triton.next_power_of_2(head_dim)
     block_h = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
     block_n, num_warps, num_stages = _decode_blocks()
+    # per-request scalars are read at unit stride: materialise expanded views
+    req_pool_indices, seq_lens = req_pool_indices.contiguous(), seq_lens.contiguous()
     _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](
         q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, workspace,
         sm_scale * _LOG2E,

@@ -250,6 +250,9 @@ def extend_attention(
     group = num_heads // num_kv_heads
     capability = _capability(q.device.index or 0) if q.is_cuda else 9
     cfg = extend_config(q.dtype, num_heads, num_kv_heads, head_dim, capability)
+    # per-request scalars are read at unit stride: materialise expanded views
+    req_pool_indices, seq_lens, extend_lens, extend_start_loc = (
+        t.contiguous() for t in (req_pool_indices, seq_lens, extend_lens, extend_start_loc))
     grid = (num_tiles_bound(cfg, bs, num_tokens, max_extend_len),
             num_kv_heads * triton.cdiv(group, cfg.block_g))
     _extend_kernel[grid](

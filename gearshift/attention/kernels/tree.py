@@ -206,6 +206,9 @@ def tree_attention(
     assert workspace.shape[2] >= num_kv_splits and workspace.shape[3] >= head_dim + 1
     if num_tokens == 0:
         return out
+    # the kernel reads one element per token at unit stride: an expanded view (stride 0,
+    # e.g. a draft step's rows broadcast over its nodes) must be materialised
+    token_rows, prefix_lens = token_rows.contiguous(), prefix_lens.contiguous()
 
     group = num_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)

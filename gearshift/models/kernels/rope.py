@@ -113,6 +113,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.
             out_cache_loc: torch.Tensor, store_kv: bool) -> None:
     num_tokens, num_q_heads, head_dim = q.shape
     num_k_heads = k.shape[1]
+    # one position / slot per token at unit stride (an expanded view would be misread)
+    positions, out_cache_loc = positions.contiguous(), out_cache_loc.contiguous()
     block_d = triton.next_power_of_2(head_dim // 2)
     block_h = max(1, min(2048 // (2 * block_d), triton.next_power_of_2(max(num_q_heads, num_k_heads))))
     num_q_blocks = triton.cdiv(num_q_heads, block_h)
