@@ -82,7 +82,7 @@ class Engine:
         self._resolved_device_ms: float | None = None
         self._graphs_seen = self._num_graphs()  # lazily captured graphs so far
         if self.spec is not None:
-            self.spec.feed = self.feed
+            self.spec.follow.feed = self.feed
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._stats = {"steps": 0, "decode_steps": 0, "extend_steps": 0, "verify_steps": 0,
                        "tokens_computed": 0,

@@ -1,5 +1,5 @@
-"""SpecWorker: one VERIFY step (draft -> verify -> commit -> draft-extend), and the
-draft-extend that keeps the draft current after plain EXTEND / DECODE steps.
+"""SpecWorker: one VERIFY step (draft -> verify -> commit -> draft-extend); the draft-extend
+itself (also after plain EXTEND / DECODE steps) is DraftFollower's (spec/draft_follow.py).
 
     plan (K per request, from the policy; slots already counted by the scheduler)
       -> prepare: allocate node slots + draft scratch per request      (host)
@@ -22,7 +22,7 @@ import torch
 from gearshift.config import EngineConfig
 from gearshift.forward_batch import ForwardBatch, ForwardMode, TreeAttention
 from gearshift.request import Request
-from gearshift.runner.model_runner import ModelRunner, graph_inputs, rebuild_batch
+from gearshift.runner.model_runner import ModelRunner
 from gearshift.scheduler.batch import (
     BatchBuilder,
     Stager,
@@ -34,6 +34,7 @@ from gearshift.scheduler.batch import (
 from gearshift.scheduler.kv_pool import SlotPool
 from gearshift.scheduler.plan import StepPlan
 from gearshift.scheduler.scheduler import Scheduler, StepOutput
+from gearshift.spec.draft_follow import DraftFollower
 from gearshift.spec.proposer import ProposeContext, Proposer
 from gearshift.spec.tree import DraftTree, ancestor_mask
 from gearshift.spec.verify import VerifyResult, verify, verify_greedy_ids
@@ -71,7 +72,7 @@ class SpecWorker:
         self.tokens_per_k = 1 if self.topk == 1 else max(1, (self.tree_nodes - 1) // self.max_k)
         self.split_k_verify_below = 64  # (requests x kv heads) under which chains use split-K
         self.stats = Counter()  # steps_by_k.*, proposed, accepted, accept_len.*
-        self.feed = None  # Engine's TokenFeed: resolves placeholders of overlapped steps
+        self.follow = DraftFollower(self.proposer, runner, builder, self.max_k)
 
     # ------------------------------------------------------------------ sizing
     def nodes(self, k: int) -> int:
@@ -91,79 +92,7 @@ class SpecWorker:
     # ------------------------------------------------------------------ plain steps
     def draft_extend_after(self, plan: StepPlan, aux: torch.Tensor | None) -> None:
         """After an EXTEND / DECODE step: the draft covers the tokens it just computed."""
-        reqs, prefix, extend, token_idx = [], [], [], []
-        start = 0
-        for req, p, n in zip(plan.reqs, plan.prefix_lens, plan.extend_lens):
-            if not req.is_finished and req.params.speculative:  # opted out: never drafted for
-                reqs.append(req)
-                prefix.append(p)
-                extend.append(n)
-                token_idx.extend(range(start, start + n))
-            start += n
-        self._draft_extend(reqs, prefix, extend, aux, token_idx)
-
-    def _draft_extend(self, reqs: list[Request], prefix: list[int], extend: list[int],
-                      aux: torch.Tensor | None, token_idx: list[int]) -> None:
-        if not reqs:
-            return
-        shift = 1 if self.proposer.shifted_inputs else 0
-        width = self._graph_width(prefix, extend)
-        if width is None:
-            ids = [t for req, p, n in zip(reqs, prefix, extend)
-                   for t in req.token_slice(p + shift, p + n + shift)]
-            fb = self.builder.extend_batch(ForwardMode.DRAFT_EXTEND, reqs, prefix, extend, ids)
-            self._resolve(fb, ids)
-            feats = None if aux is None else aux.index_select(0, _device_index(token_idx, aux))
-            self.proposer.draft_extend(fb, feats)
-            return
-        fb, ids, idx = self._padded_extend(reqs, prefix, extend, token_idx, width, shift)
-        self._resolve(fb, ids)
-        inputs = graph_inputs(fb)
-        if aux is not None:
-            inputs["feats"] = aux.index_select(0, _device_index(idx, aux))
-        self.runner.shape_graphs.run(
-            ("draft_extend", fb.batch_size, width, aux is not None),
-            lambda s: self.proposer.draft_extend(rebuild_batch(fb, s), s.get("feats")), inputs)
-
-    def _graph_width(self, prefix: list[int], extend: list[int]) -> int | None:
-        """Tokens per request of a graphed draft-extend: 1 when every request decodes, K+1
-        after a VERIFY step (accepted drafts + bonus, padded); None: run eagerly (prefill
-        chunks, no graphs, or padding would run past the RoPE table)."""
-        if not (self.proposer.graph_extend and self.runner.shape_graphs is not None):
-            return None
-        width = 1 if max(extend) == 1 else self.max_k + 1
-        if max(extend) > width or max(prefix) + width > self.runner.max_positions:
-            return None
-        return width
-
-    def _padded_extend(self, reqs, prefix, extend, token_idx, width: int, shift: int):
-        """Every request padded to `width` tokens (input 0, KV slot 0: only padding queries,
-        which come after the real ones, see them), the batch padded to a graph size with
-        dummy requests on row 0; each request's logits row is its last REAL token."""
-        rows_pad = self.runner.decode_pad(len(reqs))
-        ids, out_loc, idx, last = [], [], [], []
-        it = iter(token_idx)
-        for i, (req, p, n) in enumerate(zip(reqs, prefix, extend)):
-            fill = width - n
-            ids += req.token_slice(p + shift, p + n + shift) + [0] * fill
-            out_loc += req.slots[p:p + n] + [0] * fill
-            idx += [next(it) for _ in range(n)] + [0] * fill
-            last.append(i * width + n - 1)
-        dummy = rows_pad - len(reqs)
-        ids, out_loc, idx = ids + [0] * dummy * width, out_loc + [0] * dummy * width, \
-            idx + [0] * dummy * width
-        last += [len(reqs) * width + j * width for j in range(dummy)]
-        st = Stager(self.runner.device)
-        rows = [r.req_pool_index for r in reqs] + [0] * dummy
-        prefix, ext = list(prefix) + [0] * dummy, [width] * rows_pad
-        stage_forward(st, rows, prefix, ext, ids, out_loc)
-        st.ints = [(name, last if name == "logits_indices" else vals) for name, vals in st.ints]
-        fb = forward_batch(st.to_device(), ForwardMode.DRAFT_EXTEND, rows_pad, prefix, ext, None)
-        return fb, ids, idx
-
-    def _resolve(self, fb: ForwardBatch, ids: list[int]) -> None:
-        if self.feed is not None and min(ids) < 0:  # tokens still on the device (overlap)
-            fb.input_ids = self.feed.resolve_ids(fb.input_ids)
+        self.follow.after_plain(plan, aux)
 
     # ------------------------------------------------------------------ VERIFY steps
     @torch.inference_mode()
@@ -280,7 +209,7 @@ class SpecWorker:
         outputs = scheduler.commit_spec(plan, new_tokens, kept, freed)
         live = [i for i, r in enumerate(reqs) if not r.is_finished and r.params.speculative]
         token_idx = [offsets[i] + j for i in live for j in rows_used[i]]
-        self._draft_extend([reqs[i] for i in live], [prefix_cpu[i] for i in live],
+        self.follow.extend([reqs[i] for i in live], [prefix_cpu[i] for i in live],
                            [len(rows_used[i]) for i in live], aux, token_idx)
         return outputs
 
@@ -430,6 +359,3 @@ def greedy_packed(s: dict[str, torch.Tensor], b: int, n: int, depth: int,
         record_paths(req_to_token, s["rows"], s["prefix"], s["slots"], res)
     return pack(res)
 
-
-def _device_index(idx: list[int], like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(idx, dtype=torch.long).to(like.device, non_blocking=True)

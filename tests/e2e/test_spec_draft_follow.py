@@ -15,14 +15,14 @@ PROMPTS = random_prompts([5, 19, 11], seed=4)
 
 def _spy_draft_extends(llm) -> list[list[str]]:
     """Request ids of every draft-extend batch the worker runs."""
-    spec, calls = llm.engine.spec, []
-    orig = spec._draft_extend
+    follow, calls = llm.engine.spec.follow, []
+    orig = follow.extend
 
     def spy(reqs, *args):
         calls.append([r.request_id for r in reqs])
         return orig(reqs, *args)
 
-    spec._draft_extend = spy
+    follow.extend = spy
     return calls
 
 
