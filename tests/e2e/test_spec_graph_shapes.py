@@ -102,3 +102,21 @@ def test_steps_that_capture_a_graph_are_not_observed(make_llm, tiny_llama_dir, t
                  SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
     assert any(steps) and not all(steps)
     assert len(seen) == steps.count(False)
+
+
+def test_graphed_tree_paths_with_triton_kernels(make_llm, tiny_llama_dir, tmp_path):
+    """The sweep's tree (topk 4, depth 4, 16 verify tokens) through the graphed paths with
+    the Triton kernels themselves (interpreted on CPU): catches kernel-level misreads that the
+    torch backend hides (a stride-0 view read past its storage crashed the H200)."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = random_prompts([6, 13], seed=5)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
+    llm = make_llm(tiny_llama_dir, attention_backend="triton", speculative_algorithm="eagle3",
+                   draft_model=str(head), draft_topk=4, num_draft_tokens=4, num_verify_tokens=16,
+                   spec_policy="always")
+    llm.engine.runner.shape_graphs = graphs = EagerGraphs()
+    llm.engine.runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()
+    assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+    assert any(k[1] == "expand" for k in graphs.keys if len(k) > 1)
+    assert llm.spec_stats()["proposed"] > 0
