@@ -27,6 +27,10 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--attention-backend", choices=["torch", "triton"])
     g.add_argument("--no-cuda-graphs", action="store_true")
+    g.add_argument("--extend-graph-max-tokens", type=int, default=None,
+                   help="CUDA graphs for prefill / mixed steps up to this many tokens (0 = off)")
+    g.add_argument("--no-overlap-schedule", action="store_true",
+                   help="plan each step only after the previous one finished (debugging)")
     g.add_argument("--seed", type=int, default=0)
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", choices=["eagle3", "draft", "ngram"],
@@ -48,7 +52,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               max_num_seqs=args.max_num_seqs, kv_cache_tokens=args.kv_cache_tokens,
               seed=args.seed, load_format=args.load_format,
               max_num_batched_tokens=args.max_num_batched_tokens,
-              max_model_len=args.max_model_len, cuda_graphs=not args.no_cuda_graphs)
+              max_model_len=args.max_model_len, cuda_graphs=not args.no_cuda_graphs,
+              overlap_schedule=not getattr(args, "no_overlap_schedule", False))
+    if getattr(args, "extend_graph_max_tokens", None) is not None:
+        kw["extend_graph_max_tokens"] = args.extend_graph_max_tokens
     if args.attention_backend:
         kw["attention_backend"] = args.attention_backend
     for name in ("speculative_algorithm", "draft_model", "num_draft_tokens", "draft_topk",

@@ -25,3 +25,13 @@ def test_engine_kwargs_infers_eagle3() -> None:
     assert engine_kwargs(args)["speculative_algorithm"] == "eagle3"
     args = p.parse_args(["--draft-model", "x", "--speculative-algorithm", "draft"])
     assert engine_kwargs(args)["speculative_algorithm"] == "draft"
+
+
+def test_engine_flags_reach_the_config() -> None:
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    kw = engine_kwargs(p.parse_args(["--model", "m"]))
+    assert kw["overlap_schedule"] is True and "extend_graph_max_tokens" not in kw
+    kw = engine_kwargs(p.parse_args(["--model", "m", "--no-overlap-schedule",
+                                     "--extend-graph-max-tokens", "0"]))
+    assert kw["overlap_schedule"] is False and kw["extend_graph_max_tokens"] == 0
