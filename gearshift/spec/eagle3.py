@@ -70,8 +70,32 @@ class Eagle3Proposer(Proposer):
         b = ctx.roots.shape[0]
         runner = getattr(self, "runner", None)
         graphs = runner.shape_graphs if runner is not None else None
-        x = ExpandInputs(ctx.roots, None, None, ctx.prefix_lens, ctx.rows, ctx.scratch,
-                         ctx.scratch.new_zeros(b, 0), -1, ctx.max_depth, ctx.topk, ctx.num_nodes,
-                         max(ctx.prefix_lens_cpu), self.max_positions - 1)
-        return graphed_expand(graphs, "eagle3", x, self._first, self._forward_step,
-                              ctx.sampling, self.to_target, self.target_vocab), None
+        # graphed: pad the batch to a decode graph size (dummy row 0, prefix 0, slot 0), so
+        # batch sizes share graphs instead of each capturing its own while requests finish
+        pad = runner.decode_pad(b) - b if graphs is not None else 0
+        roots, prefix, rows, scratch, sb = _pad_rows(pad, ctx.roots, ctx.prefix_lens, ctx.rows,
+                                                    ctx.scratch, ctx.sampling)
+        x = ExpandInputs(roots, None, None, prefix, rows, scratch, scratch.new_zeros(b + pad, 0),
+                         -1, ctx.max_depth, ctx.topk, ctx.num_nodes, max(ctx.prefix_lens_cpu),
+                         self.max_positions - 1)
+        tree = graphed_expand(graphs, "eagle3", x, self._first, self._forward_step, sb,
+                              self.to_target, self.target_vocab)
+        if pad:
+            tree = DraftTree(*(None if t is None else t[:b] for t in (
+                tree.tokens, tree.parents, tree.depths, tree.draft_probs, tree.ancestors)))
+        return tree, None
+
+
+def _pad_rows(pad: int, roots, prefix, rows, scratch, sb):
+    """`pad` dummy requests after the real ones: token 0, prefix 0, row 0, scratch slot 0,
+    greedy sampling."""
+    if not pad:
+        return roots, prefix, rows, scratch, sb
+    from dataclasses import replace
+
+    def more(t: torch.Tensor, value) -> torch.Tensor:
+        return torch.cat([t, t.new_full((pad, *t.shape[1:]), value)])
+
+    sb = replace(sb, temperatures=more(sb.temperatures, 0.0), top_p=more(sb.top_p, 1.0),
+                 top_k=more(sb.top_k, -1), seeds=more(sb.seeds, 0), steps=more(sb.steps, 0))
+    return more(roots, 0), more(prefix, 0), more(rows, 0), more(scratch, 0), sb

@@ -120,3 +120,21 @@ def test_graphed_tree_paths_with_triton_kernels(make_llm, tiny_llama_dir, tmp_pa
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     assert any(k[1] == "expand" for k in graphs.keys if len(k) > 1)
     assert llm.spec_stats()["proposed"] > 0
+
+
+def test_proposal_graphs_are_keyed_by_padded_batch(make_llm, tiny_llama_dir, tmp_path):
+    """Requests finishing at different steps walk the batch through every size; the EAGLE-3
+    proposal is padded to the decode graph sizes, so only those sizes are captured (not
+    one graph per batch size met while serving)."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = random_prompts([5, 9, 3, 12, 7], seed=2)
+    params = [SamplingParams(max_tokens=6 + 3 * i, temperature=0.0, ignore_eos=True)
+              for i in range(len(prompts))]
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=3, spec_policy="always")
+    llm.engine.runner.shape_graphs = graphs = EagerGraphs()
+    llm.engine.runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()
+    assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+    sizes = {k[2] for k in graphs.keys if k[:2] == ("eagle3", "expand")}
+    assert sizes and sizes <= {1, 2, 4, 8} and len(sizes) >= 2
