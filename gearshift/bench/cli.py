@@ -20,14 +20,14 @@ def register(sub) -> None:
     p = bsub.add_parser("sweep", help="throughput vs concurrency for each speculation policy")
     sweep.add_args(p)
     p.set_defaults(func=sweep.run)
-    from gearshift.bench import spec_tax
+    from gearshift.bench import burst, spec_tax
 
     p = bsub.add_parser("spec-tax", help="decode step: no draft vs draft configured, policy off")
     spec_tax.add_tax_args(p)
     p.set_defaults(func=spec_tax.run_tax)
     p = bsub.add_parser("burst", help="probe acceptance after a burst pushed speculation to K=0")
-    spec_tax.add_burst_args(p)
-    p.set_defaults(func=spec_tax.run_burst)
+    burst.add_burst_args(p)
+    p.set_defaults(func=burst.run_burst)
 
     from gearshift.bench import pair
 

@@ -12,7 +12,7 @@ import json
 
 from eagle3_checkpoints import make_eagle3_checkpoint
 
-from gearshift.bench import spec_tax
+from gearshift.bench import burst, spec_tax
 from gearshift.cli import build_parser
 
 
@@ -69,7 +69,7 @@ def test_burst_drives_probes_to_k0_and_speculation_resumes(make_llm):
     llm.engine.scheduler.policy.observe = lambda *a: None
     llm.engine.scheduler.policy.explore_every = 10**9  # no exploration steps: same choices per run
     prompts = make_prompts(llm.tokenizer, llm.engine.model_config.vocab_size, 2 + n_burst, 48, 0)
-    r = spec_tax.burst_experiment(llm, prompts[:2], [p[:24] for p in prompts[2:]], max_tokens=120,
+    r = burst.burst_experiment(llm, prompts[:2], [p[:24] for p in prompts[2:]], max_tokens=120,
                                   burst_tokens=16, inject_at=24, window=(72, 120))
     b = r["burst"]
     assert b["size"] == n_burst and min(b["inject_tokens"]) >= 24
@@ -100,7 +100,7 @@ def test_burst_drives_probes_to_k0_and_speculation_resumes(make_llm):
     json.dumps(r)  # the report is JSON-serialisable as it stands
     # the tap's bookkeeping against the truth: greedy verification accepts exactly the drafts
     # that match the committed output
-    run = spec_tax.probe_run(llm, prompts[:2], 40)
+    run = burst.probe_run(llm, prompts[:2], 40)
     verify_steps = [(s, out) for rows, out in zip(run["steps"].values(), run["outputs"])
                     for s in rows if s["k"]]
     assert verify_steps
@@ -113,7 +113,7 @@ def test_burst_drives_probes_to_k0_and_speculation_resumes(make_llm):
 
 def test_burst_cli_registered_with_issue_defaults():
     args = build_parser().parse_args(["bench", "burst", "--draft-model", "HEAD"])
-    assert args.func is spec_tax.run_burst and args.speculative_algorithm == "eagle3"
+    assert args.func is burst.run_burst and args.speculative_algorithm == "eagle3"
     assert (args.probes, args.burst_size, args.inject_at, args.window) == (16, 256, 64, [320, 576])
     args = build_parser().parse_args(["bench", "spec-tax"])
     assert args.func is spec_tax.run_tax and args.batch_sizes == [1, 32, 128]
