@@ -138,8 +138,8 @@ class Engine:
         fb, sb = self.builder.prepare(plan, self.runner.padding(plan))  # the graph's shape
         if any(r.num_pending for r in plan.reqs):
             fb.input_ids = self.feed.resolve_ids(fb.input_ids)
-        timing = self._timing_events()
         tokens, aux = self.runner.run(fb, sb)
+        events = self.runner.last_events  # this step's; later calls record new ones
         if not self.overlap:
             outputs = self.scheduler.commit(plan, tokens[: plan.batch_size].tolist())  # 1 sync
             if self._draft_follows():  # the draft follows every committed token, at any K
@@ -147,15 +147,13 @@ class Engine:
             self._account(plan, outputs, time.perf_counter() - t0, self.runner.last_device_ms())
             self._observe(plan)
             return outputs
-        if timing is not None:
-            timing[1].record()
         tag = self.feed.tag()
         host, copied = self.feed.publish(fb.req_pool_indices[: tokens.shape[0]], tokens)
         rows = self.scheduler.advance(plan, tag)
         if self._draft_follows():  # on the device (placeholders resolved there)
             self.spec.draft_extend_after(plan, aux)
         outputs = self._resolve_pending()
-        self.pending = PendingStep(plan, rows, host, copied, timing)
+        self.pending = PendingStep(plan, rows, host, copied, events)
         self._account(plan, outputs, time.perf_counter() - t0, self._resolved_device_ms)
         self._observe(plan)
         return outputs
@@ -187,13 +185,6 @@ class Engine:
         outputs = self.scheduler.resolve(pending.plan, pending.rows, pending.tokens())
         self._resolved_device_ms = pending.device_ms()
         return outputs
-
-    def _timing_events(self):
-        if not (self.overlap and self.feed.cuda):
-            return None
-        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        events[0].record()
-        return events
 
     def _observe(self, plan: StepPlan) -> None:
         """Feed the step's cost to the policy, unless the step captured a CUDA graph (a

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gearshift.runner.model_runner import device_ms
 from gearshift.scheduler.plan import StepPlan
 
 
@@ -32,7 +33,7 @@ class PendingStep:
     rows: list  # Scheduler.advance's bookkeeping, for Scheduler.resolve
     host: torch.Tensor  # [padded_bs] int64 (pinned on CUDA), filled by an async copy
     copied: torch.cuda.Event | None  # recorded after the copy; None on CPU (synchronous)
-    timing: tuple[torch.cuda.Event, torch.cuda.Event] | None  # around the forward + sampling
+    timing: tuple[torch.cuda.Event, torch.cuda.Event] | None  # ModelRunner.last_events
 
     def tokens(self) -> list[int]:
         """Wait for this step's tokens only (not for steps queued after it)."""
@@ -41,7 +42,7 @@ class PendingStep:
         return self.host.tolist()
 
     def device_ms(self) -> float | None:
-        return self.timing[0].elapsed_time(self.timing[1]) if self.timing else None
+        return device_ms(self.timing)
 
 
 class TokenFeed:

@@ -55,8 +55,9 @@ class ModelRunner:
                                    model_cfg.head_dim, config.max_num_seqs, self.max_model_len,
                                    dtype, self.device)
         self.attn = create_backend(config.attention_backend, self.kv, model_cfg.head_dim ** -0.5)
-        self._events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                        if self.device.type == "cuda" else None)
+        # CUDA events around the latest run() / forward_all(): a fresh pair per call, so a
+        # step still in flight (overlap scheduling) keeps its own pair
+        self.last_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
         self.graphs: DecodeGraphRunner | None = None
         self.extend_graphs: ExtendGraphRunner | None = None
         self.extend_sizes: list[int] = []  # padded token counts of EXTEND steps (graph buckets)
@@ -155,8 +156,7 @@ class ModelRunner:
         """-> (sampled token ids, aux features or None), on device. No host sync.
         Tokens: [padded_bs] for DECODE, [batch_size] for EXTEND; aux: [tokens, ...] with the
         real tokens first (a padded EXTEND batch returns only those)."""
-        if self._events:
-            self._events[0].record()
+        self._start_events()
         graph = next((g for g in (self.graphs, self.extend_graphs)
                       if g is not None and g.can_run(fb)), None)
         out = graph.replay(fb) if graph is not None else self._forward_logits(fb)
@@ -168,8 +168,8 @@ class ModelRunner:
             tokens = sample(logits[: fb.batch_size], sb)
             if aux is not None and fb.padded_batch_size > fb.batch_size:
                 aux = aux[: sum(fb.extend_lens_cpu[: fb.batch_size])]
-        if self._events:
-            self._events[1].record()
+        if self.last_events:
+            self.last_events[1].record()
         return tokens, aux
 
     def graph_stats(self) -> dict[str, int]:
@@ -190,22 +190,27 @@ class ModelRunner:
         """Logits of every token [T, vocab] (VERIFY), and aux features when capturing.
         With `graph_key` (an extend-layout batch of uniform shape: every request has
         fb.max_extend_len tokens), the forward runs as a CUDA graph captured for that key."""
-        if self._events:
-            self._events[0].record()
+        self._start_events()
         if graph_key is not None and self.shape_graphs is not None:
             out = self.shape_graphs.run(("target",) + graph_key, lambda s: self._forward_all(
                 rebuild_batch(fb, s), capture), graph_inputs(fb))
         else:
             out = self._forward_all(fb, capture)
-        if self._events:
-            self._events[1].record()
+        if self.last_events:
+            self.last_events[1].record()
         return out
 
+
+    def _start_events(self) -> None:
+        if self.device.type == "cuda":
+            self.last_events = (torch.cuda.Event(enable_timing=True),
+                                torch.cuda.Event(enable_timing=True))
+            self.last_events[0].record()
 
     def last_device_ms(self) -> float | None:
         """Device time of the latest run() (forward + sampling). Call only after the host
         has synchronised on that step's tokens, so reading the events never waits."""
-        return self._events[0].elapsed_time(self._events[1]) if self._events else None
+        return device_ms(self.last_events)
 
     @torch.inference_mode()
     def logits(self, fb: ForwardBatch, all_tokens: bool = False) -> torch.Tensor:
@@ -235,3 +240,8 @@ def rebuild_batch(fb: ForwardBatch, static: dict[str, torch.Tensor]) -> ForwardB
         fields["tree"] = replace(fb.tree, token_rows=static["tree_rows"],
                                  prefix_lens=static["tree_prefix"], extra_slots=static["tree_extra"])
     return replace(fb, **fields)
+
+
+def device_ms(events: tuple[torch.cuda.Event, torch.cuda.Event] | None) -> float | None:
+    """Milliseconds between a recorded (start, end) pair; None without events."""
+    return events[0].elapsed_time(events[1]) if events else None
