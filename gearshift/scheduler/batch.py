@@ -106,9 +106,11 @@ def pad_batch(mode: ForwardMode, rows: list[int], prefix: list[int], extend: lis
 
 
 def stage_forward(st: Stager, rows: Sequence[int], prefix: list[int], extend: list[int],
-                  input_ids: list[int], out_loc: list[int], num_real: int | None = None) -> None:
+                  input_ids: list[int], out_loc: list[int], num_real: int | None = None,
+                  logits_indices: list[int] | None = None) -> None:
     """Per-token and per-request lists of an extend-layout batch (padding already applied;
-    requests from index `num_real` on are padding: their logits index is 0)."""
+    requests from index `num_real` on are padding: their logits index is 0). Each
+    request's logits row is its last token unless `logits_indices` says otherwise."""
     num_real = len(extend) if num_real is None else num_real
     positions: list[int] = []
     token_rows: list[int] = []
@@ -128,7 +130,7 @@ def stage_forward(st: Stager, rows: Sequence[int], prefix: list[int], extend: li
     st.add_ints("extend_lens", extend)
     st.add_ints("extend_start_loc", start)
     st.add_ints("prefix_lens", prefix)
-    st.add_ints("logits_indices", logits_idx)
+    st.add_ints("logits_indices", logits_idx if logits_indices is None else logits_indices)
 
 
 def forward_batch(d: dict[str, torch.Tensor], mode: ForwardMode, bs: int, prefix: list[int],

@@ -98,8 +98,7 @@ class DraftFollower:
         st = Stager(self.runner.device)
         rows = [r.req_pool_index for r in reqs] + [0] * dummy
         prefix, ext = list(prefix) + [0] * dummy, [width] * rows_pad
-        stage_forward(st, rows, prefix, ext, ids, out_loc)
-        st.ints = [(name, last if name == "logits_indices" else vals) for name, vals in st.ints]
+        stage_forward(st, rows, prefix, ext, ids, out_loc, logits_indices=last)
         fb = forward_batch(st.to_device(), ForwardMode.DRAFT_EXTEND, rows_pad, prefix, ext, None)
         return fb, ids, idx
 
