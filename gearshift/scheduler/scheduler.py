@@ -190,19 +190,14 @@ class Scheduler:
             if not do_sample:
                 rows.append(None)
                 continue
-            rows.append((len(req.output_token_ids), self._closes(req)))
             req.output_token_ids.append(-(tag + req.req_pool_index + 1))
             req.num_pending += 1
+            rows.append((len(req.output_token_ids) - 1, self._length_reached(req)))
             if rows[-1][1]:
                 self.running.remove(req)
                 self._finish(req, None)
                 req.closing = True
         return rows
-
-    def _closes(self, req: Request) -> bool:
-        """Whether the token about to be appended is the request's last by length."""
-        n = len(req.output_token_ids) + 1
-        return n >= req.params.max_tokens or req.num_tokens + 1 >= self.max_model_len
 
     def resolve(self, plan: StepPlan, rows: list[tuple[int, bool] | None],
                 sampled: list[int]) -> list[StepOutput]:
@@ -266,12 +261,12 @@ class Scheduler:
         return outputs
 
     def _finish_reason(self, req: Request, tok: int) -> str | None:
-        reason = self._stop_reason(req, tok)
-        if reason is not None:
-            return reason
-        if len(req.output_token_ids) >= req.params.max_tokens or req.num_tokens >= self.max_model_len:
-            return "length"
-        return None
+        return self._stop_reason(req, tok) or ("length" if self._length_reached(req) else None)
+
+    def _length_reached(self, req: Request) -> bool:
+        """After appending its latest token: the request may produce no more."""
+        return len(req.output_token_ids) >= req.params.max_tokens \
+            or req.num_tokens >= self.max_model_len
 
     @staticmethod
     def _stop_reason(req: Request, tok: int) -> str | None:
