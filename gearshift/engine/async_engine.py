@@ -42,6 +42,7 @@ class EngineSnapshot:
     memory: dict = field(default_factory=dict)  # kv_slots_total / kv_slots_free / kv_slots_cached
     stats: dict = field(default_factory=dict)  # Engine.stats()
     time: float = 0.0
+    adds_taken: int = 0  # adds the engine thread had taken from the inbox at this snapshot
 
 
 @dataclass(slots=True)
@@ -119,7 +120,12 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, RequestStream] = {}
-        self._pending_adds = 0  # adds posted but not yet taken by the engine thread
+        # adds posted (event loop) / dropped unprocessed (event loop) / taken (engine thread):
+        # with the snapshot's own count of taken adds, num_waiting never counts a request
+        # twice or not at all, whichever thread runs first
+        self._adds_posted = 0
+        self._adds_dropped = 0
+        self._adds_taken = 0
 
     # ------------------------------------------------------------ lifecycle (event loop)
 
@@ -149,7 +155,8 @@ class AsyncEngine:
     @property
     def num_waiting(self) -> int:
         """Requests queued in the engine plus those not yet handed to it."""
-        return self.snapshot.num_waiting + self._pending_adds
+        snap = self.snapshot
+        return snap.num_waiting + self._adds_posted - self._adds_dropped - snap.adds_taken
 
     @property
     def num_running(self) -> int:
@@ -179,7 +186,7 @@ class AsyncEngine:
         accepted: asyncio.Future[None] = self._loop.create_future()
         self.processor.add(request_id, prompt_token_ids, params)
         self._streams[request_id] = stream
-        self._pending_adds += 1
+        self._adds_posted += 1
         self._post(("add", request_id, prompt_token_ids, params, accepted))
         try:
             await accepted
@@ -214,7 +221,6 @@ class AsyncEngine:
                 pass
 
     def _on_added(self, fut: asyncio.Future, exc: BaseException | None) -> None:
-        self._pending_adds -= 1
         if fut.done():
             return
         if exc is None:
@@ -249,9 +255,10 @@ class AsyncEngine:
         """End every stream and every pending add with `err` (engine thread is gone)."""
         while self._inbox:
             item = self._inbox.popleft()
-            if item[0] == "add" and not item[4].done():
-                self._pending_adds -= 1
-                item[4].set_exception(err)
+            if item[0] == "add":
+                self._adds_dropped += 1
+                if not item[4].done():
+                    item[4].set_exception(err)
         for stream in list(self._streams.values()):
             stream._put(StreamFailure(stream.request_id, err))
         self._streams.clear()
@@ -288,6 +295,7 @@ class AsyncEngine:
             item = self._inbox.popleft()
             changed = True
             if item[0] == "add":
+                self._adds_taken += 1
                 _, request_id, prompt_token_ids, params, fut = item
                 exc: BaseException | None = None
                 try:
@@ -309,6 +317,7 @@ class AsyncEngine:
             memory=dict(engine.memory_stats()),
             stats=dict(engine.stats()),
             time=time.monotonic(),
+            adds_taken=self._adds_taken,
         )
 
     def _call_loop(self, fn: Any, *args: Any) -> None:

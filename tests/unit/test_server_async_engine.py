@@ -161,3 +161,23 @@ def test_shutdown_and_engine_failure_end_every_stream():
         ae.shutdown()
 
     run(main())
+
+
+def test_num_waiting_counts_each_request_once_whichever_thread_runs_first():
+    """The engine thread can take an add and publish its snapshot before the event loop
+    hears back: the queue length (the server's overload check) must not count it twice."""
+    async def main():
+        fake = FakeEngine(max_num_seqs=1)
+        fake.paused.set()  # the request stays waiting
+        ae = AsyncEngine(fake)
+        ae._loop = asyncio.get_running_loop()  # no engine thread: the test plays its part
+        ae._thread = threading.current_thread()  # (counts as a live engine thread)
+        task = asyncio.create_task(ae.add_request("r", [5, 6], GREEDY))
+        await asyncio.sleep(0)  # the add is posted
+        assert ae.num_waiting == 1
+        ae._drain_inbox()  # taken and published; the loop's callback has not run yet
+        assert ae.num_waiting == 1
+        await task
+        assert ae.num_waiting == 1
+
+    run(main())
