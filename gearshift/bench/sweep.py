@@ -139,9 +139,11 @@ def run(args) -> int:
     results: dict[str, list[dict]] = {}
     chain = LLM(**kw, num_draft_tokens=4)
     eng = chain.engine
-    total = len(CHAIN_POLICIES) * len(concs) + (len(concs) if args.tree_topk else 0)
+    chain_policies = [n for n in args.policies if n != "tree"]
+    with_tree = "tree" in args.policies and args.tree_topk
+    total = (len(chain_policies) + bool(with_tree)) * len(concs)
     bar = tqdm(total=total, desc="sweep")
-    for name in CHAIN_POLICIES:
+    for name in chain_policies:
         eng.scheduler.policy = policy_object(name, eng, 4)
         results[name] = []
         for c in concs:
@@ -155,7 +157,7 @@ def run(args) -> int:
     gc.collect()  # the tree engine needs the chain engine's memory
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    if args.tree_topk:
+    if with_tree:
         tree = LLM(**kw, num_draft_tokens=args.tree_depth, draft_topk=args.tree_topk,
                    num_verify_tokens=args.tree_tokens)
         tree.engine.scheduler.policy = policy_object("tree", tree.engine, args.tree_depth)
@@ -195,6 +197,18 @@ def _print(results: dict) -> None:
     Console().print(t)
 
 
+def _policy_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in (*CHAIN_POLICIES, "tree")]
+    if unknown or not names:
+        import argparse
+
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(unknown) or '(none)'}; choose from "
+            + ", ".join([*CHAIN_POLICIES, "tree"]))
+    return names
+
+
 def add_args(p) -> None:
     from gearshift.cli import add_engine_args
 
@@ -206,6 +220,8 @@ def add_args(p) -> None:
                    help="at least this many requests per point (short points are noisy)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--policies", type=_policy_list, default=[*CHAIN_POLICIES, "tree"],
+                   help="comma-separated subset of: " + ", ".join([*CHAIN_POLICIES, "tree"]))
     p.add_argument("--tree-topk", type=int, default=4)
     p.add_argument("--tree-depth", type=int, default=4)
     p.add_argument("--tree-tokens", type=int, default=16)

@@ -31,3 +31,21 @@ def test_sweep_cli_writes_every_point(tmp_path):
             assert all(p["proposed"] == 0 for p in pts)
         if name.startswith("always") or name.startswith("tree"):
             assert all(p["proposed"] > 0 for p in pts)
+
+
+def test_sweep_policies_subset(tmp_path, capsys):
+    target = make_tiny_checkpoint(tmp_path / "t", "llama")
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    base = ["bench", "sweep", "--model", str(target), "--draft-model", str(head), "--device", "cpu",
+            "--concurrency", "2", "--input-len", "6", "--output-len", "4", "--min-requests", "2",
+            "--output-json", str(out), "--output-png", str(png)]
+    assert main([*base, "--policies", "goodput,off"]) == 0
+    assert list(json.loads(out.read_text())["results"]) == ["goodput", "off"]
+    try:
+        main([*base, "--policies", "goodput,fastest"])
+    except SystemExit as e:
+        assert e.code != 0
+    else:
+        raise AssertionError("an unknown policy name must be refused")
+    assert "unknown policy fastest" in capsys.readouterr().err
