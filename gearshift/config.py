@@ -155,6 +155,7 @@ class EngineConfig:
     draft_topk: int = 1  # 1 = chain; > 1 = tree expanding the top-k per step
     num_verify_tokens: int | None = None  # tree budget incl. the root; None: K + 1 for chains
     spec_policy: str = "goodput"  # goodput | always | off | threshold | threshold-vllm | random
+    spec_warmup: bool = True  # CUDA graphs: run every (batch, K) step shape at start-up (graphs, costs)
     ngram_min: int = 1  # n-gram lookup: shortest suffix to match
     ngram_max: int = 4  # longest suffix to match
 

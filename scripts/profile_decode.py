@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gearshift import LLM, SamplingParams

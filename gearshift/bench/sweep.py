@@ -61,9 +61,13 @@ def policy_object(name: str, engine, k_max: int):
         return ThresholdPolicy(SGLANG_LIKE, k_max)
     if name == "threshold-vllm":
         return ThresholdPolicy(VLLM_LIKE, k_max)
+    from gearshift.spec.warmup import apply_measured
+
     cost = build_cost_model(engine.runner, k_max, engine.config.max_num_seqs,
                             engine.spec.draft_frac, engine.spec.tokens_per_k)
-    return GoodputPolicy(cost, k_max, pad=engine.runner.decode_pad)
+    policy = GoodputPolicy(cost, k_max, pad=engine.runner.decode_pad)
+    apply_measured(policy, engine.spec.measured_costs)
+    return policy
 
 
 def warm_up(engine, prompts: list[list[int]], concurrency: int, steps: int = 12) -> None:
@@ -82,6 +86,8 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     engine.scheduler.max_num_seqs = concurrency
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     before = dict(engine.spec.stats) if engine.spec else {}
+    graphs_before = engine._num_graphs()
+    steps_before = engine.stats()
     first, last, count = {}, {}, {}
     for i, p in enumerate(prompts):
         engine.add_request(f"s{i}", p, params)
@@ -98,11 +104,17 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     stats = engine.spec.stats if engine.spec else {}
     proposed = stats.get("proposed", 0) - before.get("proposed", 0)
     accepted = stats.get("accepted", 0) - before.get("accepted", 0)
+    steps_by_k = {int(k.split(".")[1]): v - before.get(k, 0) for k, v in stats.items()
+                  if k.startswith("steps_by_k.") and v > before.get(k, 0)}  # request-steps
     return {"concurrency": concurrency, "requests": len(prompts),
             "output_tok_per_s": sum(count.values()) / elapsed,
             "tpot_ms_median": statistics.median(tpot) if tpot else None,
             "acceptance_rate": accepted / proposed if proposed else None,
-            "proposed": proposed, "accepted": accepted, "elapsed_s": elapsed}
+            "proposed": proposed, "accepted": accepted, "elapsed_s": elapsed,
+            "request_steps_by_k": dict(sorted(steps_by_k.items())),
+            "graphs_captured": engine._num_graphs() - graphs_before,
+            **{f"{m}_steps": engine.stats()[f"{m}_steps"] - steps_before[f"{m}_steps"]
+               for m in ("decode", "verify", "extend")}}
 
 
 def plot(results: dict, path: str) -> None:
@@ -139,6 +151,10 @@ def run(args) -> int:
     results: dict[str, list[dict]] = {}
     chain = LLM(**kw, num_draft_tokens=4)
     eng = chain.engine
+    if eng.runner.shape_graphs is not None:  # spec_policy "off" skipped it at start-up
+        from gearshift.spec.warmup import warm_up_speculation
+
+        warm_up_speculation(eng)
     chain_policies = [n for n in args.policies if n != "tree"]
     with_tree = "tree" in args.policies and args.tree_topk
     total = (len(chain_policies) + bool(with_tree)) * len(concs)
@@ -160,6 +176,10 @@ def run(args) -> int:
     if with_tree:
         tree = LLM(**kw, num_draft_tokens=args.tree_depth, draft_topk=args.tree_topk,
                    num_verify_tokens=args.tree_tokens)
+        if tree.engine.runner.shape_graphs is not None:
+            from gearshift.spec.warmup import warm_up_speculation
+
+            warm_up_speculation(tree.engine)
         tree.engine.scheduler.policy = policy_object("tree", tree.engine, args.tree_depth)
         name = f"tree-{args.tree_topk}x{args.tree_depth}-{args.tree_tokens}"
         results[name] = []

@@ -88,6 +88,11 @@ class Engine:
                        "tokens_computed": 0,
                        "tokens_generated": 0, "step_time_s": 0.0}
         self.last_step: dict = {}  # mode, batch_size, num_tokens, time_s of the latest step
+        if (self.spec is not None and config.spec_warmup and config.spec_policy != "off"
+                and self.runner.shape_graphs is not None):
+            from gearshift.spec.warmup import warm_up_speculation
+
+            warm_up_speculation(self)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids: list[int],

@@ -49,6 +49,12 @@ class CostModel:
             m.attn_ms_per_token[k] = kv_bytes_per_token / bandwidth * 1e3
         return m
 
+    def set_measured(self, k: int, points: list[list[float]]) -> None:
+        """Replace K's curve by measured (batch size, ms) points (the start-up warm-up's);
+        each counts as one observation, so online ones average in from there."""
+        self.base[k] = [[float(bs), float(ms)] for bs, ms in sorted(points)]
+        self.counts[k] = [1] * len(points)
+
     def predict(self, k: int, bs: int, ctx_tokens: int) -> float:
         return _interp(self.base[k], bs) + self.attn_ms_per_token.get(k, 0.0) * ctx_tokens
 

@@ -73,6 +73,7 @@ class SpecWorker:
         self.split_k_verify_below = 64  # (requests x kv heads) under which chains use split-K
         self.stats = Counter()  # steps_by_k.*, proposed, accepted, accept_len.*
         self.follow = DraftFollower(self.proposer, runner, builder, self.max_k)
+        self.measured_costs: dict | None = None  # {K: [[bs, ms]]} from the start-up warm-up
 
     # ------------------------------------------------------------------ sizing
     def nodes(self, k: int) -> int:
@@ -180,7 +181,7 @@ class SpecWorker:
         record = None if node_tok is not None else (d["rows"], d["prefix"], slots_bn)
         if sb.all_greedy:
             packed = self._verify_greedy(tree, logits_t, flat, node_tok, d["k"], depth, record,
-                                         graphed=key is not None)
+                                         graphed=key is not None, per_row=_uniform(n_nodes))
         else:
             logits_t = logits_t[node_tok] if node_tok is not None else logits_t[: flat.shape[0]]
             logits = torch.zeros(b * n_tree, logits_t.shape[-1], device=logits_t.device)
@@ -288,9 +289,11 @@ class SpecWorker:
         )
 
     def _verify_greedy(self, tree, logits_t, flat, node_tok, k, depth: int, record,
-                       graphed: bool) -> torch.Tensor:
+                       graphed: bool, per_row: int) -> torch.Tensor:
         """Greedy verification from the target's argmax (no [B, N, V] logits gathered) ->
-        packed [B, 2 * depth + 3]; one CUDA graph per shape after a graphed target forward."""
+        packed [B, 2 * depth + 3]; one CUDA graph per shape after a graphed target forward,
+        its batch padded like the target's (a decode graph size), so that requests
+        finishing mid-run meet graphs captured at start-up instead of capturing new ones."""
         b, n = tree.tokens.shape
         inputs = {"target": logits_t.argmax(-1), "flat": flat, "k": k, "tokens": tree.tokens,
                   "parents": tree.parents, "depths": tree.depths}  # target: [T(+pad)]
@@ -299,16 +302,19 @@ class SpecWorker:
         if record is not None:
             inputs.update(zip(("rows", "prefix", "slots"), record))
         req_to_token = self.runner.kv.req_to_token
-
-        def fn(s):
-            return greedy_packed(s, b, n, depth, req_to_token if record is not None else None)
-
         graphs = self.runner.shape_graphs
         if not graphed or graphs is None:
-            return fn(inputs)
-        key = ("verify-greedy", b, n, depth, inputs["target"].shape[0], flat.shape[0],
+            return greedy_packed(inputs, b, n, depth, req_to_token if record is not None else None)
+        pb = self.runner.decode_pad(b)
+        if pb > b:
+            pad_greedy_inputs(inputs, b, pb, n, per_row)
+
+        def fn(s):
+            return greedy_packed(s, pb, n, depth, req_to_token if record is not None else None)
+
+        key = ("verify-greedy", pb, n, depth, inputs["target"].shape[0], inputs["flat"].shape[0],
                node_tok is not None, record is not None)
-        return graphs.run(key, fn, inputs)
+        return graphs.run(key, fn, inputs)[:b]
 
     def _account(self, req: Request, k: int, proposed: int, accepted: int) -> None:
         self.stats[f"steps_by_k.{k}"] += 1
@@ -323,6 +329,38 @@ class SpecWorker:
             self.stats[f"accept_len.{accepted}"] += 1
             req.spec_proposed += proposed
             req.spec_accepted += accepted
+
+
+def _uniform(n_nodes: list[int]) -> int:
+    """Nodes per request when every request verifies the same number, else 1."""
+    return n_nodes[0] if len(set(n_nodes)) == 1 else 1
+
+
+def pad_greedy_inputs(s: dict[str, torch.Tensor], b: int, pb: int, n: int, per_row: int) -> None:
+    """Pad greedy verification's inputs from b to pb requests in place: dummy requests with
+    K = 0 (only their root is valid, nothing is accepted), `per_row` flat nodes each read
+    from the target's padding tokens, and a recorded path on the dummy req_to_token row 0
+    at slot 0."""
+    extra = pb - b
+    dev = s["k"].device
+
+    def rows_like(t: torch.Tensor, value: int | None) -> torch.Tensor:
+        more = t[:1].expand(extra, *t.shape[1:]) if value is None else \
+            t.new_full((extra, *t.shape[1:]), value)
+        return torch.cat([t, more])
+
+    s["k"] = rows_like(s["k"], 0)
+    s["tokens"] = rows_like(s["tokens"], 0)
+    s["parents"], s["depths"] = rows_like(s["parents"], None), rows_like(s["depths"], None)
+    pad_nodes = (torch.arange(b, pb, device=dev)[:, None] * n
+                 + torch.arange(per_row, device=dev)).view(-1)  # node j of dummy request i
+    s["flat"] = torch.cat([s["flat"], pad_nodes.to(s["flat"].dtype)])
+    if "node_tok" in s:  # chains: the target's padding tokens follow the real ones
+        start = b * per_row
+        s["node_tok"] = torch.cat([s["node_tok"], torch.arange(
+            start, start + extra * per_row, device=dev, dtype=s["node_tok"].dtype)])
+    if "rows" in s:
+        s["rows"], s["prefix"], s["slots"] = (rows_like(s[x], 0) for x in ("rows", "prefix", "slots"))
 
 
 def node_valid(flat: torch.Tensor, k: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:

@@ -6,23 +6,10 @@ from __future__ import annotations
 
 import pytest
 from checkpoints import random_prompts
+from eager_graphs import install
 from eagle3_checkpoints import make_eagle3_checkpoint
 
 from gearshift import SamplingParams
-
-
-class EagerGraphs:
-    """ShapeGraphs' contract without CUDA: static inputs per key, fn re-run on them."""
-
-    def __init__(self) -> None:
-        self.keys: set = set()
-        self.entries: dict = {}  # like ShapeGraphs: one entry per captured shape
-
-    def run(self, key, fn, inputs):
-        self.keys.add(key)
-        self.entries.setdefault(key, None)
-        static = {k: v.clone() for k, v in inputs.items()}
-        return fn(static)
 
 
 @pytest.mark.parametrize("spec,chain_as_extend", [
@@ -39,15 +26,15 @@ def test_padded_graph_shapes_keep_greedy_output(make_llm, tiny_llama_dir, tmp_pa
     ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    **{"spec_policy": "always", **spec})
-    runner = llm.engine.runner
-    runner.shape_graphs = graphs = EagerGraphs()
-    runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()  # 5 requests -> 8 rows
+    graphs = install(llm)
     if chain_as_extend:
         llm.engine.spec.split_k_verify_below = 0
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == ref
     kinds = {k[0] for k in graphs.keys}
     assert {"eagle3"} <= kinds and kinds & {"target"}
+    greedy = [k[1] for k in graphs.keys if k[0] == "verify-greedy"]
+    assert greedy and all(b & (b - 1) == 0 for b in greedy)  # padded: 5 requests -> 8 rows
     if spec.get("spec_policy") == "random":
         assert "draft_extend" in kinds
     assert llm.spec_stats()["proposed"] > 0
@@ -66,9 +53,7 @@ def test_graphed_draft_extend_after_accepted_drafts_keeps_acceptance(make_llm):
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     want = [o.token_ids for o in eager.generate(prompts, params)]
     graphed = make_llm(default_target_dir(), **kw)
-    runner = graphed.engine.runner
-    runner.shape_graphs = graphs = EagerGraphs()
-    runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()
+    graphs = install(graphed)
     assert [o.token_ids for o in graphed.generate(prompts, params)] == want
     assert any(k[0] == "draft_extend" and k[2] == 5 for k in graphs.keys)  # K+1 wide
     a, b = eager.spec_stats(), graphed.spec_stats()
@@ -83,9 +68,8 @@ def test_steps_that_capture_a_graph_are_not_observed(make_llm, tiny_llama_dir, t
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    num_draft_tokens=3, spec_policy="random")
     eng = llm.engine
-    eng.runner.shape_graphs = graphs = EagerGraphs()
+    graphs = install(llm)
     eng._graphs_seen = 0
-    eng.runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()
     seen = []
     eng.scheduler.policy.observe = lambda k, bs, ctx, ms: seen.append(len(graphs.entries))
     steps = []
@@ -115,8 +99,7 @@ def test_graphed_tree_paths_with_triton_kernels(make_llm, tiny_llama_dir, tmp_pa
     llm = make_llm(tiny_llama_dir, attention_backend="triton", speculative_algorithm="eagle3",
                    draft_model=str(head), draft_topk=4, num_draft_tokens=4, num_verify_tokens=16,
                    spec_policy="always")
-    llm.engine.runner.shape_graphs = graphs = EagerGraphs()
-    llm.engine.runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()
+    graphs = install(llm)
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     assert any(k[1] == "expand" for k in graphs.keys if len(k) > 1)
     assert llm.spec_stats()["proposed"] > 0
@@ -133,8 +116,7 @@ def test_proposal_graphs_are_keyed_by_padded_batch(make_llm, tiny_llama_dir, tmp
     ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    num_draft_tokens=3, spec_policy="always")
-    llm.engine.runner.shape_graphs = graphs = EagerGraphs()
-    llm.engine.runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()
+    graphs = install(llm)
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     sizes = {k[2] for k in graphs.keys if k[:2] == ("eagle3", "expand")}
     assert sizes and sizes <= {1, 2, 4, 8} and len(sizes) >= 2

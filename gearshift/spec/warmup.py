@@ -1,0 +1,101 @@
+"""Speculation warm-up at start-up: every (padded batch size, K) a step can take is run
+through the real step pipeline, so that
+
+  * the CUDA graphs of speculative steps (draft expansion, target VERIFY, greedy
+    verification, draft-extend over K+1 tokens) are captured before serving, not lazily
+    in the middle of a run (a capture costs tens of milliseconds: a policy that explores
+    or changes K would pay it while users wait), and
+  * the goodput policy starts from measured step times t(K, padded batch): the wall time
+    of real steps (host work, drafting, verification, commit) instead of a model of them.
+
+    for bs in decode graph sizes (largest first), fitting the KV pool:
+        bs dummy requests, short prompts -> prefill
+        for K in max_k .. 1, 0:  run `repeats` steps at K (AlwaysPolicy(K));
+                                 the first may capture graphs, the others are timed
+        abort them (slots and rows back to the pool)
+    -> {K: [(bs, ms)]} -> policy.cost.set_measured(...)
+
+Counters (engine stats, speculation stats) are restored afterwards: the warm-up is not
+part of any run. Data flow: Engine.__init__ -> warm_up_speculation(engine) -> CostModel.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+from gearshift.policy.static import AlwaysPolicy
+from gearshift.request import SamplingParams
+
+log = logging.getLogger("gearshift.spec")
+
+PROMPT_LEN = 4
+
+
+def apply_measured(policy, measured: dict | None) -> None:
+    """Give a cost-modelling policy (goodput) the warm-up's measured step times."""
+    cost = getattr(policy, "cost", None)
+    if cost is not None and measured:
+        for k, pts in measured.items():
+            cost.set_measured(k, pts)
+
+
+def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3) -> dict:
+    """Run the warm-up (see module doc); -> {K: [[bs, median ms], ...]} measured."""
+    spec, sched = engine.spec, engine.scheduler
+    max_k = engine.config.num_draft_tokens
+    if sizes is None:
+        graphs = engine.runner.graphs
+        sizes = sorted(graphs.graphs) if graphs is not None else []
+    # tokens a request commits: prefill's one, `repeats` steps of K + 1 at most per K > 0,
+    # repeats + 1 plain steps; plus one VERIFY step's node and scratch slots
+    generated = 1 + repeats * sum(k + 1 for k in range(1, max_k + 1)) + repeats + 1
+    per_request = PROMPT_LEN + generated + spec.slots_needed(max_k)
+    sizes = [s for s in sizes if s <= engine.config.max_num_seqs
+             and s * per_request <= engine.slots.num_free]
+    if not sizes or engine.has_unfinished_requests():
+        return {}
+    t0 = time.perf_counter()
+    saved = (sched.policy, sched.max_num_seqs, dict(engine._stats), spec.stats.copy())
+    measured: dict[int, list[list[float]]] = {k: [] for k in range(max_k + 1)}
+    params = SamplingParams(max_tokens=generated + 1, temperature=0.0, ignore_eos=True)
+    try:
+        for bs in sorted(sizes, reverse=True):  # largest first: smaller graphs reuse its pool
+            sched.max_num_seqs = bs
+            ids = [f"__warmup-{bs}-{i}" for i in range(bs)]
+            for i, rid in enumerate(ids):
+                engine.add_request(rid, [(7 * i + j) % engine.model_config.vocab_size + 1
+                                         for j in range(PROMPT_LEN)], params)
+            sched.policy = AlwaysPolicy(0)
+            while sched.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids)
+                                       for r in sched.running):
+                engine.step()
+            for k in [*range(max_k, 0, -1), 0]:
+                sched.policy = AlwaysPolicy(k)
+                times = []
+                for _ in range(repeats + (k == 0)):  # K = 0 overlaps: its first step is half
+                    seen = engine._num_graphs()
+                    engine.step()
+                    if engine._num_graphs() == seen and len(sched.running) == bs:
+                        times.append(engine.last_step["time_s"] * 1e3)
+                if k == 0:
+                    times = times[1:]
+                if times:
+                    measured[k].append([float(bs), statistics.median(times)])
+            for rid in ids:
+                engine.abort_request(rid)
+            while engine.has_unfinished_requests():
+                engine.step()
+    finally:
+        sched.policy, sched.max_num_seqs = saved[0], saved[1]
+        engine._stats.clear()
+        engine._stats.update(saved[2])
+        spec.stats.clear()
+        spec.stats.update(saved[3])
+    measured = {k: sorted(pts) for k, pts in measured.items() if pts}
+    spec.measured_costs = measured
+    apply_measured(sched.policy, measured)
+    log.info("speculation warm-up: %d batch sizes x K 0..%d in %.1fs (%d graphs)", len(sizes),
+             max_k, time.perf_counter() - t0, engine._num_graphs())
+    return measured

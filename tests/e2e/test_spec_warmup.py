@@ -1,0 +1,47 @@
+"""Speculation warm-up (spec/warmup.py): every (padded batch, K) step shape runs once at
+start-up, so graphs exist before serving and goodput starts from measured step times; the
+engine is left exactly as it was (no requests, slots, counters), and output is unchanged."""
+
+from __future__ import annotations
+
+from checkpoints import random_prompts
+from eager_graphs import install
+from eagle3_checkpoints import make_eagle3_checkpoint
+
+from gearshift import SamplingParams
+from gearshift.spec.warmup import warm_up_speculation
+
+
+def test_warm_up_captures_every_shape_and_measures_costs(make_llm, tiny_llama_dir, tmp_path):
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = random_prompts([5, 17, 3], seed=4)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=3)  # goodput
+    eng = llm.engine
+    graphs = install(llm)
+    free = eng.slots.num_free
+    measured = warm_up_speculation(eng, sizes=[1, 2, 4])
+    assert sorted(measured) == [0, 1, 2, 3]
+    assert all([p[0] for p in pts] == [1.0, 2.0, 4.0] and all(p[1] > 0 for p in pts)
+               for pts in measured.values())
+    for k in (1, 2, 3):  # the proposal graph of every (padded batch, K) exists
+        assert {key[2] for key in graphs.keys if key[:2] == ("eagle3", "expand") and key[3] == k} \
+            == {1, 2, 4}
+    assert eng.scheduler.policy.cost.base[2] == measured[2]  # goodput starts from them
+    assert eng.spec.measured_costs == measured
+    # nothing left behind: no requests, every slot free, counters as before
+    assert not eng.has_unfinished_requests() and eng.slots.num_free == free
+    assert eng.stats()["steps"] == 0 and llm.spec_stats()["proposed"] == 0
+    assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+
+
+def test_warm_up_skips_sizes_that_do_not_fit(make_llm, tiny_llama_dir, tmp_path):
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=2, kv_cache_tokens=256, max_num_seqs=8)
+    install(llm)
+    measured = warm_up_speculation(llm.engine, sizes=[1, 8, 64])
+    assert [p[0] for p in measured[0]] == [1.0, 8.0]  # 64 > max_num_seqs
+    assert llm.engine.slots.num_free == llm.engine.slots.total
