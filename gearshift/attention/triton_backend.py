@@ -7,8 +7,10 @@ kernels/extend.py, kernels/tree.py.
 
 Decode is CUDA-graph safe: its grid depends only on the padded batch size (the number
 of KV splits is a function of it), and its fp32 scratch comes from one persistent buffer
-per (num_heads, head_dim) that every layer and step reuses. Buffers are only ever added,
-never freed, so graphs captured against an older buffer stay valid.
+per (num_heads, head_dim) that every layer and step reuses; the fused split merge takes
+its tickets from one persistent zeroed int32 buffer [rows, num_kv_heads] that each call
+leaves zeroed. Buffers are only ever added, never freed, so graphs captured against an
+older buffer stay valid.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from gearshift.attention.base import AttentionBackend, KVCache
 from gearshift.attention.kernels.decode import (
+    alloc_decode_counters,
     decode_attention,
     num_sms,
     pick_num_kv_splits,
@@ -36,6 +39,8 @@ class TritonBackend(AttentionBackend):
         self.sm_count = num_sms(kv.k.device)
         # (num_heads, head_dim) -> (max batch rows, flat fp32 scratch)
         self._workspaces: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}
+        # split tickets of the fused decode merge: [max batch rows, num_kv_heads] int32, zero
+        self._counters = alloc_decode_counters(0, self.num_kv_heads, kv.k.device)
         self._retired: list[torch.Tensor] = []  # kept alive for graphs that captured them
 
     def num_kv_splits(self, batch_size: int) -> int:
@@ -56,6 +61,9 @@ class TritonBackend(AttentionBackend):
             self._retired.append(self._workspaces[key][1])
         buffer = torch.empty(numel, dtype=torch.float32, device=self.kv.k.device)
         self._workspaces[key] = (rows, buffer)
+        if self._counters.shape[0] < rows:
+            self._retired.append(self._counters)
+            self._counters = alloc_decode_counters(rows, self.num_kv_heads, self.kv.k.device)
 
     def _decode_workspace(self, bs: int, num_heads: int, head_dim: int,
                           splits: int) -> torch.Tensor:
@@ -77,12 +85,12 @@ class TritonBackend(AttentionBackend):
         # q: [padded_bs, num_heads, head_dim]
         bs, num_heads, head_dim = q.shape
         splits = self.num_kv_splits(bs)
+        workspace = self._decode_workspace(bs, num_heads, head_dim, splits)  # sizes counters too
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         return decode_attention(
             q, self.kv.k[layer_id], self.kv.v[layer_id], self.kv.req_to_token,
             fb.req_pool_indices, fb.seq_lens, self.sm_scale, out,
-            num_kv_splits=splits,
-            workspace=self._decode_workspace(bs, num_heads, head_dim, splits),
+            num_kv_splits=splits, workspace=workspace, counters=self._counters,
         )
 
     def tree(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:

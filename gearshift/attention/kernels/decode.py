@@ -1,19 +1,34 @@
 """Decode attention (one query token per request) over the slot pool, split-K in Triton.
 
 Data flow: TritonBackend.decode -> decode_attention -> stage 1 (partial softmax per KV
-split, into a persistent fp32 workspace) -> stage 2 (merge the splits into `out`).
+split, into a persistent fp32 workspace) -> stage 2 (merge the splits into `out`: by
+default inside the stage-1 launch, see "Fused merge" below).
 
 Each request's keys 0..seq_len-1 are read through req_to_token[row, position] -> slot.
 The grid is (batch, kv_heads, num_kv_splits): it depends only on host ints, and the
 kernels never sync with the host, so the call can be captured in a CUDA graph. The
 split length is computed on the device from seq_len (rounded up to whole KV blocks);
-splits past the end of a short sequence exit at once and are skipped by stage 2.
+splits past the end of a short sequence store nothing and are skipped by the merge.
 
     keys of one request  [ split 0 | split 1 | split 2 | (empty) ]   num_kv_splits = 4
     workspace[b, h, s]   [ acc_s / l_s  (head_dim floats) | lse_s (log2 domain) | pad ]
 
 One stage-1 program handles every query head of one KV group, so each K/V block is
 loaded once per group (GQA), with the heads as the M side of a tl.dot.
+
+Fused merge (GEARSHIFT_DECODE_MERGE=fused, the default; `separate` keeps the two-launch
+reference, read once at import): stage 2 runs inside the stage-1 launch. Each split
+program stores its partial, then takes a ticket from Count[b, kv_head] (int32 atomic add,
+acq_rel, gpu scope). Every split counts, empty ones included (they store nothing), so
+the program drawing ticket num_kv_splits - 1 is the last one: all partials of its group
+are visible to it, it merges them for the group's query heads (the stage-2 math, empty
+splits skipped) and sets the counter back to 0. Count is a persistent zeroed buffer
+(alloc_decode_counters) that every call leaves zeroed again, so layers and CUDA-graph
+replays reuse it without a memset; calls sharing one buffer must not run concurrently
+(as with the workspace).
+
+    split programs of (b, kv_head):  s0 ─┐ s1 ─┐ ... s{n-1} ─┐   ticket = atomic_add(Count, 1)
+                                         └─────┴──────────────┴─► ticket n-1: merge, Count = 0
 """
 
 from __future__ import annotations
@@ -26,20 +41,52 @@ import triton.language as tl
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
+_MERGE = os.environ.get("GEARSHIFT_DECODE_MERGE", "fused").lower()
+if _MERGE not in ("fused", "separate"):
+    raise ValueError(f"GEARSHIFT_DECODE_MERGE must be 'fused' or 'separate', not {_MERGE!r}")
+FUSED_MERGE_DEFAULT = _MERGE == "fused"
+
+
+@triton.jit
+def _merge_head(
+    w_head, o_head,  # this (request, head)'s workspace row at split 0; its output row
+    seq_len, split_len, stride_ws,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """o_head = the lse-weighted mean of the non-empty splits' partials (zeros if none)."""
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    valid = (offs_s < NUM_SPLITS) & (offs_s * split_len < seq_len)  # [BLOCK_S]
+    mask_d = offs_d < HEAD_DIM
+
+    w_ptrs = w_head + offs_s * stride_ws  # [BLOCK_S]
+    # .cg: read at L2, never from an L1 line another SM's partial could have gone stale in
+    lse = tl.load(w_ptrs + HEAD_DIM, mask=valid, other=float("-inf"), cache_modifier=".cg")
+    part = tl.load(w_ptrs[:, None] + offs_d[None, :], mask=valid[:, None] & mask_d[None, :],
+                   other=0.0, cache_modifier=".cg")  # [BLOCK_S, BLOCK_D]
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # seq_len 0: all splits empty, output zeros
+    w = tl.where(valid, tl.exp2(lse - m), 0.0)
+    denom = tl.maximum(tl.sum(w, 0), 1e-30)
+    out = tl.sum(part * w[:, None], 0) / denom  # [BLOCK_D]
+    tl.store(o_head + offs_d, out.to(o_head.dtype.element_ty), mask=mask_d)
 
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, ReqToToken, ReqPoolIdx, SeqLens, Work,
+    Q, K, V, ReqToToken, ReqPoolIdx, SeqLens, Work, Count, Out,
     sm_scale_log2,
     stride_qb, stride_qh,
     stride_ks, stride_kh,
     stride_vs, stride_vh,
     stride_rt,
     stride_wb, stride_wh, stride_ws,
+    stride_cb,
+    stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -49,8 +96,7 @@ def _decode_split_kernel(
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
-    if start >= end:
-        return
+    nonempty = start < end  # an empty split (past a short sequence) runs no loop, stores nothing
     row = tl.load(ReqPoolIdx + b).to(tl.int64)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -86,9 +132,24 @@ def _decode_split_kernel(
         m_i = m_new
 
     w_ptrs = Work + b * stride_wb + heads * stride_wh + split * stride_ws  # [BLOCK_H]
+    l_i = tl.where(nonempty, l_i, 1.0)  # >= 1 when non-empty; keeps an empty split finite
+    store_h = offs_h < tl.where(nonempty, GROUP, 0)  # [BLOCK_H] the group's heads, or none
     tl.store(w_ptrs[:, None] + offs_d[None, :], acc / l_i[:, None],
-             mask=mask_h[:, None] & mask_d[None, :])
-    tl.store(w_ptrs + HEAD_DIM, m_i + tl.log2(l_i), mask=mask_h)
+             mask=store_h[:, None] & mask_d[None, :])
+    tl.store(w_ptrs + HEAD_DIM, m_i + tl.log2(l_i), mask=store_h)
+
+    if FUSED_MERGE:
+        tl.debug_barrier()  # all threads' partial stores come before the release below
+        count = Count + b * stride_cb + kv_head
+        ticket = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
+        if ticket == NUM_SPLITS - 1:  # every split of this group has stored: merge them
+            for h in range(GROUP):
+                head = kv_head * GROUP + h
+                _merge_head(Work + b * stride_wb + head * stride_wh,
+                            Out + b * stride_ob + head * stride_oh,
+                            seq_len, split_len, stride_ws,
+                            HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D)
+            tl.atomic_xchg(count, 0)  # zero again for the next layer / graph replay
 
 
 @triton.jit
@@ -104,22 +165,8 @@ def _decode_merge_kernel(
 
     seq_len = tl.load(SeqLens + b)
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    valid = (offs_s < NUM_SPLITS) & (offs_s * split_len < seq_len)  # [BLOCK_S]
-    mask_d = offs_d < HEAD_DIM
-
-    w_ptrs = Work + b * stride_wb + head * stride_wh + offs_s * stride_ws  # [BLOCK_S]
-    lse = tl.load(w_ptrs + HEAD_DIM, mask=valid, other=float("-inf"))
-    part = tl.load(w_ptrs[:, None] + offs_d[None, :], mask=valid[:, None] & mask_d[None, :],
-                   other=0.0)  # [BLOCK_S, BLOCK_D]
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)  # seq_len 0: all splits empty, output zeros
-    w = tl.where(valid, tl.exp2(lse - m), 0.0)
-    denom = tl.maximum(tl.sum(w, 0), 1e-30)
-    out = tl.sum(part * w[:, None], 0) / denom  # [BLOCK_D]
-    tl.store(Out + b * stride_ob + head * stride_oh + offs_d, out.to(Out.dtype.element_ty),
-             mask=mask_d)
+    _merge_head(Work + b * stride_wb + head * stride_wh, Out + b * stride_ob + head * stride_oh,
+                seq_len, split_len, stride_ws, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D)
 
 
 def num_sms(device: torch.device | str) -> int:
@@ -153,6 +200,13 @@ def alloc_decode_workspace(batch_size: int, num_heads: int, head_dim: int, num_k
                        dtype=torch.float32, device=device)
 
 
+def alloc_decode_counters(batch_size: int, num_kv_heads: int,
+                          device: torch.device | str) -> torch.Tensor:
+    """Split tickets for the fused merge: [bs, num_kv_heads] int32, zero (and left zero by
+    every decode_attention call, so one buffer serves every layer and graph replay)."""
+    return torch.zeros(batch_size, num_kv_heads, dtype=torch.int32, device=device)
+
+
 def _decode_blocks() -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) for stage 1."""
     if _INTERPRET:
@@ -172,11 +226,14 @@ def decode_attention(
     *,
     num_kv_splits: int = 8,
     workspace: torch.Tensor | None = None,  # [>= bs, num_heads, >= splits, >= head_dim+1]
+    counters: torch.Tensor | None = None,  # [>= bs, num_kv_heads] int32, all zero
+    fused_merge: bool | None = None,  # None: GEARSHIFT_DECODE_MERGE (default fused)
 ) -> torch.Tensor:
     """Attention of one new query per request over its cached keys; returns `out`.
 
-    Pass a persistent `workspace` (see alloc_decode_workspace) to stay CUDA-graph safe;
-    without one a fresh buffer is allocated.
+    Pass a persistent `workspace` (see alloc_decode_workspace) and, for the fused merge,
+    persistent zeroed `counters` (alloc_decode_counters; left zeroed) to stay CUDA-graph
+    safe; without them fresh buffers are allocated.
     """
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -188,34 +245,47 @@ def decode_attention(
     assert workspace.dtype == torch.float32 and workspace.stride(3) == 1
     assert workspace.shape[0] >= bs and workspace.shape[1] == num_heads
     assert workspace.shape[2] >= num_kv_splits and workspace.shape[3] >= head_dim + 1
+    fused = FUSED_MERGE_DEFAULT if fused_merge is None else fused_merge
+    if fused and counters is None:
+        counters = alloc_decode_counters(bs, num_kv_heads, q.device)
+    if fused:
+        assert counters.dtype == torch.int32 and counters.stride(1) == 1
+        assert counters.shape[0] >= bs and counters.shape[1] == num_kv_heads
     if bs == 0:
         return out
 
     group = num_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
     block_h = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
+    block_s = triton.next_power_of_2(num_kv_splits)
     block_n, num_warps, num_stages = _decode_blocks()
     # per-request scalars are read at unit stride: materialise expanded views
     req_pool_indices, seq_lens = req_pool_indices.contiguous(), seq_lens.contiguous()
     _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](
         q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, workspace,
+        counters if fused else seq_lens, out,  # Count is unused (any tensor) when separate
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1),
         req_to_token.stride(0),
         workspace.stride(0), workspace.stride(1), workspace.stride(2),
+        counters.stride(0) if fused else 0,
+        out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits,
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n,
+        BLOCK_S=block_s, FUSED_MERGE=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
         num_warps=num_warps, num_stages=num_stages,
     )
+    if fused:
+        return out
     _decode_merge_kernel[(bs, num_heads)](
         workspace, seq_lens, out,
         workspace.stride(0), workspace.stride(1), workspace.stride(2),
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits,
-        BLOCK_S=triton.next_power_of_2(num_kv_splits), BLOCK_D=block_d, BLOCK_N=block_n,
+        BLOCK_S=block_s, BLOCK_D=block_d, BLOCK_N=block_n,
         num_warps=4 if block_d >= 128 else 2, num_stages=1,
     )
     return out
