@@ -151,10 +151,14 @@ def run(args) -> int:
     results: dict[str, list[dict]] = {}
     chain = LLM(**kw, num_draft_tokens=4)
     eng = chain.engine
+    warmup_s = None
     if eng.runner.shape_graphs is not None:  # spec_policy "off" skipped it at start-up
         from gearshift.spec.warmup import warm_up_speculation
 
+        t0 = time.perf_counter()
         warm_up_speculation(eng)
+        warmup_s = time.perf_counter() - t0
+    extra = {"warmup_s": warmup_s, "warmup_costs_ms": eng.spec.measured_costs}
     chain_policies = [n for n in args.policies if n != "tree"]
     with_tree = "tree" in args.policies and args.tree_topk
     total = (len(chain_policies) + bool(with_tree)) * len(concs)
@@ -167,8 +171,8 @@ def run(args) -> int:
                                    max(c * args.rounds, args.min_requests), args.input_len, args.seed)
             results[name].append(run_point(eng, prompts, c, args.output_len))
             bar.update(1)
-        _save(args, results, environment(chain))  # partial results survive a time limit
-    env = environment(chain)
+        _save(args, results, environment(chain) | extra)  # partial results survive a time limit
+    env = environment(chain) | extra
     del chain, eng
     gc.collect()  # the tree engine needs the chain engine's memory
     if torch.cuda.is_available():

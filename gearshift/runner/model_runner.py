@@ -108,6 +108,9 @@ class ModelRunner:
         if self.config.kv_cache_tokens is not None:
             return self.config.kv_cache_tokens
         per_token = KVCache.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+        if self.config.speculative_algorithm == "eagle3":  # its KV layer + stored features
+            per_token += KVCache.bytes_per_token(1, cfg.num_kv_heads, cfg.head_dim, dtype) \
+                + cfg.hidden_size * dtype.itemsize  # (a head as wide as the target, as usual)
         if self.device.type != "cuda":
             return 16384  # CPU: a fixed, modest pool; pass kv_cache_tokens for more
         free, _ = torch.cuda.mem_get_info(self.device)

@@ -147,7 +147,7 @@ class Scheduler:
         self.running.remove(req)
         self._release(req)
         req.status = RequestStatus.WAITING
-        req.num_computed_tokens = 0
+        req.num_computed_tokens = req.draft_rows = 0
         self.waiting.appendleft(req)
         plan.preempted.append(req)
         self.num_preemptions += 1

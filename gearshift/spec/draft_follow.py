@@ -1,15 +1,22 @@
-"""DraftFollower: keeps the draft current. After every committed token (plain steps at
-K = 0 included, so speculation resumes at full acceptance) and after each VERIFY step's
-accepted tokens, the draft extends over them: its KV at the target's slots and, for
-EAGLE-3, its seed hidden state from the target features the target forward captured.
+"""DraftFollower: keeps the draft current over committed tokens, so that speculation
+resumes at full acceptance after any number of plain (K = 0) steps. Its KV lives at the
+target's slots; for EAGLE-3 so does what it needs of the target: fc(target features) per
+token, stored by slot.
 
-    plain step:  tokens computed this step            -> one extend (1 token per decoding
-                 (placeholders resolved on the device)    request: a CUDA graph per batch)
-    VERIFY step: accepted drafts + bonus per request  -> one extend, each request padded to
-                                                         K+1 tokens: a CUDA graph per batch
+    plain step (K = 0):  store only: EAGLE-3 keeps fc(features) of the step's tokens at their
+                         slots (one small GEMM + scatter; a draft forward per plain step cost
+                         5-6% of a decode step on the H200); the draft itself falls behind
+    VERIFY step:         catch_up first: requests about to speculate extend the draft over
+                         their backlog (graphed when it fits K + 1 tokens, else eager chunks),
+                         then after verification the draft extends over the accepted tokens
+                         (+ bonus) of the requests it is current for (padded to K + 1: a graph)
+
+`Request.draft_rows` counts the draft rows computed (row t consumes token t + 1 and the
+feature of position t for EAGLE-3, token t for a draft model). Stateless proposers (n-gram)
+skip all of it.
 
 Data flow: Engine.step (plain steps) / SpecWorker._verify_step -> DraftFollower ->
-proposer.draft_extend.
+proposer.store_features / proposer.draft_extend.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ class DraftFollower:
         self.feed = None  # Engine's TokenFeed: resolves placeholders of overlapped steps
 
     def after_plain(self, plan: StepPlan, aux: torch.Tensor | None) -> None:
-        """After an EXTEND / DECODE step: the draft covers the tokens it just computed."""
+        """After an EXTEND / DECODE step: keep what the draft will need for these tokens."""
         reqs, prefix, extend, token_idx = [], [], [], []
         start = 0
         for req, p, n in zip(plan.reqs, plan.prefix_lens, plan.extend_lens):
@@ -42,11 +49,39 @@ class DraftFollower:
                 extend.append(n)
                 token_idx.extend(range(start, start + n))
             start += n
-        self.extend(reqs, prefix, extend, aux, token_idx)
+        self.store(reqs, prefix, extend, aux, token_idx)
+
+    def store(self, reqs: list[Request], prefix: list[int], extend: list[int],
+              aux: torch.Tensor | None, token_idx: list[int]) -> None:
+        """Keep the features of tokens prefix..prefix+n-1 (aux rows token_idx) at their
+        slots, for a later catch_up; the draft's rows stay where they are."""
+        if not reqs or aux is None or not self.proposer.needs_features:
+            return
+        slots = [s for req, p, n in zip(reqs, prefix, extend) for s in req.slots[p:p + n]]
+        self.proposer.store_features(_device_index(slots, aux),
+                                     aux.index_select(0, _device_index(token_idx, aux)))
+
+    def catch_up(self, reqs: list[Request], max_tokens: int = 4096) -> None:
+        """Extend the draft over every row it is behind on, for these requests (before they
+        speculate). Rounds of at most `max_tokens` tokens in all."""
+        if not self.proposer.keeps_state:
+            return
+        store = self.proposer.stored_features()
+        while True:
+            behind = [r for r in reqs if r.draft_rows < r.num_computed_tokens]
+            if not behind:
+                return
+            cap = max(1, max_tokens // len(behind))
+            prefix = [r.draft_rows for r in behind]
+            extend = [min(r.num_computed_tokens - r.draft_rows, cap) for r in behind]
+            slots = [s for r, p, n in zip(behind, prefix, extend) for s in r.slots[p:p + n]]
+            self.extend(behind, prefix, extend, store, slots)  # store rows are slot ids
 
     def extend(self, reqs: list[Request], prefix: list[int], extend: list[int],
-                      aux: torch.Tensor | None, token_idx: list[int]) -> None:
-        if not reqs:
+               aux: torch.Tensor | None, token_idx: list[int]) -> None:
+        """The draft over rows prefix..prefix+n-1 of each request (aux rows token_idx are
+        their features: target features, or stored fc(features) rows when aux is the store)."""
+        if not reqs or not self.proposer.keeps_state:
             return
         shift = 1 if self.proposer.shifted_inputs else 0
         width = self._graph_width(prefix, extend)
@@ -57,15 +92,17 @@ class DraftFollower:
             self._resolve(fb, ids)
             feats = None if aux is None else aux.index_select(0, _device_index(token_idx, aux))
             self.proposer.draft_extend(fb, feats)
-            return
-        fb, ids, idx = self._padded_extend(reqs, prefix, extend, token_idx, width, shift)
-        self._resolve(fb, ids)
-        inputs = graph_inputs(fb)
-        if aux is not None:
-            inputs["feats"] = aux.index_select(0, _device_index(idx, aux))
-        self.runner.shape_graphs.run(
-            ("draft_extend", fb.batch_size, width, aux is not None),
-            lambda s: self.proposer.draft_extend(rebuild_batch(fb, s), s.get("feats")), inputs)
+        else:
+            fb, ids, idx = self._padded_extend(reqs, prefix, extend, token_idx, width, shift)
+            self._resolve(fb, ids)
+            inputs = graph_inputs(fb)
+            if aux is not None:
+                inputs["feats"] = aux.index_select(0, _device_index(idx, aux))
+            self.runner.shape_graphs.run(
+                ("draft_extend", fb.batch_size, width, None if aux is None else aux.shape[-1]),
+                lambda s: self.proposer.draft_extend(rebuild_batch(fb, s), s.get("feats")), inputs)
+        for req, p, n in zip(reqs, prefix, extend):
+            req.draft_rows = p + n
 
     def _graph_width(self, prefix: list[int], extend: list[int]) -> int | None:
         """Tokens per request of a graphed draft-extend: 1 when every request decodes, K+1

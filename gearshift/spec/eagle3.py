@@ -46,6 +46,8 @@ class Eagle3Proposer(Proposer):
         self.max_positions = max_positions
         dtype = DTYPES[config.dtype]
         self.seed_hidden = torch.zeros(max_rows + 1, cfg.hidden_size, dtype=dtype, device=dev)
+        # fc(target features) of tokens the draft has not caught up on, by KV slot
+        self.features = torch.zeros(target_kv.k.shape[1], cfg.hidden_size, dtype=dtype, device=dev)
         self.to_target = torch.arange(cfg.draft_vocab_size, device=dev) + self.head.d2t  # [Vd]
 
     def scratch_slots(self, k: int, topk: int) -> int:
@@ -55,6 +57,12 @@ class Eagle3Proposer(Proposer):
         h = self.head(fb.input_ids, features, fb.positions, fb, self.attn)  # [T, H]
         last = h[fb.logits_indices]  # [B, H]
         self.seed_hidden[fb.req_pool_indices] = last
+
+    def store_features(self, slots: torch.Tensor, aux: torch.Tensor) -> None:
+        self.features[slots] = self.head.fc(aux)  # [T, 3*H_t] -> [T, H]: the head skips fc
+
+    def stored_features(self) -> torch.Tensor:
+        return self.features
 
     def _forward_step(self, ids, hidden, fb):
         h = self.head(ids, hidden, fb.positions, fb, self.attn)

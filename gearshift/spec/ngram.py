@@ -24,6 +24,8 @@ def lookup(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
 
 
 class NgramProposer(Proposer):
+    keeps_state = False  # no draft model: nothing to catch up on
+
     def __init__(self, n_min: int, n_max: int, window: int = 4096) -> None:
         self.n_min, self.n_max, self.window = n_min, n_max, window
 

@@ -38,6 +38,7 @@ class Proposer(ABC):
     aux_layers: tuple[int, ...] = ()
     shifted_inputs = False  # draft row t consumes token t+1 (EAGLE) instead of token t
     graph_extend = False  # draft_extend can be captured for padded 1-token-per-row batches
+    keeps_state = True  # the draft has KV (and a seed) to keep current over committed tokens
 
     def cost_fraction(self, target: torch.nn.Module) -> float:
         """Cost of one draft step relative to one target step (a prior for the policy)."""
@@ -53,6 +54,14 @@ class Proposer(ABC):
     def draft_extend(self, fb: ForwardBatch, features: torch.Tensor | None) -> None:  # noqa: B027
         """Run the draft over newly committed rows (extend layout over owned slots).
         Stateless proposers (n-gram) keep nothing, so the default does nothing."""
+
+    def store_features(self, slots: torch.Tensor, aux: torch.Tensor) -> None:  # noqa: B027
+        """Keep target features [T, F] of tokens at KV `slots` [T] until the draft catches up
+        on them (EAGLE-3); proposers without features keep nothing."""
+
+    def stored_features(self) -> torch.Tensor | None:
+        """The feature store, indexed by KV slot (None: no features)."""
+        return None
 
     @abstractmethod
     def propose(self, ctx: ProposeContext) -> tuple[DraftTree, list[int] | None]:

@@ -12,6 +12,8 @@ through the real step pipeline, so that
         bs dummy requests, short prompts -> prefill
         for K in max_k .. 1, 0:  run `repeats` steps at K (AlwaysPolicy(K));
                                  the first may capture graphs, the others are timed
+        K = max, 0, max:         untimed: the draft's catch-up shapes (a backlog of
+                                 several rows, then of one: spec/draft_follow.py)
         abort them (slots and rows back to the pool)
     -> {K: [(bs, ms)]} -> policy.cost.set_measured(...)
 
@@ -50,12 +52,18 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
         sizes = sorted(graphs.graphs) if graphs is not None else []
     # tokens a request commits: prefill's one, `repeats` steps of K + 1 at most per K > 0,
     # repeats + 1 plain steps; plus one VERIFY step's node and scratch slots
-    generated = 1 + repeats * sum(k + 1 for k in range(1, max_k + 1)) + repeats + 1
+    generated = 1 + sum(n * (k + 1) for k, n in
+                        [*((k, repeats) for k in range(1, max_k + 1)), (0, repeats + 2),
+                         (max_k, 2)])
     per_request = PROMPT_LEN + generated + spec.slots_needed(max_k)
     sizes = [s for s in sizes if s <= engine.config.max_num_seqs
              and s * per_request <= engine.slots.num_free]
     if not sizes or engine.has_unfinished_requests():
         return {}
+    # K = max .. 1 (timed), K = 0 (timed; the draft falls behind), then untimed steps whose
+    # catch-ups use the other draft-extend shapes: a backlog of several rows, then of one
+    schedule = [*((k, repeats, True) for k in range(max_k, 0, -1)), (0, repeats + 1, True),
+                (max_k, 1, False), (0, 1, False), (max_k, 1, False)]
     t0 = time.perf_counter()
     saved = (sched.policy, sched.max_num_seqs, dict(engine._stats), spec.stats.copy())
     measured: dict[int, list[list[float]]] = {k: [] for k in range(max_k + 1)}
@@ -71,17 +79,17 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
             while sched.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids)
                                        for r in sched.running):
                 engine.step()
-            for k in [*range(max_k, 0, -1), 0]:
+            for k, n, timed in schedule:
                 sched.policy = AlwaysPolicy(k)
                 times = []
-                for _ in range(repeats + (k == 0)):  # K = 0 overlaps: its first step is half
+                for _ in range(n):
                     seen = engine._num_graphs()
                     engine.step()
                     if engine._num_graphs() == seen and len(sched.running) == bs:
                         times.append(engine.last_step["time_s"] * 1e3)
                 if k == 0:
-                    times = times[1:]
-                if times:
+                    times = times[1:]  # K = 0 overlaps: its first step only launches
+                if timed and times:
                     measured[k].append([float(bs), statistics.median(times)])
             for rid in ids:
                 engine.abort_request(rid)

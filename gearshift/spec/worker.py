@@ -141,6 +141,8 @@ class SpecWorker:
         d = st.to_device()
         sb = sampling_batch(d, reqs)
         prefix_cpu = [r.num_computed_tokens for r in reqs]
+        # the draft catches up on rows committed while these requests ran at K = 0
+        self.follow.catch_up([r for r, k, rd in zip(reqs, ks, ride) if k and not rd])
         ctx = ProposeContext(reqs, ks, depth, self.topk, n_max, d["roots"], d["prefix"],
                              prefix_cpu, d["rows"], d["scratch"].view(b, s_max), sb)
         tree, nodes_override = self.proposer.propose(ctx)
@@ -209,9 +211,12 @@ class SpecWorker:
         allocated.append(None)  # from here on the scheduler owns (or has freed) every slot
         outputs = scheduler.commit_spec(plan, new_tokens, kept, freed)
         live = [i for i, r in enumerate(reqs) if not r.is_finished and r.params.speculative]
-        token_idx = [offsets[i] + j for i in live for j in rows_used[i]]
-        self.follow.extend([reqs[i] for i in live], [prefix_cpu[i] for i in live],
-                           [len(rows_used[i]) for i in live], aux, token_idx)
+        for current in (True, False):  # the draft follows where it is current, else stores
+            group = [i for i in live if (reqs[i].draft_rows == prefix_cpu[i]) is current]
+            args = ([reqs[i] for i in group], [prefix_cpu[i] for i in group],
+                    [len(rows_used[i]) for i in group], aux,
+                    [offsets[i] + j for i in group for j in rows_used[i]])
+            (self.follow.extend if current else self.follow.store)(*args)
         return outputs
 
     def _chain_verify_batch(self, reqs, tree, node_slots, n_nodes, n_tree, ride):

@@ -1,7 +1,9 @@
 """Who the draft follows: every committed token of a request that may speculate (so it
 resumes at full acceptance, see test_spec_resume.py), but nothing under spec_policy="off"
 (an engine with a draft then costs what one without costs) and nothing of a request that
-opted out (SamplingParams(speculative=False)). Outputs stay equal to plain decoding."""
+opted out (SamplingParams(speculative=False)). Plain steps run no draft forward: they
+store the target features, and the draft catches up before the request speculates.
+Outputs stay equal to plain decoding."""
 
 from __future__ import annotations
 
@@ -45,3 +47,41 @@ def test_draft_follows_only_requests_that_may_speculate(make_llm, tiny_llama_dir
     ids = {rid for batch in calls for rid in batch}
     assert len(ids) == 2 and all(outs[1].request_id != rid for rid in ids)
     assert outs[1].spec is None or outs[1].spec.proposed == 0
+
+
+def test_plain_steps_store_features_and_the_draft_catches_up_before_speculating(
+        make_llm, tiny_llama_dir, tmp_path):
+    from gearshift.policy.base import Policy
+
+    class Scripted(Policy):  # plain decode for 5 steps, then K = 2
+        calls = 0
+
+        def plan(self, view):
+            self.calls += 1
+            return [0 if self.calls <= 5 else 2] * len(view.requests)
+
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=2)
+    eng = llm.engine
+    eng.scheduler.policy = Scripted()
+    proposer, draft_runs, at_propose = eng.spec.proposer, [], []
+    orig_extend, orig_propose = proposer.draft_extend, proposer.propose
+    proposer.draft_extend = lambda fb, f: (draft_runs.append(fb.num_tokens), orig_extend(fb, f))[1]
+    proposer.propose = lambda ctx: (at_propose.append(
+        [(r.draft_rows, r.num_computed_tokens) for r in ctx.reqs]), orig_propose(ctx))[1]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(str(i), p, params)
+    for _ in range(6):  # prefill + 5 plain decode steps: features stored, no draft forward
+        eng.step()
+    reqs = list(eng.scheduler.running)
+    assert draft_runs == [] and all(r.draft_rows == 0 for r in reqs)
+    stored = proposer.features[[s for r in reqs for s in r.slots]]
+    assert stored.abs().sum(-1).gt(0).all()  # fc(features) of every computed token
+    while not at_propose:
+        eng.step()
+    assert all(rows == computed for rows, computed in at_propose[0])  # caught up first
+    assert draft_runs[0] == sum(c for _, c in at_propose[0])  # one catch-up batch
+    while eng.has_unfinished_requests():
+        eng.step()

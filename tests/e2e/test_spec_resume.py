@@ -24,8 +24,9 @@ class Scripted(Policy):
         return [0 if self.calls <= self.off_steps else 3] * len(view.requests)
 
 
-def first_proposal(llm, prompt: list[int], policy: Policy) -> tuple[list[int], list[int]]:
-    """Run until the first VERIFY step: (its draft tree's tokens, outputs before it)."""
+def proposals(llm, prompt: list[int], policy: Policy, count: int = 1) -> list[tuple]:
+    """Run until `count` VERIFY steps have proposed: per step (the draft tree's tokens,
+    outputs before it)."""
     eng = llm.engine
     eng.scheduler.policy = policy
     seen: list[tuple[list[int], list[int]]] = []
@@ -38,10 +39,17 @@ def first_proposal(llm, prompt: list[int], policy: Policy) -> tuple[list[int], l
 
     eng.spec.proposer.propose = spy
     eng.add_request("r", prompt, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
-    while not seen:
+    while len(seen) < count:
         eng.step()
     eng.abort_request("r")
-    return seen[0]
+    while eng.has_unfinished_requests():
+        eng.step()
+    return seen
+
+
+def first_proposal(llm, prompt: list[int], policy: Policy) -> tuple[list[int], list[int]]:
+    """Run until the first VERIFY step: (its draft tree's tokens, outputs before it)."""
+    return proposals(llm, prompt, policy)[0]
 
 
 @pytest.mark.parametrize("algo", ["draft", "eagle3"])
@@ -66,3 +74,34 @@ def test_resume_after_plain_decode_proposes_like_a_fresh_engine(make_llm, tiny_l
 
         want = hf_greedy(load_hf_model(draft), prompt + out_a, 3)
         assert tree_a[1:] == want
+
+
+class Switching(Policy):
+    """K per decode step from a list; the last value after it runs out."""
+
+    def __init__(self, ks: list[int]) -> None:
+        self.ks, self.calls = ks, 0
+
+    def plan(self, view: PolicyView) -> list[int]:
+        self.calls += 1
+        return [self.ks[min(self.calls, len(self.ks)) - 1]] * len(view.requests)
+
+
+def test_graphed_catch_up_after_a_short_stretch_proposes_like_a_fresh_engine(
+        make_llm, tiny_llama_dir, tmp_path):
+    """K = 3, then two plain steps, then K = 3: the backlog (2 rows + the accepted ones'
+    follow-up) fits K + 1 tokens, so the catch-up replays the padded draft-extend graph over
+    stored features. The proposal after it equals a fresh engine's on the same sequence."""
+    from eager_graphs import install
+
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    opts = dict(speculative_algorithm="eagle3", draft_model=str(head), num_draft_tokens=3)
+    prompt = [5, 9, 13, 2, 7, 11, 3, 8]
+    llm = make_llm(tiny_llama_dir, **opts)
+    graphs = install(llm)
+    tree_a, out_a = proposals(llm, prompt, Switching([3, 0, 0, 3]), count=2)[1]
+    hidden = llm.engine.spec.proposer.head.hidden_size
+    assert any(k[0] == "draft_extend" and k[3] == hidden for k in graphs.keys)  # from the store
+    fresh = make_llm(tiny_llama_dir, **opts)
+    tree_b, out_b = first_proposal(fresh, prompt + out_a[:-1], Switching([3]))
+    assert out_b == out_a[-1:] and tree_a == tree_b

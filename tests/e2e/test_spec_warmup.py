@@ -40,7 +40,7 @@ def test_warm_up_captures_every_shape_and_measures_costs(make_llm, tiny_llama_di
 def test_warm_up_skips_sizes_that_do_not_fit(make_llm, tiny_llama_dir, tmp_path):
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
-                   num_draft_tokens=2, kv_cache_tokens=256, max_num_seqs=8)
+                   num_draft_tokens=2, kv_cache_tokens=320, max_num_seqs=8)
     install(llm)
     measured = warm_up_speculation(llm.engine, sizes=[1, 8, 64])
     assert [p[0] for p in measured[0]] == [1.0, 8.0]  # 64 > max_num_seqs
