@@ -44,6 +44,9 @@ class LlamaForCausalLM(nn.Module):
             return h + residual, torch.cat([aux[i] for i in capture], dim=-1)
         return h + residual
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         # hidden: [B, hidden] (rows selected by logits_indices) -> logits: [B, vocab] float32
-        return self.lm_head(self.norm(hidden)).float()
+        # (`out`: written there, the fp32 conversion in the same pass)
+        if out is None:
+            return self.lm_head(self.norm(hidden)).float()
+        return out.copy_(self.lm_head(self.norm(hidden)))

@@ -65,6 +65,9 @@ class ModelRunner:
         self.shape_graphs: ShapeGraphs | None = None  # VERIFY / DRAFT graphs, captured lazily
         self.capture: tuple[int, ...] = ()  # target layers whose outputs the draft consumes
         self.step_counts: Counter[str] = Counter()  # run() calls: {decode,extend}_{graphed,eager}
+        self.dtype = dtype
+        self._outputs: dict[str, torch.Tensor] = {}  # shared outputs of VERIFY-shape graphs
+        self._retired_outputs: list[torch.Tensor] = []  # kept alive for graphs that wrote them
 
     def prepare_hot_path(self, capture: tuple[int, ...] = ()) -> None:
         """Compile kernels and capture the EXTEND and DECODE CUDA graphs (with `capture`
@@ -180,12 +183,26 @@ class ModelRunner:
         return {f"{m}_{k}": self.step_counts[f"{m}_{k}"]
                 for m in ("decode", "extend") for k in ("graphed", "eager")}
 
-    def _forward_all(self, fb: ForwardBatch, capture: tuple[int, ...]):
+    def _forward_all(self, fb: ForwardBatch, capture: tuple[int, ...],
+                     logits_out: torch.Tensor | None = None):
         if capture:
             hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn, capture)
         else:
             hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn), None
-        return self.model.compute_logits(hidden), aux
+        return self.model.compute_logits(hidden, out=logits_out), aux
+
+    def _shared_out(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        """[rows, cols] of one persistent buffer per name that every VERIFY-shape graph
+        writes its output into. Graphs replay one at a time and a step consumes its outputs
+        before the next replay, so they can share it; a graph's own outputs would stay
+        allocated per captured shape ([T, vocab] fp32 each: tens of GB over the warm-up's
+        shapes). Growing retires the old buffer (graphs captured against it keep it)."""
+        buf = self._outputs.get(name)
+        if buf is None or buf.shape[0] < rows or buf.shape[1] != cols:
+            if buf is not None:
+                self._retired_outputs.append(buf)
+            buf = self._outputs[name] = torch.empty(rows, cols, dtype=dtype, device=self.device)
+        return buf[:rows]
 
     @torch.inference_mode()
     def forward_all(self, fb: ForwardBatch, capture: tuple[int, ...] = (),
@@ -195,8 +212,17 @@ class ModelRunner:
         fb.max_extend_len tokens), the forward runs as a CUDA graph captured for that key."""
         self._start_events()
         if graph_key is not None and self.shape_graphs is not None:
-            out = self.shape_graphs.run(("target",) + graph_key, lambda s: self._forward_all(
-                rebuild_batch(fb, s), capture), graph_inputs(fb))
+            t, h = fb.num_tokens, self.model.config.hidden_size
+            logits = self._shared_out("logits", t, self.model.config.vocab_size, torch.float32)
+            aux = self._shared_out("aux", t, len(capture) * h, self.dtype) if capture else None
+
+            def body(s):  # writes the shared outputs: no [T, vocab] kept alive per shape
+                out, feats = self._forward_all(rebuild_batch(fb, s), capture, logits_out=logits)
+                if aux is not None:
+                    aux.copy_(feats)
+                return out, aux
+
+            out = self.shape_graphs.run(("target",) + graph_key, body, graph_inputs(fb))
         else:
             out = self._forward_all(fb, capture)
         if self.last_events:

@@ -45,3 +45,30 @@ def test_warm_up_skips_sizes_that_do_not_fit(make_llm, tiny_llama_dir, tmp_path)
     measured = warm_up_speculation(llm.engine, sizes=[1, 8, 64])
     assert [p[0] for p in measured[0]] == [1.0, 8.0]  # 64 > max_num_seqs
     assert llm.engine.slots.num_free == llm.engine.slots.total
+
+
+def test_verify_graphs_share_one_output_buffer(make_llm, tiny_llama_dir, tmp_path):
+    """Every VERIFY shape writes its logits and features into the same persistent buffers
+    (captured largest first by the warm-up), instead of keeping [T, vocab] per shape."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=3, spec_policy="always")
+    graphs = install(llm)
+    eng = llm.engine
+    eng.spec.split_k_verify_below = 0  # chains verify as graphed causal extends at any batch
+    outputs = []
+    orig = graphs.run
+
+    def spy(key, fn, inputs):
+        out = orig(key, fn, inputs)
+        if key[0] == "target":
+            outputs.append((key, out[0].untyped_storage().data_ptr(),
+                            out[1].untyped_storage().data_ptr()))
+        return out
+
+    graphs.run = spy
+    warm_up_speculation(eng, sizes=[1, 2, 4])
+    llm.generate(random_prompts([5, 9, 3], seed=2),
+                 SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
+    assert len({k for k, _, _ in outputs}) >= 6  # (batch, K) shapes
+    assert len({p for _, p, _ in outputs}) == 1 and len({p for _, _, p in outputs}) == 1
