@@ -76,6 +76,10 @@ class Engine:
             self.scheduler.spec_slots = self.spec.slots_needed
             self.scheduler.spec_mixed = config.draft_topk == 1  # riders need causal extend
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
+        if self.spec is not None and self.runner.shape_graphs is not None:
+            # prefill chunks do not ride in VERIFY steps (an eager pass): a step with a
+            # prefill chunk is a graphed mixed EXTEND step, its decoders at K = 0
+            self.scheduler.spec_mixed = False
         self.overlap = config.overlap_schedule
         self.feed = TokenFeed(config.max_num_seqs + 1, self.runner.device)
         self.pending: PendingStep | None = None  # launched, tokens not read yet (overlap)

@@ -132,10 +132,10 @@ class Scheduler:
         view = PolicyView(dec, len(self.waiting), self.max_draft_len)
         room = self.max_model_len  # drafts may not run past the context limit
         ks = [0] * plan.batch_size
+        # K is not cut to a request's remaining max_tokens: commit stops at the limit, and a
+        # uniform K keeps the step on its captured graphs (a mixed-K batch runs eagerly)
         for i, r, k in zip(decoding, dec, self.policy.plan(view)):
-            k = min(k, self.max_draft_len, room - r.num_tokens - 1,
-                    r.params.max_tokens - len(r.output_token_ids) - 1)
-            ks[i] = max(k, 0)
+            ks[i] = max(min(k, self.max_draft_len, room - r.num_tokens - 1), 0)
         extra = sum(self.spec_slots(k) - 1 for k in ks if k)
         if not any(ks) or extra > free:
             return

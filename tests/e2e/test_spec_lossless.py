@@ -136,7 +136,9 @@ def test_spec_sampling_matches_target_distribution(make_llm, pair, target_logits
     law = joint_law(target_logits, top_p)  # [V]*5
     toks, stats = sample_engine(make_llm, pair, opts, top_p, salt=list(CONFIGS).index(config))
     assert toks.shape == (N, MAX_TOKENS)
-    assert stats["steps_by_k"].get(3) == N, "every first decode step must verify K=3 drafts"
+    # every decode step verifies K = 3 drafts (K is not cut to the remaining tokens: commit
+    # stops at max_tokens), so each sequence's first decode step is a K = 3 VERIFY step
+    assert set(stats["steps_by_k"]) == {3} and stats["steps_by_k"][3] >= N
     hist = stats["accept_len_hist"]
     assert all(hist.get(a, 0) > 20 for a in range(4)), f"acceptance lengths: {hist}"
 

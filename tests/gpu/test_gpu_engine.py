@@ -103,3 +103,31 @@ def test_goodput_cost_profile_replays_the_captured_graphs(tiny_llama_dir, tmp_pa
         assert t3 >= t0 + SPEC_HOST_MS * 0.99
     out = llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
     assert len(out[0].token_ids) == 8
+
+
+def test_goodput_engine_warms_up_every_shape_before_serving(tiny_llama_dir, tmp_path):
+    """With CUDA graphs, a goodput engine runs every (decode graph size, K) step at start-up:
+    measured costs for each K, no graph captured while serving a mixed load afterwards,
+    prefill chunks never ride in (eager) VERIFY steps, output equals plain decoding."""
+    from eagle3_checkpoints import make_eagle3_checkpoint
+
+    from gearshift.policy.static import AlwaysPolicy
+
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = [list(range(3 + i % 7, 3 + i % 7 + 4 + i % 13)) for i in range(12)]
+    ref, _ = _run(tiny_llama_dir, "triton", True, prompts, max_num_seqs=16)
+    llm = LLM(str(tiny_llama_dir), device="cuda", dtype="float32", attention_backend="triton",
+              max_num_seqs=16, kv_cache_tokens=8192, speculative_algorithm="eagle3",
+              draft_model=str(head), num_draft_tokens=3)
+    eng = llm.engine
+    assert sorted(eng.spec.measured_costs) == [0, 1, 2, 3]
+    assert [p[0] for p in eng.spec.measured_costs[3]] == sorted(eng.runner.graphs.graphs)
+    assert eng.scheduler.spec_mixed is False
+    captured = len(eng.runner.shape_graphs.entries)
+    for k in (3, 1, 0, 2):  # every K at several batch sizes, requests finishing at random
+        eng.scheduler.policy = AlwaysPolicy(k)
+        params = [SamplingParams(max_tokens=5 + 3 * i, temperature=0, ignore_eos=True)
+                  for i in range(len(prompts))]
+        got = [o.token_ids for o in llm.generate(prompts, params)]
+        assert got == [r[:5 + 3 * i] for i, r in enumerate(ref)]
+    assert len(eng.runner.shape_graphs.entries) == captured

@@ -196,3 +196,26 @@ def test_overlap_preempted_request_waits_for_its_pending_token():
     assert sched.num_preemptions > 0
     assert all(r.output_token_ids == [3] * 8 and r.finish_reason == "length" for r in reqs)
     assert slots.num_free == slots.total and rows.num_free == rows.size
+
+
+def test_speculation_plans_a_uniform_k_near_max_tokens_and_commit_stops_at_the_limit():
+    """K is the policy's for every decoding request, also for one with fewer tokens left
+    than K (cutting it would give the batch mixed K, which has no captured graph); the
+    VERIFY commit still stops that request at max_tokens."""
+    from gearshift.policy.static import AlwaysPolicy
+
+    sched, slots, rows = make()
+    sched.policy, sched.max_draft_len, sched.spec_slots = AlwaysPolicy(3), 3, lambda k: 1 + k
+    a, b = req("a", 3, max_tokens=2), req("b", 3, max_tokens=20)
+    sched.add(a)
+    sched.add(b)
+    plan = sched.schedule()  # prefill
+    fake_prepare(plan, slots, rows)
+    sched.commit(plan, [5, 5])
+    plan = sched.schedule()
+    assert plan.mode is ForwardMode.VERIFY and plan.draft_lens == [3, 3]
+    kept = [slots.alloc(4) for _ in plan.reqs]  # the pending token + 3 drafts, all accepted
+    outs = sched.commit_spec(plan, [[6, 7, 8, 9], [6, 7, 8, 9]], kept, [[], []])
+    assert a.output_token_ids == [5, 6] and a.finish_reason == "length"
+    assert [o.new_token_ids for o in outs] == [[6], [6, 7, 8, 9]]
+    assert b.num_computed_tokens == 7 and len(b.slots) == 7
