@@ -36,9 +36,14 @@ def make_prompts(tokenizer, vocab: int, n: int, input_len: int, seed: int) -> li
             from gearshift.train.corpus import load_texts
 
             texts = load_texts("heldout")
-            ids = [tokenizer.encode(t)[:input_len] for t in texts if len(t) > 4 * input_len]
-            if ids:
-                return [ids[i % len(ids)] for i in range(n)]
+            docs = [tokenizer.encode(t) for t in texts if len(t) > 4 * input_len]
+            # distinct prompts: window w of every document, then window w + 1, ... (the
+            # held-out split has few documents long enough; repeating them would correlate
+            # the requests of a point)
+            windows = [d[w * input_len:(w + 1) * input_len] for w in range(64) for d in docs
+                       if len(d) >= (w + 1) * input_len]
+            if windows:
+                return [windows[i % len(windows)] for i in range(n)]
         except Exception as e:  # noqa: BLE001 (any corpus problem: fall back to synthetic prompts)
             log.warning("held-out corpus prompts unavailable (%s): using random token ids", e)
     g = torch.Generator().manual_seed(seed)

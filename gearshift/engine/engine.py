@@ -164,7 +164,7 @@ class Engine:
         outputs = self._resolve_pending()
         self.pending = PendingStep(plan, rows, host, copied, events)
         self._account(plan, outputs, time.perf_counter() - t0, self._resolved_device_ms)
-        self._observe(plan)
+        self._observe(plan, timed=False)  # its device time is observed once resolved
         return outputs
 
     def _draft_follows(self) -> bool:
@@ -192,27 +192,32 @@ class Engine:
         if pending is None:
             return []
         outputs = self.scheduler.resolve(pending.plan, pending.rows, pending.tokens())
-        self._resolved_device_ms = pending.device_ms()
+        self._resolved_device_ms = ms = pending.device_ms()
+        if self.spec is not None and ms and pending.plan.mode is ForwardMode.DECODE:
+            # an overlapped step's wall time is the wait for the step before it (an EXTEND
+            # step's, say): its cost is its device time (host work hides behind the device)
+            self._observe_cost(pending.plan, 0, ms)
         return outputs
 
-    def _observe(self, plan: StepPlan) -> None:
+    def _observe(self, plan: StepPlan, timed: bool = True) -> None:
         """Feed the step's cost to the policy, unless the step captured a CUDA graph (a
-        one-off that would teach the policy that this gear costs seconds)."""
+        one-off that would teach the policy that this gear costs seconds) or its wall time
+        is not its cost (`timed`)."""
         captured, self._graphs_seen = self._graphs_seen, self._num_graphs()
         if self.spec is not None and plan.mode is not ForwardMode.EXTEND \
-                and captured == self._graphs_seen:
-            self._observe_cost(plan, max(plan.draft_lens, default=0))
+                and captured == self._graphs_seen and timed:
+            self._observe_cost(plan, max(plan.draft_lens, default=0), self.last_step["time_s"] * 1e3)
 
     def _num_graphs(self) -> int:
         return len(getattr(self.runner.shape_graphs, "entries", ()))
 
-    def _observe_cost(self, plan: StepPlan, k: int) -> None:
-        """Feed the step's measured wall time (host work, drafting and the device, after the
-        step's one sync: what tokens per second really pay) to a policy that models costs."""
+    def _observe_cost(self, plan: StepPlan, k: int, ms: float) -> None:
+        """Feed a step's measured cost to a policy that models costs: a synchronous step's
+        wall time (host work, drafting and the device, after the step's one sync: what
+        tokens per second really pay), an overlapped plain step's device time."""
         observe = getattr(self.scheduler.policy, "observe", None)
         if observe is not None:
-            observe(k, plan.batch_size, sum(r.num_tokens for r in plan.reqs),
-                    self.last_step["time_s"] * 1e3)
+            observe(k, plan.batch_size, sum(r.num_tokens for r in plan.reqs), ms)
 
     def _account(self, plan: StepPlan, outputs: list[StepOutput], dt: float,
                  device_ms: float | None) -> None:

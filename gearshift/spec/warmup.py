@@ -35,6 +35,18 @@ log = logging.getLogger("gearshift.spec")
 PROMPT_LEN = 4
 
 
+def _step_ms(engine, k: int, first: bool) -> float | None:
+    """A VERIFY step's wall time (synchronous: host work included). A plain step overlaps
+    with the next one's preparation, so its wall time is the wait for the step before it
+    (noisy, nothing at all for the first one after a VERIFY step): take the device time of
+    the step before, which the engine reads one step late."""
+    if k:
+        return engine.last_step["time_s"] * 1e3
+    if first:
+        return None
+    return engine.last_step.get("device_ms") or engine.last_step["time_s"] * 1e3
+
+
 def apply_measured(policy, measured: dict | None) -> None:
     """Give a cost-modelling policy (goodput) the warm-up's measured step times."""
     cost = getattr(policy, "cost", None)
@@ -62,7 +74,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
         return {}
     # K = max .. 1 (timed), K = 0 (timed; the draft falls behind), then untimed steps whose
     # catch-ups use the other draft-extend shapes: a backlog of several rows, then of one
-    schedule = [*((k, repeats, True) for k in range(max_k, 0, -1)), (0, repeats + 1, True),
+    schedule = [*((k, repeats, True) for k in range(max_k, 0, -1)), (0, repeats + 2, True),
                 (max_k, 1, False), (0, 1, False), (max_k, 1, False)]
     t0 = time.perf_counter()
     saved = (sched.policy, sched.max_num_seqs, dict(engine._stats), spec.stats.copy())
@@ -82,13 +94,12 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
             for k, n, timed in schedule:
                 sched.policy = AlwaysPolicy(k)
                 times = []
-                for _ in range(n):
+                for i in range(n):
                     seen = engine._num_graphs()
                     engine.step()
                     if engine._num_graphs() == seen and len(sched.running) == bs:
-                        times.append(engine.last_step["time_s"] * 1e3)
-                if k == 0:
-                    times = times[1:]  # K = 0 overlaps: its first step only launches
+                        times.append(_step_ms(engine, k, first=i == 0))
+                times = [t for t in times if t is not None]
                 if timed and times:
                     measured[k].append([float(bs), statistics.median(times)])
             for rid in ids:

@@ -60,32 +60,45 @@ def test_graphed_draft_extend_after_accepted_drafts_keeps_acceptance(make_llm):
     assert a["accepted"] > 0 and (a["proposed"], a["accepted"]) == (b["proposed"], b["accepted"])
 
 
-def test_steps_that_capture_a_graph_are_not_observed(make_llm, tiny_llama_dir, tmp_path):
+def test_steps_that_capture_a_graph_are_not_observed(make_llm, tiny_llama_dir, tmp_path,
+                                                     monkeypatch):
     """A lazily captured graph makes its step take seconds once: the goodput policy must not
-    learn that cost. Observed steps are exactly the VERIFY / DECODE steps that captured
-    nothing."""
+    learn that cost. Observed: VERIFY steps that captured nothing (their wall time), and
+    each overlapped DECODE step once resolved, by its device time (its wall time is the
+    wait for the step before it, an EXTEND step's say)."""
+    from gearshift.engine.overlap import PendingStep
+
+    monkeypatch.setattr(PendingStep, "device_ms", lambda self: 3.25)  # CUDA events on a GPU
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
-                   num_draft_tokens=3, spec_policy="random")
+                   num_draft_tokens=3)
     eng = llm.engine
     graphs = install(llm)
+    calls = iter(range(10**6))  # K = 3 and K = 0 in turn (VERIFY, then overlapped DECODE)
+    eng.scheduler.policy.plan = lambda view: [3 * (next(calls) % 2)] * len(view.requests)
     eng._graphs_seen = 0
     seen = []
-    eng.scheduler.policy.observe = lambda k, bs, ctx, ms: seen.append(len(graphs.entries))
-    steps = []
-    orig = eng._observe
+    eng.scheduler.policy.observe = lambda k, bs, ctx, ms: seen.append((k, ms))
+    verify, decode = [], []
+    orig_verify, orig_step = eng._verify, eng.runner.run
 
-    def spy(plan):
-        before = eng._graphs_seen
-        orig(plan)
-        if plan.mode.value != "extend":
-            steps.append(before != eng._graphs_seen)  # this step captured a graph
+    def spy_verify(plan):
+        before = len(graphs.entries)
+        out = orig_verify(plan)
+        verify.append(before != len(graphs.entries))  # this step captured a graph
+        return out
 
-    eng._observe = spy
+    def spy_run(fb, sb):
+        decode.append(fb.mode.value == "decode")
+        return orig_step(fb, sb)
+
+    eng._verify, eng.runner.run = spy_verify, spy_run
     llm.generate(random_prompts([5, 9, 3], seed=1),
                  SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
-    assert any(steps) and not all(steps)
-    assert len(seen) == steps.count(False)
+    assert any(verify) and not all(verify) and any(decode)
+    assert [ms for k, ms in seen if k] and all(ms != 3.25 for k, ms in seen if k)
+    assert sum(1 for k, _ in seen if k) == verify.count(False)
+    assert [ms for k, ms in seen if not k] == [3.25] * sum(decode)
 
 
 def test_graphed_tree_paths_with_triton_kernels(make_llm, tiny_llama_dir, tmp_path):
