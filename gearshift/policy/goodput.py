@@ -54,11 +54,14 @@ class GoodputPolicy(Policy):
         # whose predicted goodput is at least `explore_ratio` of the best is tried once every
         # `explore_every` steps (acceptance and its cost; a bounded loss: under heavy load a
         # VERIFY step costs several plain steps, so clearly worse gears are not tried);
-        # while speculating, one step in `explore_every` runs at K = 0 (cheap: it measures
-        # what plain decode costs now).
+        # while speculating, one step in `explore_every` runs at K = 0 (cheap: what plain
+        # decode costs now), and another, half way, a neighbour K + 1 or K - 1 predicted
+        # within `explore_ratio` (a misjudged neighbour would otherwise never be measured
+        # again: the start-up profile's error would stand).
         self.explore_every, self.explore_ratio = explore_every, explore_ratio
         self._steps_at_zero = 0
         self._steps_speculating = 0
+        self._explorations = 0
 
     def goodput(self, view: PolicyView, k: int) -> tuple[float, float, float]:
         """-> (expected tokens, predicted ms, tokens per ms) for a uniform K."""
@@ -90,12 +93,26 @@ class GoodputPolicy(Policy):
             self._steps_speculating += 1
             if self._steps_speculating % self.explore_every == 0:
                 return [0] * len(view.requests)
+            if self._steps_speculating % self.explore_every == self.explore_every // 2:
+                k = self._neighbour(best, max_k, scores)
+                return [k if self.eligible(r) else 0 for r in view.requests]
         self.last_prediction = {"k": best, "tokens": scores[best][0], "ms": scores[best][1],
                                 "bs": len(view.requests)}
         if log.isEnabledFor(logging.DEBUG):
             log.debug("goodput bs=%d -> K=%d | %s", len(view.requests), best, " ".join(
                 f"K{k}:{t:.1f}tok/{ms:.2f}ms" for k, (t, ms, _) in scores.items()))
         return [best if self.eligible(r) else 0 for r in view.requests]
+
+    def _neighbour(self, best: int, max_k: int, scores: dict) -> int:
+        """The neighbour gear an exploration step tries while speculating at `best`: K + 1
+        and K - 1 in turn, if predicted within explore_ratio of the best (else the other;
+        else `best` itself: no exploration)."""
+        self._explorations += 1
+        order = (best + 1, best - 1) if self._explorations % 2 else (best - 1, best + 1)
+        for k in order:
+            if 0 < k <= max_k and scores[k][2] >= self.explore_ratio * scores[best][2]:
+                return k
+        return best
 
     def observe(self, k: int, bs: int, ctx_tokens: int, ms: float) -> None:
         self.cost.observe(k, self.pad(bs), ctx_tokens, ms)

@@ -168,3 +168,22 @@ def test_one_outlier_moves_a_cost_point_at_most_twofold():
     for _ in range(20):  # consistent measurements still get there
         cost.observe(1, 8, 0, before * 3)
     assert cost.predict(1, 8, 0) > 2.5 * before
+
+
+def test_goodput_explores_neighbour_gears_and_corrects_a_misjudged_one():
+    """The start-up profile overstated K = 4 (say, a first-replay effect): goodput settles on
+    K = 3; its exploration steps also try K + 1, whose measured cost then moves it to K = 4."""
+    cost = memory_bound_costs(max_k=4)
+    actual = {0: 4.0, 1: 4.6, 2: 4.8, 3: 5.0, 4: 5.2}
+    for k, ms in actual.items():
+        cost.set_measured(k, [[8.0, ms * (1.25 if k == 4 else 1.0)]])
+    pol = GoodputPolicy(cost, 4, explore_every=16)
+    rs = reqs(8, 0.8)
+    chosen = []
+    for _ in range(600):
+        ks = pol.plan(PolicyView(rs, 0, 4))
+        chosen.append(ks[0])
+        pol.observe(ks[0], len(rs), 0, actual[ks[0]])
+    assert chosen[:3] == [3] * 3  # the misjudged profile's choice
+    assert 4 in chosen[:20] and 0 in chosen[:20]  # neighbour and plain decode explored
+    assert chosen[-160:].count(4) == 140  # settled on the better gear (1 in 8: exploring)
