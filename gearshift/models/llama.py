@@ -44,9 +44,13 @@ class LlamaForCausalLM(nn.Module):
             return h + residual, torch.cat([aux[i] for i in capture], dim=-1)
         return h + residual
 
-    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None,
+                       mm_out: torch.Tensor | None = None) -> torch.Tensor:
         # hidden: [B, hidden] (rows selected by logits_indices) -> logits: [B, vocab] float32
-        # (`out`: written there, the fp32 conversion in the same pass)
+        # (`out`: written there, the fp32 conversion in the same pass; `mm_out`: [B, vocab]
+        # in the model dtype for the product itself, so that no new one is allocated)
         if out is None:
             return self.lm_head(self.norm(hidden)).float()
-        return out.copy_(self.lm_head(self.norm(hidden)))
+        if mm_out is None or self.lm_head.bias is not None:
+            return out.copy_(self.lm_head(self.norm(hidden)))
+        return out.copy_(torch.mm(self.norm(hidden), self.lm_head.weight.t(), out=mm_out))

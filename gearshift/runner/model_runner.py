@@ -184,12 +184,12 @@ class ModelRunner:
                 for m in ("decode", "extend") for k in ("graphed", "eager")}
 
     def _forward_all(self, fb: ForwardBatch, capture: tuple[int, ...],
-                     logits_out: torch.Tensor | None = None):
+                     logits_out: torch.Tensor | None = None, mm_out: torch.Tensor | None = None):
         if capture:
             hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn, capture)
         else:
             hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn), None
-        return self.model.compute_logits(hidden, out=logits_out), aux
+        return self.model.compute_logits(hidden, out=logits_out, mm_out=mm_out), aux
 
     def _shared_out(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
         """[rows, cols] of one persistent buffer per name that every VERIFY-shape graph
@@ -216,8 +216,13 @@ class ModelRunner:
             logits = self._shared_out("logits", t, self.model.config.vocab_size, torch.float32)
             aux = self._shared_out("aux", t, len(capture) * h, self.dtype) if capture else None
 
+            # the lm_head's bf16 product too: a graph keeps its intermediates for itself, and
+            # [T, vocab] per shape ran the H200 out of memory over the warm-up's tree shapes
+            mm = self._shared_out("logits_mm", t, self.model.config.vocab_size, self.dtype)
+
             def body(s):  # writes the shared outputs: no [T, vocab] kept alive per shape
-                out, feats = self._forward_all(rebuild_batch(fb, s), capture, logits_out=logits)
+                out, feats = self._forward_all(rebuild_batch(fb, s), capture, logits_out=logits,
+                                               mm_out=mm)
                 if aux is not None:
                     aux.copy_(feats)
                 return out, aux

@@ -72,3 +72,4 @@ def test_verify_graphs_share_one_output_buffer(make_llm, tiny_llama_dir, tmp_pat
                  SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
     assert len({k for k, _, _ in outputs}) >= 6  # (batch, K) shapes
     assert len({p for _, p, _ in outputs}) == 1 and len({p for _, _, p in outputs}) == 1
+    assert eng.runner._outputs["logits_mm"].shape == eng.runner._outputs["logits"].shape
