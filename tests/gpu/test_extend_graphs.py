@@ -96,13 +96,15 @@ def test_extend_graphs_match_eager(tiny_llama_dir, chunk):
 
 
 def test_steps_past_the_largest_bucket_run_eagerly(tiny_llama_dir):
-    prompts = _prompts()
-    ref = _generate(_llm(tiny_llama_dir, max_num_batched_tokens=200, extend_graph_max_tokens=0),
-                    prompts)
+    # the long prompts fill 200-token steps (eager: past the 64-token bucket); the short
+    # ones then make a step that fits it (graphed)
+    prompts, short = _prompts(), _prompts((9, 14, 20))
+    ref_llm = _llm(tiny_llama_dir, max_num_batched_tokens=200, extend_graph_max_tokens=0)
+    ref = _generate(ref_llm, prompts), _generate(ref_llm, short)
     llm = _llm(tiny_llama_dir, max_num_batched_tokens=200, extend_graph_max_tokens=64)
     assert sorted(llm.engine.runner.extend_graphs.graphs) == [64]
     checked = _check_graphs_against_eager(llm)
-    assert _generate(llm, prompts) == ref
+    assert (_generate(llm, prompts), _generate(llm, short)) == ref
     stats = llm.engine.runner.graph_stats()
     assert stats["extend_graphed"] == len(checked) > 0 and stats["extend_eager"] > 0
 
