@@ -41,6 +41,8 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
     s.add_argument("--num-verify-tokens", type=int, help="tree budget incl. the root")
     s.add_argument("--spec-policy",
                    help="goodput (default) | always | off | threshold | threshold-vllm | random")
+    s.add_argument("--no-spec-warmup", action="store_true",
+                   help="skip the start-up run of every (batch, K) step shape (graphs + costs)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -54,6 +56,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=args.max_model_len, cuda_graphs=not args.no_cuda_graphs,
               overlap_schedule=not getattr(args, "no_overlap_schedule", False))
+    if getattr(args, "no_spec_warmup", False):
+        kw["spec_warmup"] = False
     if getattr(args, "extend_graph_max_tokens", None) is not None:
         kw["extend_graph_max_tokens"] = args.extend_graph_max_tokens
     if args.attention_backend:

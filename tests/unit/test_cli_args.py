@@ -35,3 +35,6 @@ def test_engine_flags_reach_the_config() -> None:
     kw = engine_kwargs(p.parse_args(["--model", "m", "--no-overlap-schedule",
                                      "--extend-graph-max-tokens", "0"]))
     assert kw["overlap_schedule"] is False and kw["extend_graph_max_tokens"] == 0
+    assert "spec_warmup" not in kw
+    kw = engine_kwargs(p.parse_args(["--model", "m", "--no-spec-warmup"]))
+    assert kw["spec_warmup"] is False

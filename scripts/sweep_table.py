@@ -1,0 +1,64 @@
+"""Markdown table and issue-4 verdicts from a `gearshift bench sweep` JSON: output tok/s
+(acceptance) per policy and concurrency, goodput / best other per point, geometric means,
+goodput's K mix; optionally the sweep's PNG (`--png`).
+
+Usage: python scripts/sweep_table.py sweep.json [--png sweep.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("json")
+    p.add_argument("--png")
+    args = p.parse_args()
+    res = json.load(open(args.json))["results"]
+    pols = list(res)
+    others = [q for q in pols if q != "goodput"]
+    concs = [pt["concurrency"] for pt in res[pols[0]]]
+    print("| c | " + " | ".join(pols) + " | best other | goodput / best | goodput K mix |")
+    print("|---:|" + "---:|" * len(pols) + "---|---:|---|")
+    ratios = []
+    for i, c in enumerate(concs):
+        row = {q: res[q][i] for q in pols if i < len(res[q])}
+        cells = []
+        for q in pols:
+            pt = row.get(q)
+            if pt is None:
+                cells.append("-")
+                continue
+            acc = pt["acceptance_rate"]
+            cells.append(f"{pt['output_tok_per_s']:,.0f}" + (f" ({acc:.2f})" if acc is not None else ""))
+        best = max((q for q in others if q in row), key=lambda q: row[q]["output_tok_per_s"])
+        g = row.get("goodput")
+        ratio = g["output_tok_per_s"] / row[best]["output_tok_per_s"] if g else None
+        ratios.append(ratio)
+        mix = g.get("request_steps_by_k", {}) if g else {}
+        print(f"| {c} | " + " | ".join(cells) + f" | {best} | "
+              + (f"**{ratio:.3f}**" if ratio is not None else "-") + f" | {mix} |")
+    geo = {q: math.exp(sum(math.log(pt["output_tok_per_s"]) for pt in res[q]) / len(res[q]))
+           for q in pols if len(res[q]) == len(concs)}
+    print("| geomean | " + " | ".join(f"{geo[q]:,.0f}" if q in geo else "-" for q in pols) + " | | | |")
+    if "goodput" in geo:
+        beats = {q: geo["goodput"] / v for q, v in geo.items() if q != "goodput"}
+        print("\ngoodput geomean / other policies: "
+              + ", ".join(f"{q} {r:.3f}" for q, r in beats.items()))
+        print(f"goodput >= 0.97 x best at every c: {all(r >= 0.97 for r in ratios if r)}; "
+              f"min {min(r for r in ratios if r):.3f}")
+        off = res.get("off")
+        if off:
+            print(f"goodput / off at c = {concs[0]}: "
+                  f"{res['goodput'][0]['output_tok_per_s'] / off[0]['output_tok_per_s']:.2f}")
+    if args.png:
+        from gearshift.bench.sweep import plot
+
+        plot(res, args.png)
+
+
+if __name__ == "__main__":
+    main()
