@@ -99,6 +99,13 @@ class ModelRunner:
                  len(self.graphs.graphs), len(sizes), sizes, self.extend_rows,
                  time.perf_counter() - t0)
 
+    @property
+    def max_verify_graph_tokens(self) -> int:
+        """VERIFY passes over more tokens than a prefill chunk run eagerly (as EXTEND steps
+        past the largest bucket do): each captured shape keeps its activations, and such
+        steps are compute-bound, where graphs save little."""
+        return max(self.config.extend_graph_max_tokens, self.config.max_num_batched_tokens)
+
     def _extend_graph_limit(self) -> int:
         """Largest padded EXTEND token count: the knob, at most one step's tokens (prefill
         budget + decoders riding along) and the context length, so that the dummy request's

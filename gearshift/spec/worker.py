@@ -175,7 +175,8 @@ class SpecWorker:
             slots_bn = d["node_slots"].view(b, n_max)[:, :n_tree] if n_max >= n_tree else \
                 torch.nn.functional.pad(d["node_slots"].view(b, n_max), (0, n_tree - n_max))
             fb = self._tree_verify_batch(tree, slots_bn, d2, depth, max(prefix_cpu), pad)
-            key = ("verify-tree", fb.num_tokens, n_tree) if self.runner.shape_graphs else None
+            key = ("verify-tree", fb.num_tokens, n_tree) if self.runner.shape_graphs is not None \
+                and fb.num_tokens <= self.runner.max_verify_graph_tokens else None
             node_tok = None
         logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key)  # [T(+pad), V]
         # the tree path's accepted slots go to req_to_token on the device (a chain verified
@@ -242,7 +243,9 @@ class SpecWorker:
         out_loc = [s for slots, n in zip(node_slots, extend) for s in slots[:n]]
         rows = [r.req_pool_index for r in reqs]
         key = None
-        if self.runner.shape_graphs is not None and len(set(extend)) == 1 and not any(ride):
+        if (self.runner.shape_graphs is not None and len(set(extend)) == 1 and not any(ride)
+                and self.runner.decode_pad(len(reqs)) * extend[0]
+                <= self.runner.max_verify_graph_tokens):
             # uniform candidates per request: pad to a graph batch size (dummy row 0, slot 0)
             n, pad = extend[0], self.runner.decode_pad(len(reqs)) - len(reqs)
             rows, prefix, extend = rows + [0] * pad, prefix + [0] * pad, extend + [n] * pad

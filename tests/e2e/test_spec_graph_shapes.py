@@ -133,3 +133,37 @@ def test_proposal_graphs_are_keyed_by_padded_batch(make_llm, tiny_llama_dir, tmp
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     sizes = {k[2] for k in graphs.keys if k[:2] == ("eagle3", "expand")}
     assert sizes and sizes <= {1, 2, 4, 8} and len(sizes) >= 2
+
+
+@pytest.mark.parametrize("chain_as_extend", [False, True])
+def test_verify_passes_larger_than_a_prefill_chunk_run_eagerly(make_llm, tiny_llama_dir, tmp_path,
+                                                               chain_as_extend):
+    """A VERIFY pass over more tokens than max(extend_graph_max_tokens, a prefill chunk) is
+    not captured (each shape would keep its activations; such passes are compute-bound):
+    here 4 requests x 4 tokens = 16 > 8 run eagerly, a lone request's 4 tokens are graphed."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = random_prompts([5, 9, 3, 7], seed=6)
+    params = [SamplingParams(max_tokens=6 + 8 * i, temperature=0.0, ignore_eos=True)
+              for i in range(len(prompts))]
+    opts = dict(max_num_batched_tokens=8, extend_graph_max_tokens=0)
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir, **opts).generate(prompts, params)]
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=3, spec_policy="always", **opts)
+    graphs = install(llm)
+    if chain_as_extend:
+        llm.engine.spec.split_k_verify_below = 0
+    runner = llm.engine.runner
+    assert runner.max_verify_graph_tokens == 8
+    passes, forward_all = [], runner.forward_all
+
+    def spy(fb, capture=(), graph_key=None):
+        passes.append((fb.num_tokens, graph_key is not None))
+        return forward_all(fb, capture, graph_key=graph_key)
+
+    runner.forward_all = spy
+    assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+    target = [k for k in graphs.keys if k[0] == "target"]
+    tokens = [k[2] if k[1] == "verify-tree" else k[2] * k[3] for k in target]
+    assert target and max(tokens) <= 8
+    assert {graphed for n, graphed in passes if n > 8} == {False}  # eager past the limit
+    assert {graphed for n, graphed in passes if n <= 8} == {True}
