@@ -4,7 +4,8 @@ concurrency (1, 2, 4, ... 256) for each speculation policy, on one target + draf
     off | always K=2 | always K=4 | tree | threshold (SGLang-like: off at >= 64)
         | threshold-vllm (K=3 <= 64, K=1 <= 128, off above) | goodput (default)
 
-Concurrency c = at most c requests running (closed loop over max(c * rounds, 8) requests).
+Concurrency c = at most c requests running (closed loop over max(c * rounds, min_requests)
+requests; 4 and 16 by default).
 Chain policies share one engine (max K = 4); the tree runs on its own engine. Prompts are
 held-out corpus files (real acceptance) or synthetic ids. Prints a table, writes JSON and
 a PNG plot, and reports the measured acceptance per point.
@@ -244,8 +245,10 @@ def add_args(p) -> None:
     add_engine_args(p)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                    default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
-    p.add_argument("--rounds", type=int, default=2, help="requests per point = c * rounds")
-    p.add_argument("--min-requests", type=int, default=8,
+    # 2 rounds / 8 requests gave ~1 s points whose throughput varied up to 9% between two
+    # identical policies on the H200 (docs/benchmarks/2026-11-29-h200-session3.md)
+    p.add_argument("--rounds", type=int, default=4, help="requests per point = c * rounds")
+    p.add_argument("--min-requests", type=int, default=16,
                    help="at least this many requests per point (short points are noisy)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
