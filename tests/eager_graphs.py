@@ -17,9 +17,10 @@ class EagerGraphs:
         return fn(static)
 
 
-def install(llm) -> EagerGraphs:
-    """Give an engine the stand-in, with decode graph sizes of powers of two."""
+def install(llm, graphs=None):
+    """Give an engine a stand-in (EagerGraphs unless given), with decode graph sizes of
+    powers of two. -> the stand-in."""
     runner = llm.engine.runner
-    runner.shape_graphs = graphs = EagerGraphs()
+    runner.shape_graphs = graphs = graphs if graphs is not None else EagerGraphs()
     runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()  # 5 requests -> 8 rows
     return graphs

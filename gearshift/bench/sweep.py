@@ -157,14 +157,7 @@ def run(args) -> int:
     results: dict[str, list[dict]] = {}
     chain = LLM(**kw, num_draft_tokens=4)
     eng = chain.engine
-    warmup_s = None
-    if eng.runner.shape_graphs is not None:  # spec_policy "off" skipped it at start-up
-        from gearshift.spec.warmup import warm_up_speculation
-
-        t0 = time.perf_counter()
-        warm_up_speculation(eng)
-        warmup_s = time.perf_counter() - t0
-    extra = {"warmup_s": warmup_s, "warmup_costs_ms": eng.spec.measured_costs}
+    extra = {"warmup_s": _warm_up(eng), "warmup_costs_ms": eng.spec.measured_costs}
     chain_policies = [n for n in args.policies if n != "tree"]
     with_tree = "tree" in args.policies and args.tree_topk
     total = (len(chain_policies) + bool(with_tree)) * len(concs)
@@ -186,10 +179,7 @@ def run(args) -> int:
     if with_tree:
         tree = LLM(**kw, num_draft_tokens=args.tree_depth, draft_topk=args.tree_topk,
                    num_verify_tokens=args.tree_tokens)
-        if tree.engine.runner.shape_graphs is not None:
-            from gearshift.spec.warmup import warm_up_speculation
-
-            warm_up_speculation(tree.engine)
+        _warm_up(tree.engine)
         tree.engine.scheduler.policy = policy_object("tree", tree.engine, args.tree_depth)
         name = f"tree-{args.tree_topk}x{args.tree_depth}-{args.tree_tokens}"
         results[name] = []
@@ -203,6 +193,18 @@ def run(args) -> int:
     _save(args, results, env)
     plot(results, args.output_png)
     return 0
+
+
+def _warm_up(engine) -> float | None:
+    """The start-up speculation warm-up, which spec_policy "off" (the engines' policy until
+    each point sets its own) skipped; -> seconds, None without CUDA graphs."""
+    if engine.runner.shape_graphs is None:
+        return None
+    from gearshift.spec.warmup import warm_up_speculation
+
+    t0 = time.perf_counter()
+    warm_up_speculation(engine)
+    return time.perf_counter() - t0
 
 
 def _save(args, results: dict, env: dict) -> None:

@@ -74,12 +74,12 @@ class Engine:
                 pad=self.runner.decode_pad)
             self.scheduler.max_draft_len = config.num_draft_tokens
             self.scheduler.spec_slots = self.spec.slots_needed
-            self.scheduler.spec_mixed = config.draft_topk == 1  # riders need causal extend
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
-        if self.spec is not None and self.runner.shape_graphs is not None:
-            # prefill chunks do not ride in VERIFY steps (an eager pass): a step with a
+        if self.spec is not None:
+            # prefill chunks ride in a chain's causal verify pass (riders need causal
+            # extend), but not with CUDA graphs: that pass is eager, while a step with a
             # prefill chunk is a graphed mixed EXTEND step, its decoders at K = 0
-            self.scheduler.spec_mixed = False
+            self.scheduler.spec_mixed = config.draft_topk == 1 and self.runner.shape_graphs is None
         self.overlap = config.overlap_schedule
         self.feed = TokenFeed(config.max_num_seqs + 1, self.runner.device)
         self.pending: PendingStep | None = None  # launched, tokens not read yet (overlap)

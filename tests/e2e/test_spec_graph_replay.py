@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from checkpoints import random_prompts
+from eager_graphs import install
 from eagle3_checkpoints import make_eagle3_checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -53,9 +54,7 @@ class ReplayGraphs:
 def _engine(make_llm, tiny_llama_dir, head, spec):
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    **{"spec_policy": "always", **spec})
-    runner = llm.engine.runner
-    runner.shape_graphs = graphs = ReplayGraphs()
-    runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()
+    graphs = install(llm, ReplayGraphs())
     return llm, graphs
 
 

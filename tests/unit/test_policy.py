@@ -40,6 +40,17 @@ def best_k_bruteforce(cost, alpha, bs, max_k):
                key=lambda k: bs * expected_tokens(alpha, k) / cost.predict(k, bs, 0))
 
 
+def drive(pol, rs, actual: dict, steps: int, max_k: int = 4) -> list[int]:
+    """`steps` plans of `pol` for requests `rs`, each step observed at its true cost
+    actual[K] -> the K chosen per step."""
+    chosen = []
+    for _ in range(steps):
+        k = pol.plan(PolicyView(rs, 0, max_k))[0]
+        chosen.append(k)
+        pol.observe(k, len(rs), 0, actual[k])
+    return chosen
+
+
 def test_expected_tokens_formula():
     assert expected_tokens(0.5, 0) == 1.0
     assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
@@ -102,11 +113,7 @@ def test_goodput_explores_k0_while_speculating_and_a_bad_prior_is_corrected():
     actual = {0: 4.0, 1: 7.0, 2: 8.0, 3: 9.0, 4: 12.0}  # speculation costs host work
     pol = GoodputPolicy(cost, 4, explore_every=16)
     rs = reqs(8, 0.5)
-    chosen = []
-    for _ in range(400):
-        ks = pol.plan(PolicyView(rs, 0, 4))
-        chosen.append(ks[0])
-        pol.observe(ks[0], len(rs), 0, actual[ks[0]])
+    chosen = drive(pol, rs, actual, 400)
     assert chosen[0] > 0  # the prior said: speculate
     assert 0 in chosen[:40]  # an exploration step measured K = 0 early on
     assert chosen[-100:].count(0) >= 90  # and the policy settled on plain decode
@@ -179,11 +186,7 @@ def test_goodput_explores_neighbour_gears_and_corrects_a_misjudged_one():
         cost.set_measured(k, [[8.0, ms * (1.25 if k == 4 else 1.0)]])
     pol = GoodputPolicy(cost, 4, explore_every=16)
     rs = reqs(8, 0.8)
-    chosen = []
-    for _ in range(600):
-        ks = pol.plan(PolicyView(rs, 0, 4))
-        chosen.append(ks[0])
-        pol.observe(ks[0], len(rs), 0, actual[ks[0]])
+    chosen = drive(pol, rs, actual, 600)
     assert chosen[:3] == [3] * 3  # the misjudged profile's choice
     assert 4 in chosen[:20] and 0 in chosen[:20]  # neighbour and plain decode explored
     assert chosen[-160:].count(4) == 140  # settled on the better gear (1 in 8: exploring)
