@@ -62,8 +62,9 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     if sizes is None:
         graphs = engine.runner.graphs
         sizes = sorted(graphs.graphs) if graphs is not None else []
-    # tokens a request commits: prefill's one, `repeats` steps of K + 1 at most per K > 0,
-    # repeats + 1 plain steps; plus one VERIFY step's node and scratch slots
+    # tokens a request commits: prefill's one, repeats + 1 steps of K + 1 at most per K > 0,
+    # repeats + 2 plain steps, 2 untimed steps at max K; plus one VERIFY step's node and
+    # scratch slots
     generated = 1 + sum(n * (k + 1) for k, n in
                         [*((k, repeats + 1) for k in range(1, max_k + 1)), (0, repeats + 2),
                          (max_k, 2)])
@@ -74,8 +75,9 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
         return {}
     # K = max .. 1 (timed), K = 0 (timed; the draft falls behind), then untimed steps whose
     # catch-ups use the other draft-extend shapes: a backlog of several rows, then of one
-    # (each timed K starts with one untimed step: on the H200 the first-measured gear read
-    # ~20% slow, apparently a first-replay effect, which goodput then avoided)
+    # (each timed K starts with one untimed step, added when the first-measured gear, K = 4,
+    # read slow on the H200; its premium over K = 3 persisted with it, so the cause is not a
+    # first replay: see docs/benchmarks/2026-11-29-h200-session3.md)
     schedule = [*((k, repeats + 1, True) for k in range(max_k, 0, -1)), (0, repeats + 2, True),
                 (max_k, 1, False), (0, 1, False), (max_k, 1, False)]
     t0 = time.perf_counter()

@@ -178,7 +178,7 @@ def test_one_outlier_moves_a_cost_point_at_most_twofold():
 
 
 def test_goodput_explores_neighbour_gears_and_corrects_a_misjudged_one():
-    """The start-up profile overstated K = 4 (say, a first-replay effect): goodput settles on
+    """The start-up profile overstated K = 4 (as the H200 warm-up seemed to): goodput settles on
     K = 3; its exploration steps also try K + 1, whose measured cost then moves it to K = 4."""
     cost = memory_bound_costs(max_k=4)
     actual = {0: 4.0, 1: 4.6, 2: 4.8, 3: 5.0, 4: 5.2}
