@@ -5,10 +5,13 @@ concurrency (1, 2, 4, ... 256) for each speculation policy, on one target + draf
         | threshold-vllm (K=3 <= 64, K=1 <= 128, off above) | goodput (default)
 
 Concurrency c = at most c requests running (closed loop over max(c * rounds, min_requests)
-requests; 4 and 16 by default).
-Chain policies share one engine (max K = 4); the tree runs on its own engine. Prompts are
-held-out corpus files (real acceptance) or synthetic ids. Prints a table, writes JSON and
-a PNG plot, and reports the measured acceptance per point.
+requests; 4 and 16 by default), split into `passes` (2) runs. Chain policies share one
+engine (max K = 4) and are interleaved: for each c, pass 1 runs every policy in turn, pass
+2 runs them in reverse order on the next prompts, so drift over the run (clocks, heap)
+falls on every policy alike; a point sums its passes, and `pass_tok_per_s` shows their
+spread. The tree runs on its own engine after the chain. Prompts are held-out corpus
+windows (real acceptance) or synthetic ids. Prints a table, writes JSON and a PNG plot,
+and reports the measured acceptance and the garbage collections inside each point.
 
 Data flow: args -> LLM engines -> per (policy, c): Engine.step loop -> metrics -> JSON/PNG.
 """
@@ -24,6 +27,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from gearshift.engine.gc_control import GcPauses, freeze_heap
 from gearshift.request import SamplingParams
 
 log = logging.getLogger("gearshift.bench")
@@ -97,15 +101,16 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     first, last, count = {}, {}, {}
     for i, p in enumerate(prompts):
         engine.add_request(f"s{i}", p, params)
-    t0 = time.perf_counter()
-    while engine.has_unfinished_requests():
-        outs = engine.step()
-        now = time.perf_counter()
-        for o in outs:
-            first.setdefault(o.request_id, now)
-            last[o.request_id] = now
-            count[o.request_id] = count.get(o.request_id, 0) + len(o.new_token_ids)
-    elapsed = time.perf_counter() - t0
+    with GcPauses() as pauses:
+        t0 = time.perf_counter()
+        while engine.has_unfinished_requests():
+            outs = engine.step()
+            now = time.perf_counter()
+            for o in outs:
+                first.setdefault(o.request_id, now)
+                last[o.request_id] = now
+                count[o.request_id] = count.get(o.request_id, 0) + len(o.new_token_ids)
+        elapsed = time.perf_counter() - t0
     tpot = [(last[r] - first[r]) / (count[r] - 1) * 1e3 for r in count if count[r] > 1]
     stats = engine.spec.stats if engine.spec else {}
     proposed = stats.get("proposed", 0) - before.get("proposed", 0)
@@ -113,14 +118,58 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     steps_by_k = {int(k.split(".")[1]): v - before.get(k, 0) for k, v in stats.items()
                   if k.startswith("steps_by_k.") and v > before.get(k, 0)}  # request-steps
     return {"concurrency": concurrency, "requests": len(prompts),
+            "output_tokens": sum(count.values()),
             "output_tok_per_s": sum(count.values()) / elapsed,
-            "tpot_ms_median": statistics.median(tpot) if tpot else None,
+            "tpot_ms_median": statistics.median(tpot) if tpot else None, "tpot_ms": tpot,
             "acceptance_rate": accepted / proposed if proposed else None,
             "proposed": proposed, "accepted": accepted, "elapsed_s": elapsed,
             "request_steps_by_k": dict(sorted(steps_by_k.items())),
             "graphs_captured": engine._num_graphs() - graphs_before,
+            **pauses.as_dict(),
             **{f"{m}_steps": engine.stats()[f"{m}_steps"] - steps_before[f"{m}_steps"]
                for m in ("decode", "verify", "extend")}}
+
+
+def merge_passes(parts: list[dict]) -> dict:
+    """One point from its passes: sums (tokens, time, steps, drafts, collections), tok/s
+    over the summed time, the median time per output token over every request."""
+    out = {"concurrency": parts[0]["concurrency"]}
+    for key in ("requests", "output_tokens", "elapsed_s", "proposed", "accepted", "gc_ms",
+                "graphs_captured", "decode_steps", "verify_steps", "extend_steps"):
+        out[key] = sum(p[key] for p in parts)
+    out["output_tok_per_s"] = out["output_tokens"] / out["elapsed_s"]
+    out["pass_tok_per_s"] = [round(p["output_tok_per_s"], 1) for p in parts]
+    tpot = [t for p in parts for t in p["tpot_ms"]]
+    out["tpot_ms_median"] = statistics.median(tpot) if tpot else None
+    out["acceptance_rate"] = out["accepted"] / out["proposed"] if out["proposed"] else None
+    steps: dict[int, int] = {}
+    for p in parts:
+        for k, v in p["request_steps_by_k"].items():
+            steps[k] = steps.get(k, 0) + v
+    out["request_steps_by_k"] = dict(sorted(steps.items()))
+    out["gc_collections"] = [sum(g) for g in zip(*(p["gc_collections"] for p in parts))]
+    return out
+
+
+def sweep(engine, policies: dict, prompts: list[list[int]], args, bar, done=None) -> dict:
+    """-> {policy name: [point per concurrency]}; `policies` maps names to policy objects,
+    which keep their state (goodput's learned costs) from point to point, as when serving."""
+    results: dict[str, list[dict]] = {name: [] for name in policies}
+    for c in args.concurrency:
+        n = max(-(-c * args.rounds // args.passes), -(-args.min_requests // args.passes))
+        parts: dict[str, list[dict]] = {name: [] for name in policies}
+        for i in range(args.passes):
+            order = list(policies) if i % 2 == 0 else list(reversed(policies))
+            for name in order:
+                engine.scheduler.policy = policies[name]
+                parts[name].append(run_point(engine, prompts[i * n:(i + 1) * n], c,
+                                             args.output_len))
+                bar.update(1 / args.passes)
+        for name in policies:
+            results[name].append(merge_passes(parts[name]))
+        if done is not None:
+            done(results)  # partial results survive a time limit
+    return results
 
 
 def plot(results: dict, path: str) -> None:
@@ -154,24 +203,19 @@ def run(args) -> int:
     kw.setdefault("speculative_algorithm", "eagle3")
     kw.pop("num_draft_tokens", None)
     concs = args.concurrency
-    results: dict[str, list[dict]] = {}
     chain = LLM(**kw, num_draft_tokens=4)
     eng = chain.engine
     extra = {"warmup_s": _warm_up(eng), "warmup_costs_ms": eng.spec.measured_costs}
     chain_policies = [n for n in args.policies if n != "tree"]
     with_tree = "tree" in args.policies and args.tree_topk
-    total = (len(chain_policies) + bool(with_tree)) * len(concs)
-    bar = tqdm(total=total, desc="sweep")
-    for name in chain_policies:
-        eng.scheduler.policy = policy_object(name, eng, 4)
-        results[name] = []
-        for c in concs:
-            prompts = make_prompts(chain.tokenizer, eng.model_config.vocab_size,
-                                   max(c * args.rounds, args.min_requests), args.input_len, args.seed)
-            results[name].append(run_point(eng, prompts, c, args.output_len))
-            bar.update(1)
-        _save(args, results, environment(chain) | extra)  # partial results survive a time limit
+    bar = tqdm(total=(len(chain_policies) + bool(with_tree)) * len(concs), desc="sweep")
+    most = args.passes * max(max(-(-c * args.rounds // args.passes),
+                                 -(-args.min_requests // args.passes)) for c in concs)
+    prompts = make_prompts(chain.tokenizer, eng.model_config.vocab_size, most, args.input_len,
+                           args.seed)
     env = environment(chain) | extra
+    results = sweep(eng, {n: policy_object(n, eng, 4) for n in chain_policies}, prompts, args,
+                    bar, done=lambda r: _save(args, r, env))
     del chain, eng
     gc.collect()  # the tree engine needs the chain engine's memory
     if torch.cuda.is_available():
@@ -180,15 +224,13 @@ def run(args) -> int:
         tree = LLM(**kw, num_draft_tokens=args.tree_depth, draft_topk=args.tree_topk,
                    num_verify_tokens=args.tree_tokens)
         _warm_up(tree.engine)
-        tree.engine.scheduler.policy = policy_object("tree", tree.engine, args.tree_depth)
         name = f"tree-{args.tree_topk}x{args.tree_depth}-{args.tree_tokens}"
-        results[name] = []
-        for c in concs:
-            prompts = make_prompts(tree.tokenizer, tree.engine.model_config.vocab_size,
-                                   max(c * args.rounds, args.min_requests), args.input_len, args.seed)
-            results[name].append(run_point(tree.engine, prompts, c, args.output_len))
-            bar.update(1)
+        results |= sweep(tree.engine, {name: policy_object("tree", tree.engine, args.tree_depth)},
+                         prompts, args, bar)
     bar.close()
+    for pts in results.values():
+        for p in pts:
+            p.pop("tpot_ms", None)
     _print(results)
     _save(args, results, env)
     plot(results, args.output_png)
@@ -204,6 +246,7 @@ def _warm_up(engine) -> float | None:
 
     t0 = time.perf_counter()
     warm_up_speculation(engine)
+    freeze_heap()  # as the engine does after its own start-up warm-up
     return time.perf_counter() - t0
 
 
@@ -241,6 +284,18 @@ def _policy_list(text: str) -> list[str]:
     return names
 
 
+def _at_least_one(text: str) -> int:
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return n
+
+
 def add_args(p) -> None:
     from gearshift.cli import add_engine_args
 
@@ -252,6 +307,8 @@ def add_args(p) -> None:
     p.add_argument("--rounds", type=int, default=4, help="requests per point = c * rounds")
     p.add_argument("--min-requests", type=int, default=16,
                    help="at least this many requests per point (short points are noisy)")
+    p.add_argument("--passes", type=_at_least_one, default=2,
+                   help="runs per point, policies interleaved, alternate passes in reverse order")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--policies", type=_policy_list, default=[*CHAIN_POLICIES, "tree"],

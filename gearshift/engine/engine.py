@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from gearshift.config import EngineConfig
+from gearshift.engine.gc_control import freeze_heap
 from gearshift.engine.overlap import PendingStep, TokenFeed
 from gearshift.forward_batch import ForwardMode
 from gearshift.models.default import DEFAULT_MODEL_DIR
@@ -97,6 +98,10 @@ class Engine:
             from gearshift.spec.warmup import warm_up_speculation
 
             warm_up_speculation(self)
+        if config.gc_freeze or (config.gc_freeze is None and self.runner.graphs is not None):
+            # later collections skip the start-up heap (model, libraries, graphs): no
+            # 100 ms full collections at random steps while serving
+            freeze_heap()
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids: list[int],

@@ -50,10 +50,24 @@ class CostModel:
         return m
 
     def set_measured(self, k: int, points: list[list[float]]) -> None:
-        """Replace K's curve by measured (batch size, ms) points (the start-up warm-up's);
-        each counts as one observation, so online ones average in from there."""
+        """Replace K's curve by measured (batch size, ms) points (the start-up warm-up's).
+        They stay a prior: a point's first online observation (a real step, at real
+        context lengths) replaces it, the next ones average in."""
         self.base[k] = [[float(bs), float(ms)] for bs, ms in sorted(points)]
-        self.counts[k] = [1] * len(points)
+        self.counts[k] = [0] * len(points)
+
+    def observed(self, k: int, bs: int) -> int:
+        """How many online observations the table point(s) predicting (K, bs) have had (the
+        fewer of the two around an interpolated bs)."""
+        pts = self.base.get(k)
+        if not pts:
+            return 0
+        counts = self.counts.get(k) or [0] * len(pts)
+        xs = [p[0] for p in pts]
+        i = bisect.bisect_left(xs, bs)
+        if i < len(pts) and xs[i] == bs:
+            return counts[i]
+        return min(counts[max(i - 1, 0)], counts[min(i, len(pts) - 1)])
 
     def predict(self, k: int, bs: int, ctx_tokens: int) -> float:
         return _interp(self.base[k], bs) + self.attn_ms_per_token.get(k, 0.0) * ctx_tokens

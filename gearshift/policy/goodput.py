@@ -6,7 +6,8 @@ committed tokens per second for this step.
     G(K)   = sum_i E_i(K) / t(K, padded bs, context)      t from the CostModel
 
 Requests that opted out count 1 token at any K. Hysteresis: the current K is kept unless
-another K is predicted to be better by more than `margin` (no flapping on noise).
+another K is predicted to be better by more than `margin` (2%: no flapping on noise, and
+at most 2% lost to a gear that is better by less).
 As batches grow, t(K) rises faster than E(K) (verification turns compute-bound), and the
 argmax falls to K = 0: plain decode.
 
@@ -41,8 +42,9 @@ def acceptance(req: Request, prior: float, prior_weight: float) -> float:
 
 class GoodputPolicy(Policy):
     def __init__(self, cost: CostModel, max_k: int, *, prior: float = 0.6,
-                 prior_weight: float = 4.0, margin: float = 0.05, pad=lambda bs: bs,
-                 explore_every: int = 64, explore_ratio: float = 0.8) -> None:
+                 prior_weight: float = 4.0, margin: float = 0.02, pad=lambda bs: bs,
+                 explore_every: int = 64, explore_ratio: float = 0.8, fresh_obs: int = 2,
+                 fresh_gap: int = 4) -> None:
         self.cost = cost
         self.max_k = max_k
         self.prior, self.prior_weight = prior, prior_weight
@@ -57,26 +59,48 @@ class GoodputPolicy(Policy):
         # while speculating, one step in `explore_every` runs at K = 0 (cheap: what plain
         # decode costs now), and another, half way, a neighbour K + 1 or K - 1 predicted
         # within `explore_ratio` (a misjudged neighbour would otherwise never be measured
-        # again: the start-up profile's error would stand).
+        # again: the start-up profile's error would stand). A neighbour gear whose cost at
+        # this batch size has had fewer than `fresh_obs` online observations (only the
+        # start-up warm-up's, or none) is tried sooner: one step in `fresh_gap`, so a new
+        # load level is measured within its first steps, not after a hundred.
         self.explore_every, self.explore_ratio = explore_every, explore_ratio
+        self.fresh_obs, self.fresh_gap = fresh_obs, fresh_gap
         self._steps_at_zero = 0
         self._steps_speculating = 0
+        self._last_fresh = 0  # the first fresh exploration comes after fresh_gap steps
         self._explorations = 0
 
     def goodput(self, view: PolicyView, k: int) -> tuple[float, float, float]:
         """-> (expected tokens, predicted ms, tokens per ms) for a uniform K."""
+        return self.scores(view, k)[k]
+
+    def scores(self, view: PolicyView, max_k: int) -> dict[int, tuple[float, float, float]]:
+        """(expected tokens, predicted ms, tokens per ms) for every uniform K in 0..max_k, in
+        one pass over the requests: E_i(K) = E_i(K - 1) + a_i^K (the planner runs every
+        step, for every running request)."""
         bs = self.pad(len(view.requests))
         ctx = sum(r.num_tokens for r in view.requests)
-        tokens = sum(expected_tokens(acceptance(r, self.prior, self.prior_weight), k)
-                     if self.eligible(r) else 1.0 for r in view.requests)
-        ms = self.cost.predict(k, bs, ctx)
-        return tokens, ms, tokens / ms
+        tokens = [float(len(view.requests))] * (max_k + 1)  # every request commits one token
+        for r in view.requests:
+            if not self.eligible(r):
+                continue
+            a = acceptance(r, self.prior, self.prior_weight)
+            term, extra = 1.0, 0.0
+            for k in range(1, max_k + 1):
+                term *= a
+                extra += term
+                tokens[k] += extra
+        out = {}
+        for k, t in enumerate(tokens):
+            ms = self.cost.predict(k, bs, ctx)
+            out[k] = (t, ms, t / ms)
+        return out
 
     def plan(self, view: PolicyView) -> list[int]:
         max_k = min(self.max_k, view.max_k)
         if not any(self.eligible(r) for r in view.requests):
             return [0] * len(view.requests)
-        scores = {k: self.goodput(view, k) for k in range(max_k + 1)}
+        scores = self.scores(view, max_k)
         best = max(scores, key=lambda k: scores[k][2])
         cur = min(self.current_k, max_k)
         if scores[best][2] <= scores[cur][2] * (1 + self.margin):
@@ -96,6 +120,11 @@ class GoodputPolicy(Policy):
             if self._steps_speculating % self.explore_every == self.explore_every // 2:
                 k = self._neighbour(best, max_k, scores)
                 return [k if self.eligible(r) else 0 for r in view.requests]
+            if self._steps_speculating - self._last_fresh >= self.fresh_gap:
+                k = self._unmeasured_neighbour(best, max_k, scores, self.pad(len(view.requests)))
+                if k:
+                    self._last_fresh = self._steps_speculating
+                    return [k if self.eligible(r) else 0 for r in view.requests]
         self.last_prediction = {"k": best, "tokens": scores[best][0], "ms": scores[best][1],
                                 "bs": len(view.requests)}
         if log.isEnabledFor(logging.DEBUG):
@@ -113,6 +142,15 @@ class GoodputPolicy(Policy):
             if 0 < k <= max_k and scores[k][2] >= self.explore_ratio * scores[best][2]:
                 return k
         return best
+
+    def _unmeasured_neighbour(self, best: int, max_k: int, scores: dict, bs: int) -> int:
+        """K + 1 or K - 1 (in that order), if predicted within explore_ratio of the best and
+        measured online fewer than `fresh_obs` times at this (padded) batch size; else 0."""
+        for k in (best + 1, best - 1):
+            if (0 < k <= max_k and self.cost.observed(k, bs) < self.fresh_obs
+                    and scores[k][2] >= self.explore_ratio * scores[best][2]):
+                return k
+        return 0
 
     def observe(self, k: int, bs: int, ctx_tokens: int, ms: float) -> None:
         self.cost.observe(k, self.pad(bs), ctx_tokens, ms)

@@ -27,6 +27,7 @@ import logging
 import statistics
 import time
 
+from gearshift.engine.gc_control import gc_paused
 from gearshift.policy.static import AlwaysPolicy
 from gearshift.request import SamplingParams
 
@@ -84,38 +85,39 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     saved = (sched.policy, sched.max_num_seqs, dict(engine._stats), spec.stats.copy())
     measured: dict[int, list[list[float]]] = {k: [] for k in range(max_k + 1)}
     params = SamplingParams(max_tokens=generated + 1, temperature=0.0, ignore_eos=True)
-    try:
-        for bs in sorted(sizes, reverse=True):  # largest first: smaller graphs reuse its pool
-            sched.max_num_seqs = bs
-            ids = [f"__warmup-{bs}-{i}" for i in range(bs)]
-            for i, rid in enumerate(ids):
-                engine.add_request(rid, [(7 * i + j) % engine.model_config.vocab_size + 1
-                                         for j in range(PROMPT_LEN)], params)
-            sched.policy = AlwaysPolicy(0)
-            while sched.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids)
-                                       for r in sched.running):
-                engine.step()
-            for k, n, timed in schedule:
-                sched.policy = AlwaysPolicy(k)
-                times = []
-                for i in range(n):
-                    seen = engine._num_graphs()
+    with gc_paused():  # a collection inside a timed step is not that gear's cost
+        try:
+            for bs in sorted(sizes, reverse=True):  # largest first: smaller graphs reuse its pool
+                sched.max_num_seqs = bs
+                ids = [f"__warmup-{bs}-{i}" for i in range(bs)]
+                for i, rid in enumerate(ids):
+                    engine.add_request(rid, [(7 * i + j) % engine.model_config.vocab_size + 1
+                                             for j in range(PROMPT_LEN)], params)
+                sched.policy = AlwaysPolicy(0)
+                while sched.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids)
+                                           for r in sched.running):
                     engine.step()
-                    if engine._num_graphs() == seen and len(sched.running) == bs and i:
-                        times.append(_step_ms(engine, k, first=i == 1))
-                times = [t for t in times if t is not None]
-                if timed and times:
-                    measured[k].append([float(bs), statistics.median(times)])
-            for rid in ids:
-                engine.abort_request(rid)
-            while engine.has_unfinished_requests():
-                engine.step()
-    finally:
-        sched.policy, sched.max_num_seqs = saved[0], saved[1]
-        engine._stats.clear()
-        engine._stats.update(saved[2])
-        spec.stats.clear()
-        spec.stats.update(saved[3])
+                for k, n, timed in schedule:
+                    sched.policy = AlwaysPolicy(k)
+                    times = []
+                    for i in range(n):
+                        seen = engine._num_graphs()
+                        engine.step()
+                        if engine._num_graphs() == seen and len(sched.running) == bs and i:
+                            times.append(_step_ms(engine, k, first=i == 1))
+                    times = [t for t in times if t is not None]
+                    if timed and times:
+                        measured[k].append([float(bs), statistics.median(times)])
+                for rid in ids:
+                    engine.abort_request(rid)
+                while engine.has_unfinished_requests():
+                    engine.step()
+        finally:
+            sched.policy, sched.max_num_seqs = saved[0], saved[1]
+            engine._stats.clear()
+            engine._stats.update(saved[2])
+            spec.stats.clear()
+            spec.stats.update(saved[3])
     measured = {k: sorted(pts) for k, pts in measured.items() if pts}
     spec.measured_costs = measured
     apply_measured(sched.policy, measured)

@@ -73,3 +73,21 @@ def test_verify_graphs_share_one_output_buffer(make_llm, tiny_llama_dir, tmp_pat
     assert len({k for k, _, _ in outputs}) >= 6  # (batch, K) shapes
     assert len({p for _, p, _ in outputs}) == 1 and len({p for _, _, p in outputs}) == 1
     assert eng.runner._outputs["logits_mm"].shape == eng.runner._outputs["logits"].shape
+
+
+def test_warm_up_times_steps_without_garbage_collection(make_llm, tiny_llama_dir, tmp_path):
+    """A full collection (tens of ms) inside a timed warm-up step would be read as that gear's
+    cost: automatic collection is off while the warm-up runs, and back on afterwards."""
+    import gc
+
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=2)
+    install(llm)
+    eng = llm.engine
+    seen = []
+    step = eng.step
+    eng.step = lambda: seen.append(gc.isenabled()) or step()
+    assert gc.isenabled()
+    warm_up_speculation(eng, sizes=[1, 2])
+    assert seen and not any(seen) and gc.isenabled()

@@ -26,7 +26,10 @@ def test_sweep_cli_writes_every_point(tmp_path):
     assert set(CHAIN_POLICIES) < set(results) and any(k.startswith("tree-") for k in results)
     for name, pts in results.items():
         assert [p["concurrency"] for p in pts] == [1, 3]
-        assert all(p["requests"] == max(p["concurrency"], 2) and p["output_tok_per_s"] > 0 for p in pts)
+        # two passes (interleaved policies) of max(ceil(c / 2), 1) requests each
+        assert [p["requests"] for p in pts] == [2, 4]
+        assert all(p["output_tok_per_s"] > 0 and len(p["pass_tok_per_s"]) == 2 for p in pts)
+        assert all(len(p["gc_collections"]) == 3 and p["gc_ms"] >= 0 for p in pts)
         if name == "off":
             assert all(p["proposed"] == 0 for p in pts)
         if name.startswith("always") or name.startswith("tree"):
@@ -49,3 +52,45 @@ def test_sweep_policies_subset(tmp_path, capsys):
     else:
         raise AssertionError("an unknown policy name must be refused")
     assert "unknown policy fastest" in capsys.readouterr().err
+    try:
+        main([*base, "--passes", "0"])
+    except SystemExit as e:
+        assert e.code != 0
+    else:
+        raise AssertionError("--passes 0 must be refused")
+    assert "expected an integer >= 1" in capsys.readouterr().err
+
+
+def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
+    """Each concurrency runs every policy once per pass (pass 2 in reverse order, on the next
+    prompts), and a point sums its passes."""
+    from types import SimpleNamespace
+
+    from gearshift.bench import sweep as sw
+
+    calls = []
+
+    def fake_point(engine, prompts, c, output_len):
+        calls.append((engine.scheduler.policy, c, tuple(p[0] for p in prompts)))
+        tpot = [1.0] * len(prompts)
+        return {"concurrency": c, "requests": len(prompts), "output_tokens": 10 * len(prompts),
+                "output_tok_per_s": 5.0, "elapsed_s": 2.0 * len(prompts), "tpot_ms": tpot,
+                "proposed": 4, "accepted": 1, "graphs_captured": 0, "decode_steps": 1,
+                "verify_steps": 2, "extend_steps": 3, "request_steps_by_k": {2: 1},
+                "gc_collections": [1, 0, 0], "gc_ms": 0.5}
+
+    monkeypatch.setattr(sw, "run_point", fake_point)
+    engine = SimpleNamespace(scheduler=SimpleNamespace(policy=None))
+    args = SimpleNamespace(concurrency=[1, 4], rounds=2, passes=2, min_requests=2, output_len=8)
+    bar = SimpleNamespace(update=lambda n: None)
+    prompts = [[i] for i in range(8)]
+    res = sw.sweep(engine, {"a": "A", "b": "B", "c": "C"}, prompts, args, bar)
+    assert [(p, c) for p, c, _ in calls] == [
+        ("A", 1), ("B", 1), ("C", 1), ("C", 1), ("B", 1), ("A", 1),
+        ("A", 4), ("B", 4), ("C", 4), ("C", 4), ("B", 4), ("A", 4)]
+    assert [ids for p, c, ids in calls if p == "A"] == [(0,), (1,), (0, 1, 2, 3), (4, 5, 6, 7)]
+    point = res["b"][1]
+    assert point["requests"] == 8 and point["elapsed_s"] == 16.0
+    assert point["output_tok_per_s"] == 80 / 16.0 and point["pass_tok_per_s"] == [5.0, 5.0]
+    assert point["acceptance_rate"] == 0.25 and point["request_steps_by_k"] == {2: 2}
+    assert point["gc_collections"] == [2, 0, 0] and point["verify_steps"] == 4

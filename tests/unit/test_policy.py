@@ -91,7 +91,7 @@ def test_goodput_low_acceptance_means_no_speculation_when_drafting_costs():
 def test_goodput_hysteresis_holds_steady_under_noise():
     rng = random.Random(0)
     cost = memory_bound_costs()
-    pol = GoodputPolicy(cost, 5, margin=0.08, explore_every=10**9)  # no exploration steps
+    pol = GoodputPolicy(cost, 5, margin=0.08, explore_every=10**9, fresh_obs=0)  # no exploration
     chosen = []
     for _ in range(300):
         # acceptance that hovers where K=4 and K=5 are within a few percent of each other
@@ -190,3 +190,24 @@ def test_goodput_explores_neighbour_gears_and_corrects_a_misjudged_one():
     assert chosen[:3] == [3] * 3  # the misjudged profile's choice
     assert 4 in chosen[:20] and 0 in chosen[:20]  # neighbour and plain decode explored
     assert chosen[-160:].count(4) == 140  # settled on the better gear (1 in 8: exploring)
+
+
+def test_goodput_measures_an_unobserved_neighbour_within_its_first_steps():
+    """At a new load level the neighbour gear's cost is only the warm-up's (which overstated
+    K = 4 at batch 2 on the H200: 8.25 ms where real steps took ~7.0). Goodput tries it after
+    `fresh_gap` steps, the real step replaces the warm-up figure, and it switches at once,
+    instead of waiting for the periodic exploration (one step in explore_every / 2)."""
+    cost = CostModel()
+    actual = {0: 4.7, 1: 6.0, 2: 6.3, 3: 6.8, 4: 7.0}
+    for k, ms in actual.items():
+        cost.set_measured(k, [[1.0, ms], [2.0, 8.25 if k == 4 else ms]])
+        cost.attn_ms_per_token[k] = 0.0
+    pol = GoodputPolicy(cost, 4)
+    rs = reqs(2, 0.7)
+    chosen = drive(pol, rs, actual, 64)
+    assert chosen[:3] == [3] * 3  # the warm-up's choice
+    assert chosen[3] == 4  # the unmeasured neighbour, measured at its real cost
+    assert chosen[4:60].count(4) >= 50  # and kept: K = 4 really is better
+    assert cost.observed(4, 2) >= 2 and cost.observed(4, 1) == 0
+    # once both neighbours have their online observations, no more fresh explorations
+    assert pol._unmeasured_neighbour(4, 4, pol.scores(PolicyView(rs, 0, 4), 4), 2) == 0
