@@ -75,6 +75,7 @@ class Engine:
                 pad=self.runner.decode_pad)
             self.scheduler.max_draft_len = config.num_draft_tokens
             self.scheduler.spec_slots = self.spec.slots_needed
+            self.scheduler.population = self.spec.population
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
         if self.spec is not None:
             # prefill chunks ride in a chain's causal verify pass (riders need causal
@@ -211,7 +212,10 @@ class Engine:
         captured, self._graphs_seen = self._graphs_seen, self._num_graphs()
         if self.spec is not None and plan.mode is not ForwardMode.EXTEND \
                 and captured == self._graphs_seen and timed:
-            self._observe_cost(plan, max(plan.draft_lens, default=0), self.last_step["time_s"] * 1e3)
+            ms = self.last_step["time_s"] * 1e3
+            if plan.mode is ForwardMode.VERIFY:  # the draft's catch-up over earlier plain
+                ms -= self.spec.follow.catch_up_ms()  # steps is their cost, not this K's
+            self._observe_cost(plan, max(plan.draft_lens, default=0), ms)
 
     def _num_graphs(self) -> int:
         return len(getattr(self.runner.shape_graphs, "entries", ()))

@@ -18,6 +18,10 @@ class PolicyView:
     requests: list[Request]  # the decode batch, in batch order
     num_waiting: int  # queued requests
     max_k: int  # the configured draft depth (graphs and buffers exist up to it)
+    # acceptance evidence over recent VERIFY outcomes of all requests (SpecWorker): (accepted
+    # drafts, accepted + rejections), EMA; the policy's prior for a request with little
+    # evidence of its own. None: not measured
+    population: tuple[float, float] | None = None
 
 
 class Policy(ABC):

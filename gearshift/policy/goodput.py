@@ -34,7 +34,8 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 
 def acceptance(req: Request, prior: float, prior_weight: float) -> float:
-    """Per-token acceptance estimate: accepted / (accepted + rejections), with a prior."""
+    """Per-token acceptance estimate: accepted / (accepted + rejections), with a prior (the
+    population's acceptance when measured, else the policy's fixed prior)."""
     num = req.spec_alpha_num + prior * prior_weight
     den = req.spec_alpha_den + prior_weight
     return min(max(num / den, 0.0), 0.999)
@@ -42,12 +43,16 @@ def acceptance(req: Request, prior: float, prior_weight: float) -> float:
 
 class GoodputPolicy(Policy):
     def __init__(self, cost: CostModel, max_k: int, *, prior: float = 0.6,
-                 prior_weight: float = 4.0, margin: float = 0.02, pad=lambda bs: bs,
+                 prior_weight: float = 4.0, population_weight: float = 10.0,
+                 margin: float = 0.02, pad=lambda bs: bs,
                  explore_every: int = 64, explore_ratio: float = 0.8, fresh_obs: int = 2,
                  fresh_gap: int = 4) -> None:
         self.cost = cost
         self.max_k = max_k
+        # a request's prior: the population's acceptance (evidence over recent requests),
+        # itself with `prior` at `population_weight` (one unlucky first step is not the norm)
         self.prior, self.prior_weight = prior, prior_weight
+        self.population_weight = population_weight
         self.margin = margin
         self.pad = pad  # batch size -> padded (graph) batch size
         self.current_k = max_k
@@ -81,10 +86,11 @@ class GoodputPolicy(Policy):
         bs = self.pad(len(view.requests))
         ctx = sum(r.num_tokens for r in view.requests)
         tokens = [float(len(view.requests))] * (max_k + 1)  # every request commits one token
+        prior = self.population_prior(view)
         for r in view.requests:
             if not self.eligible(r):
                 continue
-            a = acceptance(r, self.prior, self.prior_weight)
+            a = acceptance(r, prior, self.prior_weight)
             term, extra = 1.0, 0.0
             for k in range(1, max_k + 1):
                 term *= a
@@ -95,6 +101,10 @@ class GoodputPolicy(Policy):
             ms = self.cost.predict(k, bs, ctx)
             out[k] = (t, ms, t / ms)
         return out
+
+    def population_prior(self, view: PolicyView) -> float:
+        num, den = view.population or (0.0, 0.0)
+        return (num + self.prior * self.population_weight) / (den + self.population_weight)
 
     def plan(self, view: PolicyView) -> list[int]:
         max_k = min(self.max_k, view.max_k)

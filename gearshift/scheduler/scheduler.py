@@ -48,6 +48,7 @@ class Scheduler:
         self.policy = policy  # None: no speculation configured
         self.max_draft_len = max_draft_len
         self.spec_slots = spec_slots  # K -> KV slots a speculating request needs this step
+        self.population = lambda: None  # SpecWorker's acceptance evidence over recent requests
         self.spec_mixed = False  # prefill chunks may ride along in VERIFY steps (chains)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -129,7 +130,7 @@ class Scheduler:
         """Decide K for the decoding requests now, before allocation: the plan is final from
         here on. Prefill chunks in the same plan (`spec_mixed`) keep K = 0."""
         dec = [plan.reqs[i] for i in decoding]
-        view = PolicyView(dec, len(self.waiting), self.max_draft_len)
+        view = PolicyView(dec, len(self.waiting), self.max_draft_len, self.population())
         room = self.max_model_len  # drafts may not run past the context limit
         ks = [0] * plan.batch_size
         # K is not cut to a request's remaining max_tokens: commit stops at the limit, and a

@@ -21,11 +21,13 @@ proposer.store_features / proposer.draft_extend.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.request import Request
-from gearshift.runner.model_runner import ModelRunner, graph_inputs, rebuild_batch
+from gearshift.runner.model_runner import ModelRunner, device_ms, graph_inputs, rebuild_batch
 from gearshift.scheduler.batch import BatchBuilder, Stager, forward_batch, stage_forward
 from gearshift.scheduler.plan import StepPlan
 from gearshift.spec.proposer import Proposer
@@ -37,6 +39,7 @@ class DraftFollower:
         self.proposer, self.runner, self.builder = proposer, runner, builder
         self.max_k = max_k
         self.feed = None  # Engine's TokenFeed: resolves placeholders of overlapped steps
+        self._timing: tuple[float, tuple | None] | None = None  # latest catch_up: host ms, events
 
     def after_plain(self, plan: StepPlan, aux: torch.Tensor | None) -> None:
         """After an EXTEND / DECODE step: keep what the draft will need for these tokens."""
@@ -63,19 +66,38 @@ class DraftFollower:
 
     def catch_up(self, reqs: list[Request], max_tokens: int = 4096) -> None:
         """Extend the draft over every row it is behind on, for these requests (before they
-        speculate). Rounds of at most `max_tokens` tokens in all."""
-        if not self.proposer.keeps_state:
+        speculate). Rounds of at most `max_tokens` tokens in all. Timed (`catch_up_ms`): it
+        is the price of the plain steps before, not of this step's K."""
+        self._timing = None
+        if not self.proposer.keeps_state or all(r.draft_rows >= r.num_computed_tokens
+                                                for r in reqs):
             return
+        t0 = time.perf_counter()
+        events = None
+        if self.runner.device.type == "cuda":
+            events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            events[0].record()
         store = self.proposer.stored_features()
         while True:
             behind = [r for r in reqs if r.draft_rows < r.num_computed_tokens]
             if not behind:
-                return
+                break
             cap = max(1, max_tokens // len(behind))
             prefix = [r.draft_rows for r in behind]
             extend = [min(r.num_computed_tokens - r.draft_rows, cap) for r in behind]
             slots = [s for r, p, n in zip(behind, prefix, extend) for s in r.slots[p:p + n]]
             self.extend(behind, prefix, extend, store, slots)  # store rows are slot ids
+        if events is not None:
+            events[1].record()
+        self._timing = ((time.perf_counter() - t0) * 1e3, events)
+
+    def catch_up_ms(self) -> float:
+        """What the latest catch_up added to its step: the longer of its host time and its
+        device time (0 if nothing was behind). Read after the step's sync."""
+        if self._timing is None:
+            return 0.0
+        host, events = self._timing
+        return max(host, device_ms(events) or 0.0)
 
     def extend(self, reqs: list[Request], prefix: list[int], extend: list[int],
                aux: torch.Tensor | None, token_idx: list[int]) -> None:

@@ -72,6 +72,7 @@ class SpecWorker:
         self.tokens_per_k = 1 if self.topk == 1 else max(1, (self.tree_nodes - 1) // self.max_k)
         self.split_k_verify_below = 64  # (requests x kv heads) under which chains use split-K
         self.stats = Counter()  # steps_by_k.*, proposed, accepted, accept_len.*
+        self._pop_num = self._pop_den = 0.0  # acceptance evidence over all requests (EMA)
         self.follow = DraftFollower(self.proposer, runner, builder, self.max_k)
         self.measured_costs: dict | None = None  # {K: [[bs, ms]]} from the start-up warm-up
 
@@ -91,9 +92,20 @@ class SpecWorker:
         return self.nodes(k) + self.scratch(k)
 
     # ------------------------------------------------------------------ plain steps
+    def population(self) -> tuple[float, float]:
+        """Acceptance evidence over the last ~100 request-steps of every request: (accepted
+        drafts, accepted + rejections). The policy's prior for a request with little
+        evidence of its own (new, or long at K = 0)."""
+        return self._pop_num, self._pop_den
+
     def draft_extend_after(self, plan: StepPlan, aux: torch.Tensor | None) -> None:
-        """After an EXTEND / DECODE step: the draft covers the tokens it just computed."""
+        """After an EXTEND / DECODE step: the draft covers the tokens it just computed, and
+        the acceptance evidence of requests that decoded plainly ages (see `_account`)."""
         self.follow.after_plain(plan, aux)
+        for req, n, smp in zip(plan.reqs, plan.extend_lens, plan.sample):
+            if n == 1 and smp:
+                req.spec_alpha_num *= ALPHA_DECAY
+                req.spec_alpha_den *= ALPHA_DECAY
 
     # ------------------------------------------------------------------ VERIFY steps
     @torch.inference_mode()
@@ -327,16 +339,26 @@ class SpecWorker:
     def _account(self, req: Request, k: int, proposed: int, accepted: int) -> None:
         self.stats[f"steps_by_k.{k}"] += 1
         if proposed:  # per-token acceptance estimate for the goodput policy (EMA)
-            decay = 0.9
             rejected = 1.0 if accepted < proposed else 0.0
-            req.spec_alpha_num = decay * req.spec_alpha_num + accepted
-            req.spec_alpha_den = decay * req.spec_alpha_den + accepted + rejected
+            req.spec_alpha_num = ALPHA_DECAY * req.spec_alpha_num + accepted
+            req.spec_alpha_den = ALPHA_DECAY * req.spec_alpha_den + accepted + rejected
+            self._pop_num = POPULATION_DECAY * self._pop_num + accepted
+            self._pop_den = POPULATION_DECAY * self._pop_den + accepted + rejected
         if k:
             self.stats["proposed"] += proposed
             self.stats["accepted"] += accepted
             self.stats[f"accept_len.{accepted}"] += 1
             req.spec_proposed += proposed
             req.spec_accepted += accepted
+
+
+# Per-token acceptance evidence of a request (accepted drafts, accepted + rejections) decays
+# by this per step: per VERIFY step (recent text weighs most), and per plain step too, so a
+# request the policy stopped speculating for (it read a hard stretch of text) drifts back
+# to the population's acceptance and is tried again, instead of staying at K = 0 on stale
+# evidence (on the H200, 73 of 721 steps at c = 1 were such plain steps).
+ALPHA_DECAY = 0.9
+POPULATION_DECAY = 0.99  # the same evidence over all requests, per request-step
 
 
 def _uniform(n_nodes: list[int]) -> int:

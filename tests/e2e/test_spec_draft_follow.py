@@ -85,3 +85,59 @@ def test_plain_steps_store_features_and_the_draft_catches_up_before_speculating(
     assert draft_runs[0] == sum(c for _, c in at_propose[0])  # one catch-up batch
     while eng.has_unfinished_requests():
         eng.step()
+
+
+def test_catch_up_is_timed_and_not_charged_to_the_verify_steps_k(
+        make_llm, tiny_llama_dir, tmp_path):
+    """The first VERIFY step after plain steps catches the draft up over their rows; that is
+    the price of those steps, so the goodput policy observes the step's wall time less the
+    catch-up (on the H200 an exploration step after 64 plain steps at c = 64 otherwise read as
+    that K's cost). Plain-decoded requests' acceptance evidence ages meanwhile."""
+    from gearshift.policy.base import Policy
+
+    class Scripted(Policy):  # plain decode for 5 steps, then K = 2
+        calls = 0
+        observed: list = []
+
+        def plan(self, view):
+            self.calls += 1
+            return [0 if self.calls <= 5 else 2] * len(view.requests)
+
+        def observe(self, k, bs, ctx, ms):
+            self.observed.append((k, ms))
+
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=2, overlap_schedule=False)
+    eng = llm.engine
+    eng.scheduler.policy = pol = Scripted()
+    follow = eng.spec.follow
+    orig = follow.extend
+
+    def slow_extend(*args):  # a catch-up that visibly costs 50 ms
+        import time
+        time.sleep(0.05)
+        return orig(*args)
+
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(str(i), p, params)
+    for _ in range(3):  # prefill + 2 plain steps
+        eng.step()
+    reqs = list(eng.scheduler.running)
+    for r in reqs:
+        r.spec_alpha_num, r.spec_alpha_den = 9.0, 10.0  # evidence from earlier VERIFY steps
+    for _ in range(3):  # 3 more plain steps: evidence ages by 0.9 each
+        eng.step()
+    assert all(abs(r.spec_alpha_den - 10.0 * 0.9 ** 3) < 1e-9 for r in reqs)
+    follow.extend = slow_extend
+    eng.step()  # the first VERIFY step: catch-up over every stored row
+    assert eng.last_step["mode"] == "verify"
+    assert follow.catch_up_ms() >= 50.0
+    k, ms = pol.observed[-1]
+    assert k == 2 and ms == eng.last_step["time_s"] * 1e3 - follow.catch_up_ms()
+    eng.step()  # nothing behind now: nothing subtracted
+    assert follow.catch_up_ms() == 0.0
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert eng.spec.population()[1] > 0  # acceptance evidence over all requests
