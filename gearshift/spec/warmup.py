@@ -17,8 +17,8 @@ through the real step pipeline, so that
         abort them (slots and rows back to the pool)
     -> {K: [(bs, ms)]} -> policy.cost.set_measured(...)
 
-Counters (engine stats, speculation stats, the population's acceptance evidence) are
-restored afterwards: the warm-up is not part of any run.
+Counters (engine stats, speculation stats, the population's acceptance evidence, the
+runner's graphed / eager step counts) are restored afterwards: the warm-up is not part of any run.
 Data flow: Engine.__init__ -> warm_up_speculation(engine) -> CostModel.
 """
 
@@ -84,7 +84,8 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                 (max_k, 1, False), (0, 1, False), (max_k, 1, False)]
     t0 = time.perf_counter()
     saved = (sched.policy, sched.max_num_seqs, dict(engine._stats), spec.stats.copy(),
-             (spec._pop_num, spec._pop_den))  # dummy prompts' acceptance is no evidence
+             (spec._pop_num, spec._pop_den),  # dummy prompts' acceptance is no evidence
+             engine.runner.step_counts.copy())  # graphed / eager steps (graph_stats)
     measured: dict[int, list[list[float]]] = {k: [] for k in range(max_k + 1)}
     params = SamplingParams(max_tokens=generated + 1, temperature=0.0, ignore_eos=True)
     with gc_paused():  # a collection inside a timed step is not that gear's cost
@@ -121,6 +122,8 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
             spec.stats.clear()
             spec.stats.update(saved[3])
             spec._pop_num, spec._pop_den = saved[4]
+            engine.runner.step_counts.clear()
+            engine.runner.step_counts.update(saved[5])
     measured = {k: sorted(pts) for k, pts in measured.items() if pts}
     spec.measured_costs = measured
     apply_measured(sched.policy, measured)

@@ -34,6 +34,7 @@ def test_warm_up_captures_every_shape_and_measures_costs(make_llm, tiny_llama_di
     # nothing left behind: no requests, every slot free, counters as before
     assert not eng.has_unfinished_requests() and eng.slots.num_free == free
     assert eng.stats()["steps"] == 0 and llm.spec_stats()["proposed"] == 0
+    assert not any(eng.runner.graph_stats().values())
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
 
 
