@@ -8,9 +8,10 @@ Concurrency c = at most c requests running (closed loop over max(c * rounds, min
 requests; 4 and 16 by default), split into `passes` (2) runs. Chain policies share one
 engine (max K = 4) and are interleaved: for each c, pass 1 runs every policy in turn, pass
 2 runs them in reverse order on the next prompts, so drift over the run (clocks, heap)
-falls on every policy alike; a point sums its passes, and `pass_tok_per_s` shows their
-spread. The tree runs on its own engine after the chain. Prompts are held-out corpus
-windows (real acceptance) or synthetic ids. Prints a table, writes JSON and a PNG plot,
+falls on every policy alike; the first policy rotates from one c to the next. A point
+sums its passes, and `pass_tok_per_s` shows their spread. The tree runs on its own
+engine after the chain. Prompts are held-out corpus windows (real acceptance) or
+synthetic ids. Prints a table, writes JSON and a PNG plot,
 and reports the measured acceptance and the garbage collections inside each point.
 
 Data flow: args -> LLM engines -> per (policy, c): Engine.step loop -> metrics -> JSON/PNG.
@@ -155,11 +156,15 @@ def sweep(engine, policies: dict, prompts: list[list[int]], args, bar, done=None
     """-> {policy name: [point per concurrency]}; `policies` maps names to policy objects,
     which keep their state (goodput's learned costs) from point to point, as when serving."""
     results: dict[str, list[dict]] = {name: [] for name in policies}
-    for c in args.concurrency:
+    names = list(policies)
+    for j, c in enumerate(args.concurrency):
         n = max(-(-c * args.rounds // args.passes), -(-args.min_requests // args.passes))
         parts: dict[str, list[dict]] = {name: [] for name in policies}
+        # the policy that starts a concurrency meets its one-off costs first (a kernel
+        # specialised for a new shape, an allocation): rotate which one that is
+        first = names[j % len(names):] + names[:j % len(names)]
         for i in range(args.passes):
-            order = list(policies) if i % 2 == 0 else list(reversed(policies))
+            order = first if i % 2 == 0 else first[::-1]
             for name in order:
                 engine.scheduler.policy = policies[name]
                 parts[name].append(run_point(engine, prompts[i * n:(i + 1) * n], c,

@@ -63,7 +63,7 @@ def test_sweep_policies_subset(tmp_path, capsys):
 
 def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
     """Each concurrency runs every policy once per pass (pass 2 in reverse order, on the next
-    prompts), and a point sums its passes."""
+    prompts; the first policy rotates per concurrency), and a point sums its passes."""
     from types import SimpleNamespace
 
     from gearshift.bench import sweep as sw
@@ -87,7 +87,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
     res = sw.sweep(engine, {"a": "A", "b": "B", "c": "C"}, prompts, args, bar)
     assert [(p, c) for p, c, _ in calls] == [
         ("A", 1), ("B", 1), ("C", 1), ("C", 1), ("B", 1), ("A", 1),
-        ("A", 4), ("B", 4), ("C", 4), ("C", 4), ("B", 4), ("A", 4)]
+        ("B", 4), ("C", 4), ("A", 4), ("A", 4), ("C", 4), ("B", 4)]  # the first one rotates
     assert [ids for p, c, ids in calls if p == "A"] == [(0,), (1,), (0, 1, 2, 3), (4, 5, 6, 7)]
     point = res["b"][1]
     assert point["requests"] == 8 and point["elapsed_s"] == 16.0
