@@ -6,7 +6,8 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 G="python -m gearshift.cli"
 date -u +%FT%TZ > "$OUT/start.txt"
-timeout 90 $G make-bench-model --shape llama-3.1-8b --out /tmp/big --device cuda \
+[ -f /tmp/big/config.json ] && [ -f /tmp/bighead/config.json ] && echo "bench pair kept from call C" || \
+  timeout 90 $G make-bench-model --shape llama-3.1-8b --out /tmp/big --device cuda \
   --head gearshift/default_model/eagle3 --head-out /tmp/bighead --head-draft-vocab 32000 \
   > "$OUT/make_bench.txt" 2>&1; tail -1 "$OUT/make_bench.txt"
 timeout ${SWEEP_TIMEOUT:-480} $G bench sweep --model /tmp/big --draft-model /tmp/bighead \
