@@ -222,9 +222,13 @@ def run(args) -> int:
     results = sweep(eng, {n: policy_object(n, eng, 4) for n in chain_policies}, prompts, args,
                     bar, done=lambda r: _save(args, r, env))
     del chain, eng
+    gc.unfreeze()  # the chain engine's start-up heap was frozen (engine/gc_control.py)
     gc.collect()  # the tree engine needs the chain engine's memory
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+        log.warning("tree engine next: %.1f of %.1f GiB free on the device", free / 2**30,
+                    total / 2**30)
     if with_tree:
         tree = LLM(**kw, num_draft_tokens=args.tree_depth, draft_topk=args.tree_topk,
                    num_verify_tokens=args.tree_tokens)

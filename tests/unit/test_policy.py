@@ -189,7 +189,7 @@ def test_goodput_explores_neighbour_gears_and_corrects_a_misjudged_one():
     chosen = drive(pol, rs, actual, 600)
     assert chosen[:3] == [3] * 3  # the misjudged profile's choice
     assert 4 in chosen[:20] and 0 in chosen[:20]  # neighbour and plain decode explored
-    assert chosen[-160:].count(4) == 140  # settled on the better gear (1 in 8: exploring)
+    assert chosen[-160:].count(4) >= 140  # settled on the better gear (the rest: exploring)
 
 
 def test_goodput_measures_an_unobserved_neighbour_within_its_first_steps():
@@ -228,3 +228,23 @@ def test_goodput_prior_is_the_population_acceptance_when_measured():
     # little evidence: mostly the fixed prior (one rejected first draft is not the norm)
     assert GoodputPolicy(cost, 4).population_prior(PolicyView(rs, 0, 4, population=(0.0, 1.0))) \
         == pytest.approx(6.0 / 11.0)
+
+
+def test_goodput_probes_back_off_while_they_confirm_the_estimate():
+    """A probe whose measured step time matches the prediction (within 10%) doubles the wait
+    for the next, up to max_backoff x explore_every; a probe that finds the machine changed
+    brings the period back to explore_every, and the policy follows the change."""
+    cost = memory_bound_costs(max_k=4)
+    actual = {0: 4.0, 1: 4.4, 2: 4.8, 3: 5.2, 4: 5.6}
+    for k, ms in actual.items():
+        cost.set_measured(k, [[8.0, ms]])
+    pol = GoodputPolicy(cost, 4, explore_every=16, max_backoff=8)
+    rs = reqs(8, 0.8)
+    chosen = drive(pol, rs, actual, 2000)
+    assert chosen[:3] == [4] * 3
+    assert 1 <= chosen[1000:2000].count(0) <= 1000 // 128 + 1  # one probe per 128 steps
+    assert pol._period == 128
+    actual[0] = 1.0  # plain decode got 4x cheaper: the next probe is a surprise
+    chosen = drive(pol, rs, actual, 800)
+    assert chosen[200:400].count(0) >= 200 // 16  # probing at explore_every again
+    assert chosen[-50:].count(0) == 50 and pol.current_k == 0
