@@ -124,9 +124,8 @@ class GoodputPolicy(Policy):
         if scores[best][2] <= scores[cur][2] * (1 + self.margin):
             best = cur  # hysteresis: not clearly better, keep the gear we are in
         bs = self.pad(len(view.requests))
-        if best != self.current_k or bs != self._period_bs:  # new gear or load: explore anew
-            self._since_probe, self._period, self._period_bs = 0, self.explore_every, bs
-            self._last_probe = None
+        if best != self.current_k or bs != self._period_bs:  # new gear or load: no back-off
+            self._period, self._period_bs, self._last_probe = self.explore_every, bs, None
         self.current_k = best
         self._since_probe += 1
         probe = self._since_probe >= self._period

@@ -248,3 +248,18 @@ def test_goodput_probes_back_off_while_they_confirm_the_estimate():
     chosen = drive(pol, rs, actual, 800)
     assert chosen[200:400].count(0) >= 200 // 16  # probing at explore_every again
     assert chosen[-50:].count(0) == 50 and pol.current_k == 0
+
+
+def test_goodput_still_probes_when_the_batch_size_keeps_changing():
+    """A closed loop at c = 2 alternates batch 2 and 1 as requests finish: that resets the
+    back-off, but not the count towards the next probe (probes would otherwise never come)."""
+    cost = memory_bound_costs(max_k=4)
+    actual = {0: 4.0, 1: 4.4, 2: 4.8, 3: 5.2, 4: 5.6}
+    pol = GoodputPolicy(cost, 4, explore_every=16)
+    chosen = []
+    for step in range(640):
+        rs = reqs(2 if (step // 10) % 2 == 0 else 1, 0.8)
+        k = pol.plan(PolicyView(rs, 0, 4))[0]
+        chosen.append(k)
+        pol.observe(k, len(rs), 0, actual[k])
+    assert chosen.count(0) >= 640 // 16 - 2
