@@ -152,7 +152,8 @@ class GoodputPolicy(Policy):
                     self._last_fresh = self._steps_speculating
                     return [k if self.eligible(r) else 0 for r in view.requests]
         self.last_prediction = {"k": best, "tokens": scores[best][0], "ms": scores[best][1],
-                                "bs": len(view.requests)}
+                                "bs": len(view.requests),
+                                "prior_acceptance": self.population_prior(view)}
         if log.isEnabledFor(logging.DEBUG):
             log.debug("goodput bs=%d -> K=%d | %s", len(view.requests), best, " ".join(
                 f"K{k}:{t:.1f}tok/{ms:.2f}ms" for k, (t, ms, _) in scores.items()))

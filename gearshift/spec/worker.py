@@ -91,13 +91,13 @@ class SpecWorker:
         """KV slots a request needs for a step with draft length k (1 = plain decode)."""
         return self.nodes(k) + self.scratch(k)
 
-    # ------------------------------------------------------------------ plain steps
     def population(self) -> tuple[float, float]:
         """Acceptance evidence over the last ~100 request-steps of every request: (accepted
         drafts, accepted + rejections). The policy's prior for a request with little
         evidence of its own (new, or long at K = 0)."""
         return self._pop_num, self._pop_den
 
+    # ------------------------------------------------------------------ plain steps
     def draft_extend_after(self, plan: StepPlan, aux: torch.Tensor | None) -> None:
         """After an EXTEND / DECODE step: the draft covers the tokens it just computed, and
         the acceptance evidence of requests that decoded plainly ages (see `_account`)."""

@@ -223,7 +223,9 @@ def test_goodput_prior_is_the_population_acceptance_when_measured():
         cost.attn_ms_per_token[k] = 0.0
     rs = reqs(64)  # no evidence
     assert GoodputPolicy(cost, 4).plan(PolicyView(rs, 0, 4))[0] == 0  # prior 0.6
-    assert GoodputPolicy(cost, 4).plan(PolicyView(rs, 0, 4, population=(800.0, 1000.0)))[0] == 3
+    pol = GoodputPolicy(cost, 4)
+    assert pol.plan(PolicyView(rs, 0, 4, population=(800.0, 1000.0)))[0] == 3
+    assert pol.last_prediction["prior_acceptance"] == pytest.approx(806.0 / 1010.0)  # spec_stats
     assert GoodputPolicy(cost, 4).plan(PolicyView(rs, 0, 4, population=(200.0, 1000.0)))[0] == 0
     # little evidence: mostly the fixed prior (one rejected first draft is not the norm)
     assert GoodputPolicy(cost, 4).population_prior(PolicyView(rs, 0, 4, population=(0.0, 1.0))) \
