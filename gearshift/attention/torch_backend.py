@@ -33,16 +33,24 @@ class TorchBackend(AttentionBackend):
         k = self.kv.k[layer_id][slots].transpose(1, 2)  # [bs, Hkv, L, D]
         v = self.kv.v[layer_id][slots].transpose(1, 2)
         pos = torch.arange(max_len, device=q.device)
-        mask = (pos[None, :] < fb.seq_lens[:, None])[:, None, None, :]  # [bs, 1, 1, L]
-        out = _attend(q[:, :, None, :], k, v, mask, self.sm_scale)  # [bs, Hq, 1, D]
+        valid = pos[None, :] < fb.seq_lens[:, None]  # [bs, L]
+        # keys past a request's length are masked, but a masked NaN in V still poisons the
+        # probs @ V product (0 * NaN): zero them (slot 0 holds padding tokens' K/V)
+        v = v.masked_fill(~valid[:, None, :, None], 0.0)
+        out = _attend(q[:, :, None, :], k, v, valid[:, None, None, :], self.sm_scale)
         return out[:, :, 0, :]
 
     def extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         out = torch.empty_like(q)
         rows = fb.req_pool_indices
         start = 0
-        for i in range(fb.batch_size):
+        # every request of the layout, padding included (a padded EXTEND step's dummy
+        # request holds the padding tokens: rows of `out` it skipped stayed uninitialised,
+        # and their NaNs reached slot 0's K/V through the next layer)
+        for i in range(len(fb.extend_lens_cpu)):
             n, total = fb.extend_lens_cpu[i], fb.seq_lens_cpu[i]
+            if n == 0:
+                continue
             prefix = total - n
             slots = self.kv.req_to_token[rows[i], :total].long()  # [total]
             k = self.kv.k[layer_id][slots].transpose(0, 1)[None]  # [1, Hkv, total, D]

@@ -198,3 +198,21 @@ def test_padded_extend_matches_unpadded(make_llm, tiny_llama_dir, monkeypatch, b
     stats = engines[1].runner.graph_stats()
     graphed = len(pad) if mode == "graph" else 0
     assert stats["extend_graphed"] == graphed and stats["extend_eager"] == len(pad) - graphed
+
+
+
+def test_padded_extend_with_uninitialised_memory(make_llm, tiny_llama_dir, monkeypatch) -> None:
+    """Fresh buffers full of NaN (as recycled memory can be): the torch backend must write
+    every row of a padded EXTEND step, padding included, and masked keys must not reach
+    real rows. Before the fix the dummy request's rows stayed uninitialised, their NaNs
+    reached slot 0's K/V, and decode rows that mask slot 0 still read NaN (0 * NaN)
+    and sampled token 0 (seen in CI, after other tests had freed NaN-filled memory)."""
+    empty_like = torch.empty_like
+
+    def nan_empty_like(t, *args, **kwargs):
+        out = empty_like(t, *args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch, "empty_like", nan_empty_like)
+    test_padded_extend_matches_unpadded(make_llm, tiny_llama_dir, monkeypatch, "torch", False,
+                                        "eager")
