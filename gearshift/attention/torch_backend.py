@@ -22,7 +22,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     scores = torch.matmul(qg, k.float().transpose(-1, -2)[:, :, None]) * sm_scale
     scores = scores.masked_fill(~mask[:, :, None], float("-inf"))  # [B, Hkv, G, Lq, Lk]
     probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, v.float()[:, :, None])  # [B, Hkv, G, Lq, D]
+    # a masked key's weight is 0, but 0 * NaN is NaN: zero V of keys no query attends to
+    # (slots past a request's length, slot 0 of padding tokens)
+    v = v.float().masked_fill(~mask.any(dim=2)[..., None], 0.0)
+    out = torch.matmul(probs, v[:, :, None])  # [B, Hkv, G, Lq, D]
     return out.view(b, hq, lq, d).to(q.dtype)
 
 
@@ -33,11 +36,8 @@ class TorchBackend(AttentionBackend):
         k = self.kv.k[layer_id][slots].transpose(1, 2)  # [bs, Hkv, L, D]
         v = self.kv.v[layer_id][slots].transpose(1, 2)
         pos = torch.arange(max_len, device=q.device)
-        valid = pos[None, :] < fb.seq_lens[:, None]  # [bs, L]
-        # keys past a request's length are masked, but a masked NaN in V still poisons the
-        # probs @ V product (0 * NaN): zero them (slot 0 holds padding tokens' K/V)
-        v = v.masked_fill(~valid[:, None, :, None], 0.0)
-        out = _attend(q[:, :, None, :], k, v, valid[:, None, None, :], self.sm_scale)
+        mask = (pos[None, :] < fb.seq_lens[:, None])[:, None, None, :]  # [bs, 1, 1, L]
+        out = _attend(q[:, :, None, :], k, v, mask, self.sm_scale)  # [bs, Hq, 1, D]
         return out[:, :, 0, :]
 
     def extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:

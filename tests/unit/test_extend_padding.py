@@ -216,3 +216,19 @@ def test_padded_extend_with_uninitialised_memory(make_llm, tiny_llama_dir, monke
     monkeypatch.setattr(torch, "empty_like", nan_empty_like)
     test_padded_extend_matches_unpadded(make_llm, tiny_llama_dir, monkeypatch, "torch", False,
                                         "eager")
+
+
+def test_masked_keys_never_reach_the_output_even_when_not_finite() -> None:
+    """The reference attention (decode, extend, tree) gathers keys past a request's length
+    (slot 0 or stale slots) and masks them; a NaN or inf there must not leak through the
+    zero weights (0 * NaN = NaN)."""
+    from gearshift.attention.torch_backend import _attend
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 1, 8, generator=g) for _ in range(3))
+    k, v = k[:, :2].expand(2, 2, 1, 8).repeat(1, 1, 5, 1), v[:, :2].repeat(1, 1, 5, 1)
+    mask = torch.tensor([[True, True, True, False, False], [True] * 5])[:, None, None, :]
+    ref = _attend(q, k, v, mask, 0.5)
+    k[0, :, 3:], v[0, :, 3:] = float("nan"), float("inf")  # past request 0's length
+    out = _attend(q, k, v, mask, 0.5)
+    assert torch.isfinite(out).all() and torch.equal(out, ref)
