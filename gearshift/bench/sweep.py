@@ -152,13 +152,18 @@ def merge_passes(parts: list[dict]) -> dict:
     return out
 
 
+def per_pass(c: int, args) -> int:
+    """Requests of one pass at concurrency c: max(c * rounds, min_requests) over the passes."""
+    return max(-(-c * args.rounds // args.passes), -(-args.min_requests // args.passes))
+
+
 def sweep(engine, policies: dict, prompts: list[list[int]], args, bar, done=None) -> dict:
     """-> {policy name: [point per concurrency]}; `policies` maps names to policy objects,
     which keep their state (goodput's learned costs) from point to point, as when serving."""
     results: dict[str, list[dict]] = {name: [] for name in policies}
     names = list(policies)
     for j, c in enumerate(args.concurrency):
-        n = max(-(-c * args.rounds // args.passes), -(-args.min_requests // args.passes))
+        n = per_pass(c, args)
         parts: dict[str, list[dict]] = {name: [] for name in policies}
         # the policy that starts a concurrency meets its one-off costs first (a kernel
         # specialised for a new shape, an allocation): rotate which one that is
@@ -214,8 +219,7 @@ def run(args) -> int:
     chain_policies = [n for n in args.policies if n != "tree"]
     with_tree = "tree" in args.policies and args.tree_topk
     bar = tqdm(total=(len(chain_policies) + bool(with_tree)) * len(concs), desc="sweep")
-    most = args.passes * max(max(-(-c * args.rounds // args.passes),
-                                 -(-args.min_requests // args.passes)) for c in concs)
+    most = args.passes * max(per_pass(c, args) for c in concs)
     prompts = make_prompts(chain.tokenizer, eng.model_config.vocab_size, most, args.input_len,
                            args.seed)
     env = environment(chain) | extra

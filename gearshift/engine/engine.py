@@ -173,6 +173,21 @@ class Engine:
         self._observe(plan, timed=False)  # its device time is observed once resolved
         return outputs
 
+    def counters(self) -> tuple:
+        """What runs count (engine stats, graphed / eager steps, speculation's counters),
+        for restore_counters (the start-up warm-up is not part of any run)."""
+        return (dict(self._stats), self.runner.step_counts.copy(),
+                self.spec.counters() if self.spec is not None else None)
+
+    def restore_counters(self, saved: tuple) -> None:
+        stats, steps, spec = saved
+        self._stats.clear()
+        self._stats.update(stats)
+        self.runner.step_counts.clear()
+        self.runner.step_counts.update(steps)
+        if self.spec is not None:
+            self.spec.restore_counters(spec)
+
     def _draft_follows(self) -> bool:
         """The draft covers every committed token (so speculation resumes at full acceptance)
         unless the policy never speculates."""

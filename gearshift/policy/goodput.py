@@ -83,10 +83,6 @@ class GoodputPolicy(Policy):
         self._last_fresh = 0  # the first fresh exploration comes after fresh_gap steps
         self._explorations = 0
 
-    def goodput(self, view: PolicyView, k: int) -> tuple[float, float, float]:
-        """-> (expected tokens, predicted ms, tokens per ms) for a uniform K."""
-        return self.scores(view, k)[k]
-
     def scores(self, view: PolicyView, max_k: int) -> dict[int, tuple[float, float, float]]:
         """(expected tokens, predicted ms, tokens per ms) for every uniform K in 0..max_k, in
         one pass over the requests: E_i(K) = E_i(K - 1) + a_i^K (the planner runs every

@@ -77,15 +77,14 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
         return {}
     # K = max .. 1 (timed), K = 0 (timed; the draft falls behind), then untimed steps whose
     # catch-ups use the other draft-extend shapes: a backlog of several rows, then of one
-    # (each timed K starts with one untimed step, added when the first-measured gear, K = 4,
-    # read slow on the H200; its premium over K = 3 persisted with it, so the cause is not a
-    # first replay: see docs/benchmarks/2026-11-29-h200-session3.md)
+    # (each timed K starts with one untimed step. On the H200 this first pass still read
+    # K = 4 ~1 ms dear at batch 2, a second pass did not: the table is a prior that the
+    # first online observation replaces; docs/benchmarks/2026-11-30-h200-session4.md)
     schedule = [*((k, repeats + 1, True) for k in range(max_k, 0, -1)), (0, repeats + 2, True),
                 (max_k, 1, False), (0, 1, False), (max_k, 1, False)]
     t0 = time.perf_counter()
-    saved = (sched.policy, sched.max_num_seqs, dict(engine._stats), spec.stats.copy(),
-             (spec._pop_num, spec._pop_den),  # dummy prompts' acceptance is no evidence
-             engine.runner.step_counts.copy())  # graphed / eager steps (graph_stats)
+    # counters, incl. the population's acceptance evidence: dummy prompts are no evidence
+    saved_policy, saved_seqs, saved_counters = sched.policy, sched.max_num_seqs, engine.counters()
     measured: dict[int, list[list[float]]] = {k: [] for k in range(max_k + 1)}
     params = SamplingParams(max_tokens=generated + 1, temperature=0.0, ignore_eos=True)
     with gc_paused():  # a collection inside a timed step is not that gear's cost
@@ -116,14 +115,8 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                 while engine.has_unfinished_requests():
                     engine.step()
         finally:
-            sched.policy, sched.max_num_seqs = saved[0], saved[1]
-            engine._stats.clear()
-            engine._stats.update(saved[2])
-            spec.stats.clear()
-            spec.stats.update(saved[3])
-            spec._pop_num, spec._pop_den = saved[4]
-            engine.runner.step_counts.clear()
-            engine.runner.step_counts.update(saved[5])
+            sched.policy, sched.max_num_seqs = saved_policy, saved_seqs
+            engine.restore_counters(saved_counters)
     measured = {k: sorted(pts) for k, pts in measured.items() if pts}
     spec.measured_costs = measured
     apply_measured(sched.policy, measured)

@@ -91,6 +91,16 @@ class SpecWorker:
         """KV slots a request needs for a step with draft length k (1 = plain decode)."""
         return self.nodes(k) + self.scratch(k)
 
+    def counters(self) -> tuple:
+        """Everything a run counts here (stats, the population's acceptance evidence), for
+        restore_counters: the start-up warm-up is not part of any run."""
+        return self.stats.copy(), (self._pop_num, self._pop_den)
+
+    def restore_counters(self, saved: tuple) -> None:
+        self.stats.clear()
+        self.stats.update(saved[0])
+        self._pop_num, self._pop_den = saved[1]
+
     def population(self) -> tuple[float, float]:
         """Acceptance evidence over the last ~100 request-steps of every request: (accepted
         drafts, accepted + rejections). The policy's prior for a request with little
