@@ -146,7 +146,7 @@ def test_shipped_head_loads_and_speculates_losslessly() -> None:
     plain = LLM(str(SHIPPED / "target"), device="cpu", kv_cache_tokens=256, max_num_seqs=1)
     spec = LLM(str(SHIPPED / "target"), device="cpu", kv_cache_tokens=256, max_num_seqs=1,
                speculative_algorithm="eagle3", draft_model=str(SHIPPED / "eagle3"),
-               num_draft_tokens=3)
+               num_draft_tokens=3, spec_policy="always")  # goodput on CPU may stop early
     want = plain.generate(prompt, params)[0].token_ids
     assert spec.generate(prompt, params)[0].token_ids == want
     stats = spec.engine.spec_stats()
