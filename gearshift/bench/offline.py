@@ -25,7 +25,11 @@ def synthetic_prompts(n: int, input_len: int, vocab: int, seed: int) -> list[lis
 
 
 def run_offline(llm, *, num_prompts: int, input_len: int, output_len: int, seed: int = 0,
-                temperature: float = 0.0, warmup_steps: int = 3) -> dict:
+                temperature: float = 0.0, warmup_steps: int = 3,
+                profile: tuple[int, int, str] | None = None) -> dict:
+    """`profile`: (first step, steps, path): those timed steps run under torch.profiler
+    (CUDA graphs stay on; their kernels are listed) and a kernel table is written to path.
+    Steps under the profiler run slower: don't quote the run's throughput then."""
     engine = llm.engine
     vocab = engine.model_config.vocab_size
     params = SamplingParams(max_tokens=output_len, temperature=temperature, ignore_eos=True)
@@ -39,7 +43,13 @@ def run_offline(llm, *, num_prompts: int, input_len: int, output_len: int, seed:
     steps: list[dict] = []
     bar = tqdm(total=num_prompts * output_len, desc="bench offline", unit="tok")
     t_start = time.perf_counter()
+    prof = None
     while engine.has_unfinished_requests():
+        if profile is not None and len(steps) == profile[0]:
+            prof = _start_profiler()
+        if prof is not None and len(steps) == profile[0] + profile[1]:
+            _write_profile(prof, profile[2], steps[profile[0]:])
+            prof = None
         bs, waiting = engine.num_running(), engine.num_waiting()
         t0 = time.perf_counter()
         outs = engine.step()
@@ -56,6 +66,8 @@ def run_offline(llm, *, num_prompts: int, input_len: int, output_len: int, seed:
                       "time_ms": dt * 1e3, "new_tokens": len(outs)})
         bar.update(len(outs))
     elapsed = time.perf_counter() - t_start
+    if prof is not None:
+        _write_profile(prof, profile[2], steps[profile[0]:])
     bar.close()
     decode = [s["time_ms"] for s in steps if s["mode"] == "decode"]
     full_decode = [s["time_ms"] for s in steps if s["mode"] == "decode" and s["waiting_before"] == 0]
@@ -75,6 +87,25 @@ def run_offline(llm, *, num_prompts: int, input_len: int, output_len: int, seed:
         "graphs": engine.stats()["graphs"],  # graphed vs eager steps per mode
         "step_log": steps,
     }
+
+
+def _start_profiler():
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    prof.__enter__()
+    return prof
+
+
+def _write_profile(prof, path: str, steps: list[dict]) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    prof.__exit__(None, None, None)
+    modes = sorted({f"{s['mode']}@{s['batch_size']}" for s in steps})
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=45, max_name_column_width=70)
+    with open(path, "w") as f:
+        f.write(f"# {len(steps)} steps ({', '.join(modes)}), "
+                f"wall ms {[round(s['time_ms'], 2) for s in steps]}\n{table}\n")
 
 
 def _median(xs: list) -> float | None:
@@ -128,9 +159,17 @@ def run(args) -> int:
     from gearshift.cli import engine_kwargs
 
     llm = LLM(**engine_kwargs(args))
+    profile = None
+    if args.profile_steps:
+        profile = (args.profile_steps[0], args.profile_steps[1], args.profile_out)
     result = run_offline(llm, num_prompts=args.num_prompts, input_len=args.input_len,
-                         output_len=args.output_len, seed=args.seed, temperature=args.temperature)
+                         output_len=args.output_len, seed=args.seed, temperature=args.temperature,
+                         profile=profile)
     result["env"] = environment(llm)
+    if llm.engine.config.device.startswith("cuda"):
+        from gearshift.models.kernels.skinny_select import CHOOSER
+
+        result["skinny_gemm"] = {"mode": CHOOSER.mode, "shapes": CHOOSER.report()}
     print_table(result)
     if args.output_json:
         with open(args.output_json, "w") as f:
@@ -147,6 +186,9 @@ def add_args(p) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--output-json", default="bench_offline.json")
+    p.add_argument("--profile-steps", type=int, nargs=2, metavar=("FIRST", "COUNT"),
+                   help="run timed steps FIRST..FIRST+COUNT-1 under torch.profiler (slows them)")
+    p.add_argument("--profile-out", default="bench_offline_profile.txt")
 
 
 if __name__ == "__main__":  # python -m gearshift.bench.offline ... (same flags as the CLI)

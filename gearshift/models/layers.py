@@ -96,7 +96,7 @@ class Attention(nn.Module):
                 attn: AttentionBackend) -> torch.Tensor:
         # x: [T, hidden]
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = ops.linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
@@ -104,7 +104,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = attn.rope_and_store(q, k, v, positions, self.rope.cos, self.rope.sin, self.layer_id, fb)
         o = attn.attend(q, self.layer_id, fb)  # [T, Hq, D]
-        return self.o_proj(o.reshape(t, self.q_size))
+        return ops.linear(o.reshape(t, self.q_size), self.o_proj)
 
 
 class MLP(nn.Module):
@@ -115,7 +115,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return ops.linear(ops.silu_and_mul(ops.linear(x, self.gate_up_proj)), self.down_proj)
 
 
 class DecoderLayer(nn.Module):

@@ -8,6 +8,7 @@ Data flow: models/layers.py -> ops.* -> kernels (CUDA) | torch references (CPU).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from gearshift.models.reference_ops import (
     apply_rope_ref,
@@ -51,3 +52,13 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
         return kernel(gate_up)
     return silu_and_mul_ref(gate_up)
+
+
+def linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+    """`layer(x)`; on CUDA with few rows, the skinny Triton GEMM where it measured faster
+    than cuBLAS on this GPU (models/kernels/skinny_select.py)."""
+    if x.is_cuda:
+        from gearshift.models.kernels.skinny_select import linear as kernel
+
+        return kernel(x, layer.weight, layer.bias)
+    return F.linear(x, layer.weight, layer.bias)

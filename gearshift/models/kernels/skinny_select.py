@@ -1,0 +1,127 @@
+"""Which GEMM runs `F.linear` for few rows on this GPU: the skinny Triton kernel or cuBLAS,
+measured once per (row bucket, N, K, dtype, bias) the first time a shape runs eagerly (the
+CUDA-graph warm-up runs do that before capture), never during a capture.
+
+Why measured: which one wins depends on the GPU's SM count and on cuBLAS's tile choice
+for the shape (it loses only where its tiles leave SMs idle), so no table is written by
+hand. Each candidate is timed with CUDA events after evicting L2 by reading a 256 MB buffer
+(a write, such as zero_(), would leave dirty lines whose write-back slows the timed run:
+session 5 measured cuBLAS's gate_up at 67 us that way against 55 us inside the model),
+median of a few runs;
+the kernel is taken only when it beats cuBLAS by SKINNY_MARGIN.
+
+GEARSHIFT_SKINNY_GEMM: `auto` (default: measure), `off` (always cuBLAS), `on` (always the
+kernel's first candidate, for tests).
+
+Data flow: models/ops.linear -> choose(x, weight, bias) -> SkinnyConfig | None (cuBLAS).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from gearshift.models.kernels.skinny_gemm import SkinnyConfig, skinny_linear
+
+MAX_ROWS = 64
+SKINNY_MARGIN = 0.97  # the kernel must take <= 97% of cuBLAS's time
+_REPEATS = 15
+_DTYPES = (torch.float16, torch.bfloat16)
+# per row block: a few tilings (session 5's H200 microbenchmark picked the first ones)
+CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
+    16: (SkinnyConfig(16, 16, 256, 4, 4), SkinnyConfig(16, 16, 512, 4, 3),
+         SkinnyConfig(16, 32, 256, 4, 4)),
+    32: (SkinnyConfig(32, 16, 256, 4, 4), SkinnyConfig(32, 32, 128, 4, 4)),
+    64: (SkinnyConfig(64, 16, 128, 4, 4), SkinnyConfig(64, 32, 128, 4, 4)),
+}
+
+
+def row_block(m: int) -> int:
+    return 16 if m <= 16 else 32 if m <= 32 else 64
+
+
+def row_bucket(m: int) -> int:
+    """Rows are timed at the top of their bucket: 1, 2, 4, 8, 16, 32, 64."""
+    return 1 << max(0, (m - 1).bit_length())
+
+
+class SkinnyChooser:
+    def __init__(self, mode: str | None = None) -> None:
+        mode = (mode or os.environ.get("GEARSHIFT_SKINNY_GEMM", "auto")).lower()
+        if mode not in ("auto", "off", "on"):
+            raise ValueError(f"GEARSHIFT_SKINNY_GEMM must be auto, off or on, not {mode!r}")
+        self.mode = mode
+        self.table: dict[tuple, SkinnyConfig | None] = {}
+        self.timings: dict[tuple, dict[str, float]] = {}  # key -> {candidate: median ms}
+        self.skipped_in_capture = 0
+        self._flush: torch.Tensor | None = None
+
+    def choose(self, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None) -> SkinnyConfig | None:
+        m = x.shape[0]
+        if (self.mode == "off" or not x.is_cuda or x.dim() != 2 or m > MAX_ROWS or m == 0
+                or x.dtype not in _DTYPES or x.stride(-1) != 1 or weight.stride(-1) != 1):
+            return None
+        if self.mode == "on":
+            return CANDIDATES[row_block(m)][0]
+        key = (row_bucket(m), weight.shape[0], weight.shape[1], x.dtype, bias is not None)
+        if key in self.table:
+            return self.table[key]
+        if torch.cuda.is_current_stream_capturing():
+            self.skipped_in_capture += 1
+            return None  # never time inside a capture; this graph keeps cuBLAS
+        self.table[key] = self._measure(key, weight, bias)
+        return self.table[key]
+
+    def _measure(self, key: tuple, weight: torch.Tensor, bias: torch.Tensor | None) -> SkinnyConfig | None:
+        rows = key[0]
+        x = torch.randn(rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
+        if self._flush is None:
+            self._flush = torch.zeros(64 << 20, dtype=torch.float32, device=weight.device)
+        runs = {"cublas": lambda: F.linear(x, weight, bias)}
+        for cfg in CANDIDATES[row_block(rows)]:
+            runs[_name(cfg)] = lambda cfg=cfg: skinny_linear(x, weight, bias, config=cfg)
+        times = {name: self._time(fn) for name, fn in runs.items()}
+        self.timings[key] = times
+        best = min((name for name in times if name != "cublas"), key=times.__getitem__)
+        if times[best] > SKINNY_MARGIN * times["cublas"]:
+            return None
+        return next(c for c in CANDIDATES[row_block(rows)] if _name(c) == best)
+
+    def _time(self, fn) -> float:
+        fn()  # compile / cuBLAS heuristics outside the timed runs
+        ms = []
+        for _ in range(_REPEATS):
+            self._flush.sum()  # read-only eviction
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            ms.append(start.elapsed_time(end))
+        return statistics.median(ms)
+
+    def report(self) -> list[dict]:
+        """One row per measured shape: the choice and each candidate's median ms."""
+        return [{"rows": k[0], "n": k[1], "k": k[2], "dtype": str(k[3]).removeprefix("torch."),
+                 "bias": k[4], "choice": _name(self.table[k]) if self.table[k] else "cublas",
+                 "ms": self.timings.get(k, {})} for k in self.table]
+
+
+def _name(cfg: SkinnyConfig) -> str:
+    return f"skinny_m{cfg.block_m}_n{cfg.block_n}_k{cfg.block_k}_w{cfg.num_warps}_s{cfg.num_stages}"
+
+
+CHOOSER = SkinnyChooser()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear over the last dim of x, through the skinny kernel where CHOOSER picks it."""
+    if x.dim() == 2:
+        cfg = CHOOSER.choose(x, weight, bias)
+        if cfg is not None:
+            return skinny_linear(x, weight, bias, config=cfg)
+    return F.linear(x, weight, bias)

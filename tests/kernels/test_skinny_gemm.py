@@ -1,0 +1,61 @@
+"""Skinny GEMM (few rows, all SMs streaming weights) against F.linear: fp16 under the
+Triton interpreter on CPU, bf16 on CUDA; ragged K (masked tail), bias, every row count
+up to the block, and a strided x (a row slice of a wider buffer)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gearshift.models.kernels.skinny_gemm import SkinnyConfig, skinny_linear
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+DTYPES = [
+    pytest.param(torch.float16, id="fp16"),
+    pytest.param(torch.bfloat16, id="bf16",
+                 marks=pytest.mark.skipif(not HAS_CUDA, reason="bf16 needs CUDA")),
+]
+SMALL = SkinnyConfig(block_m=16, block_n=16, block_k=32)
+
+
+def _check(m: int, n: int, k: int, dtype: torch.dtype, *, bias: bool, config: SkinnyConfig,
+           x_stride_pad: int = 0) -> None:
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x_full = torch.randn(m, k + x_stride_pad, generator=g).to(DEVICE, dtype)
+    x = x_full[:, :k]
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(DEVICE, dtype)
+    b = torch.randn(n, generator=g).to(DEVICE, dtype) if bias else None
+    got = skinny_linear(x, w, b, config=config)
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    assert got.shape == (m, n) and got.dtype == dtype
+    # one rounding of an fp32 accumulation: within half an ulp of the output dtype, plus the
+    # accumulation-order differences of fp32 sums
+    torch.testing.assert_close(got.float(), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_matches_linear(dtype, m):
+    _check(m, 48, 96, dtype, bias=False, config=SMALL)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ragged_k_and_n_with_bias(dtype):
+    _check(5, 37, 70, dtype, bias=True, config=SMALL)
+
+
+def test_strided_rows():
+    _check(4, 32, 64, torch.float16, bias=False, config=SMALL, x_stride_pad=8)
+
+
+def test_wider_row_block():
+    _check(20, 32, 64, torch.float16, bias=True, config=SkinnyConfig(block_m=32, block_n=16, block_k=32))
+
+
+def test_too_many_rows_is_refused():
+    x = torch.zeros(17, 32, device=DEVICE, dtype=torch.float16)
+    w = torch.zeros(16, 32, device=DEVICE, dtype=torch.float16)
+    with pytest.raises(AssertionError, match="at most 16 rows"):
+        skinny_linear(x, w, config=SMALL)
