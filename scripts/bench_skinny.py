@@ -1,6 +1,6 @@
 """H200 microbenchmark of the skinny GEMM against cuBLAS on the Llama-3.1-8B linear shapes
 (qkv, o_proj, gate_up, down, lm_head) at 1..64 rows: every tiling in a wide candidate set,
-timed as the runtime chooser times them (L2 flushed, CUDA events, median), plus the max
+timed as the runtime chooser times them (in CUDA graphs, L2 evicted), plus the max
 error against an fp32 product. Writes JSON; prints a table with GB/s.
 
 Usage: python scripts/bench_skinny.py --out skinny.json
