@@ -1,11 +1,9 @@
 """Shared building blocks of the decoder models: RMSNorm, rotary embedding, attention
 (q/k/v fused into one projection), gated MLP (gate/up fused).
 
-Data flow: models/llama.py composes these; DecoderLayer runs each norm together with the
-projection after it (ops.add_norm_linear: one launch at few rows where that is faster);
-Attention takes the projected qkv and hands q/k/v and RotaryEmbedding's cos/sin tables
-to the attention backend chosen by the runner (`rope_and_store`: rotate, write K/V to
-the slot pool; then `attend`).
+Data flow: models/llama.py composes these; Attention hands q/k/v and RotaryEmbedding's
+cos/sin tables to the attention backend chosen by the runner (`rope_and_store`: rotate,
+write K/V to the slot pool; then `attend`).
 """
 
 from __future__ import annotations
@@ -94,12 +92,11 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rope = rope
 
-    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, fb: ForwardBatch,
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, fb: ForwardBatch,
                 attn: AttentionBackend) -> torch.Tensor:
-        # qkv: [T, q_size + 2 * kv_size], the qkv projection of the normed hidden states
-        # (DecoderLayer fuses the norm with it: ops.add_norm_linear) -> [T, hidden]
-        t = qkv.shape[0]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        # x: [T, hidden]
+        t = x.shape[0]
+        q, k, v = ops.linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
@@ -118,11 +115,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(ops.linear(x, self.gate_up_proj))
-
-    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """down_proj(silu(gate) * up) of the gate_up projection's output [T, 2I]."""
-        return ops.silu_linear(gate_up, self.down_proj)
+        return ops.linear(ops.silu_and_mul(ops.linear(x, self.gate_up_proj)), self.down_proj)
 
 
 class DecoderLayer(nn.Module):
@@ -135,11 +128,12 @@ class DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
                 fb: ForwardBatch, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (sublayer output, residual): the residual stream is their sum. Each norm
-        runs with the projection after it (one launch where that is faster: few rows)."""
-        qkv, residual = ops.add_norm_linear(h, residual, self.input_layernorm,
-                                            self.self_attn.qkv_proj)
-        h = self.self_attn(positions, qkv, fb, attn)
-        gate_up, residual = ops.add_norm_linear(h, residual, self.post_attention_layernorm,
-                                                self.mlp.gate_up_proj)
-        return self.mlp.down(gate_up), residual
+        """Returns (sublayer output, residual): the residual stream is their sum."""
+        if residual is None:
+            residual = h
+            h = self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm.add_norm(h, residual)
+        h = self.self_attn(positions, h, fb, attn)
+        h, residual = self.post_attention_layernorm.add_norm(h, residual)
+        return self.mlp(h), residual

@@ -62,27 +62,3 @@ def linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
 
         return kernel(x, layer.weight, layer.bias)
     return F.linear(x, layer.weight, layer.bias)
-
-
-def add_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm: torch.nn.Module,
-                    layer: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
-    """(layer(norm(x + residual)), x + residual); residual None: x is the residual stream.
-    On CUDA with few rows, one launch where that measured faster (kernels/skinny_select.py)."""
-    if x.is_cuda:
-        from gearshift.models.kernels.skinny_select import add_norm_linear as kernel
-
-        return kernel(x, residual, norm.weight, norm.eps, layer.weight, layer.bias)
-    if residual is None:
-        h, residual = rms_norm(x, norm.weight, norm.eps), x
-    else:
-        h, residual = add_rms_norm(x, residual, norm.weight, norm.eps)
-    return F.linear(h, layer.weight, layer.bias), residual
-
-
-def silu_linear(gate_up: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
-    """layer(silu(gate) * up) of a fused gate_up output; fused on CUDA where faster."""
-    if gate_up.is_cuda:
-        from gearshift.models.kernels.skinny_select import silu_linear as kernel
-
-        return kernel(gate_up, layer.weight, layer.bias)
-    return F.linear(silu_and_mul(gate_up), layer.weight, layer.bias)
