@@ -29,6 +29,9 @@ class CostModel:
     # K -> observations per table point: a point's first measurement replaces the prior,
     # the next ones average in (weight 1/(n+1)) until the EMA rate takes over
     counts: dict[int, list[int]] = field(default_factory=dict)
+    # K -> (the points list, its batch sizes): the planner predicts every K every step, and
+    # rebuilding the x list was half of plan()'s host time (CPU profile, session 5)
+    _xs: dict[int, tuple[list, list[float]]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def roofline(cls, weight_bytes: float, flops_per_token: float, kv_bytes_per_token: float,
@@ -63,14 +66,25 @@ class CostModel:
         if not pts:
             return 0
         counts = self.counts.get(k) or [0] * len(pts)
-        xs = [p[0] for p in pts]
+        xs = self._batch_sizes(k, pts)
         i = bisect.bisect_left(xs, bs)
         if i < len(pts) and xs[i] == bs:
             return counts[i]
         return min(counts[max(i - 1, 0)], counts[min(i, len(pts) - 1)])
 
     def predict(self, k: int, bs: int, ctx_tokens: int) -> float:
-        return _interp(self.base[k], bs) + self.attn_ms_per_token.get(k, 0.0) * ctx_tokens
+        pts = self.base[k]
+        return (_interp(pts, bs, self._batch_sizes(k, pts))
+                + self.attn_ms_per_token.get(k, 0.0) * ctx_tokens)
+
+    def _batch_sizes(self, k: int, pts: list[list[float]]) -> list[float]:
+        """The x column of K's curve, cached while the curve is the same list of the same
+        length (observe moves y values only; set_measured installs a new list)."""
+        cached = self._xs.get(k)
+        if cached is None or cached[0] is not pts or len(cached[1]) != len(pts):
+            cached = (pts, [p[0] for p in pts])
+            self._xs[k] = cached
+        return cached[1]
 
     def observe(self, k: int, bs: int, ctx_tokens: int, ms: float) -> None:
         """Move the two table points around `bs` towards the measured step time."""
@@ -80,7 +94,7 @@ class CostModel:
         pred = self.predict(k, bs, ctx_tokens)
         ms = min(max(ms, 0.5 * pred), 2.0 * pred)  # one sample moves a point at most 2x
         err = ms - pred
-        xs = [p[0] for p in pts]
+        xs = self._batch_sizes(k, pts)
         i = bisect.bisect_left(xs, bs)
         counts = self.counts.setdefault(k, [0] * len(pts))
         exact = i < len(pts) and xs[i] == bs
@@ -92,8 +106,7 @@ class CostModel:
         self.observations += 1
 
 
-def _interp(pts: list[list[float]], x: float) -> float:
-    xs = [p[0] for p in pts]
+def _interp(pts: list[list[float]], x: float, xs: list[float]) -> float:
     i = bisect.bisect_left(xs, x)
     if i <= 0:  # at or below the smallest measured batch: a step costs at least that
         return pts[0][1]

@@ -160,6 +160,19 @@ def test_cost_model_interpolates_extrapolates_and_learns():
     assert m.observations == 100
 
 
+def test_cost_model_follows_a_replaced_curve():
+    """The batch sizes of a curve are cached for the planner; a curve replaced by the
+    warm-up (set_measured) or by assignment, at other batch sizes, is read afresh."""
+    m = CostModel(base={0: [[1.0, 4.0], [64.0, 6.0]]})
+    assert m.predict(0, 32, 0) == pytest.approx(4.0 + 2.0 * 31 / 63)
+    m.set_measured(0, [[1, 4.0], [16, 5.0], [32, 5.5], [64, 6.0]])
+    assert m.predict(0, 32, 0) == pytest.approx(5.5)
+    m.base[0] = [[1.0, 3.0], [32.0, 9.0]]
+    assert m.predict(0, 32, 0) == pytest.approx(9.0)
+    m.observe(0, 32, 0, 9.0)
+    assert m.observed(0, 32) == 1
+
+
 def test_roofline_prior_turns_compute_bound_with_tokens():
     m = CostModel.roofline(weight_bytes=16e9, flops_per_token=16e9, kv_bytes_per_token=0,
                            max_k=4, batch_sizes=[1, 64, 256], overhead_ms=0.0, draft_frac=0.0)
