@@ -68,15 +68,17 @@ class GoodputPolicy(Policy):
         # this batch size has had fewer than `fresh_obs` online observations (only the
         # start-up warm-up's, or none) is tried sooner: one step in `fresh_gap`, so a new
         # load level is measured within its first steps, not after a hundred.
-        # Probes back off: each one that confirms its gear's predicted cost doubles the wait
-        # for the next (up to `max_backoff` x explore_every); one that did not, a new gear
-        # or a new padded batch size start again at explore_every. (On the H200
-        # a probe at c = 128 cost ~2 plain steps; one in 64 steps cost 1-1.5% of throughput
-        # against plain decoding.)
+        # Probes back off, per padded batch size: a probe at batch b that confirms its
+        # gear's predicted cost doubles the wait for the next probe at b (up to `max_backoff`
+        # x explore_every); one that did not brings b back to explore_every; a new gear
+        # resets every batch size. (One shared period, reset whenever the padded batch
+        # changed, never backed off under a closed loop's churn: goodput still ran 24
+        # VERIFY steps at c = 128 on the H200, ~2 plain steps each; session 5.)
         self.explore_every, self.explore_ratio = explore_every, explore_ratio
         self.max_backoff = max_backoff
         self.fresh_obs, self.fresh_gap = fresh_obs, fresh_gap
-        self._since_probe, self._period, self._period_bs = 0, explore_every, 0
+        self._since_probe = 0
+        self._periods: dict[int, int] = {}  # padded batch size -> steps between probes
         self._last_probe: tuple | None = None  # (K, padded bs, predicted ms) of the last probe
         self._probe_error: float | None = None  # its measured time's relative error
         self._steps_speculating = 0
@@ -120,11 +122,13 @@ class GoodputPolicy(Policy):
         if scores[best][2] <= scores[cur][2] * (1 + self.margin):
             best = cur  # hysteresis: not clearly better, keep the gear we are in
         bs = self.pad(len(view.requests))
-        if best != self.current_k or bs != self._period_bs:  # new gear or load: no back-off
-            self._period, self._period_bs, self._last_probe = self.explore_every, bs, None
+        if best != self.current_k:  # a new gear: its estimates are new everywhere
+            self._periods.clear()
+            self._last_probe = None
         self.current_k = best
         self._since_probe += 1
-        probe = self._since_probe >= self._period
+        period = self._periods.get(bs, self.explore_every)
+        probe = self._since_probe >= period
         if probe:
             self._since_probe = 0
             self._back_off()
@@ -139,7 +143,7 @@ class GoodputPolicy(Policy):
             if probe:
                 self._last_probe, self._probe_error = (0, bs, scores[0][1]), None
                 return [0] * len(view.requests)
-            if self._since_probe == self._period // 2:
+            if self._since_probe == period // 2:
                 k = self._neighbour(best, max_k, scores)
                 return [k if self.eligible(r) else 0 for r in view.requests]
             if self._steps_speculating - self._last_fresh >= self.fresh_gap:
@@ -157,12 +161,15 @@ class GoodputPolicy(Policy):
 
     def _back_off(self) -> None:
         """At a probe: if the previous probe's measured step time was within 10% of what
-        was predicted, it confirmed the choice: wait twice as long for the next one; if
-        not (or it was not measured), keep probing every explore_every steps."""
+        was predicted, it confirmed the choice at its batch size: wait twice as long for
+        the next probe there; if not (or it was not measured), probe there every
+        explore_every steps again."""
         if self._last_probe is None:
             return
+        bs = self._last_probe[1]
         settled = self._probe_error is not None and self._probe_error <= 0.1
-        self._period = min(2 * self._period, self.explore_every * self.max_backoff) \
+        period = self._periods.get(bs, self.explore_every)
+        self._periods[bs] = min(2 * period, self.explore_every * self.max_backoff) \
             if settled else self.explore_every
 
     def _neighbour(self, best: int, max_k: int, scores: dict) -> int:

@@ -258,23 +258,27 @@ def test_goodput_probes_back_off_while_they_confirm_the_estimate():
     chosen = drive(pol, rs, actual, 2000)
     assert chosen[:3] == [4] * 3
     assert 1 <= chosen[1000:2000].count(0) <= 1000 // 128 + 1  # one probe per 128 steps
-    assert pol._period == 128
+    assert pol._periods[8] == 128
     actual[0] = 1.0  # plain decode got 4x cheaper: the next probe is a surprise
     chosen = drive(pol, rs, actual, 800)
     assert chosen[200:400].count(0) >= 200 // 16  # probing at explore_every again
     assert chosen[-50:].count(0) == 50 and pol.current_k == 0
 
 
-def test_goodput_still_probes_when_the_batch_size_keeps_changing():
-    """A closed loop at c = 2 alternates batch 2 and 1 as requests finish: that resets the
-    back-off, but not the count towards the next probe (probes would otherwise never come)."""
+def test_goodput_probes_back_off_per_batch_size_under_churn():
+    """A closed loop alternates batch 2 and 1 as requests finish. Each padded batch size
+    backs off on its own once its probes confirm the estimate (one shared period, reset at
+    every change, never backed off: session 5 saw 24 VERIFY probes at c = 128), and probes
+    still come: the count towards the next one is not reset by the churn."""
     cost = memory_bound_costs(max_k=4)
     actual = {0: 4.0, 1: 4.4, 2: 4.8, 3: 5.2, 4: 5.6}
-    pol = GoodputPolicy(cost, 4, explore_every=16)
+    pol = GoodputPolicy(cost, 4, explore_every=16, max_backoff=8)
     chosen = []
-    for step in range(640):
+    for step in range(2000):
         rs = reqs(2 if (step // 10) % 2 == 0 else 1, 0.8)
         k = pol.plan(PolicyView(rs, 0, 4))[0]
         chosen.append(k)
         pol.observe(k, len(rs), 0, actual[k])
-    assert chosen.count(0) >= 640 // 16 - 2
+    assert 1 <= chosen[1000:].count(0) <= 1000 // 128 + 1  # backed off to one in 128
+    assert pol._periods == {1: 128, 2: 128}
+    assert chosen[:200].count(0) >= 3  # it probed while the estimates were new
