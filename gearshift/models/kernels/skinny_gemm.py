@@ -4,7 +4,9 @@ program per BLOCK_N output columns, looping over all of K, so every SM streams w
 Why: at M <= 8, cuBLAS picks 64-row tiles for the 8B shapes' qkv (N = 6144) and o_proj
 (N = 4096) projections: 96 and 64 thread blocks on 132 SMs, ~73% of the bandwidth that
 the larger gate_up / down projections reach (session 4's profile of a batch-2 VERIFY step).
-With BLOCK_N = 16 the same weights make 384 / 256 programs, a few per SM.
+With BLOCK_N = 16 the same weights make 384 / 256 programs, a few per SM. Measured on
+the H200 (session 5, graph-timed), the gain is small: the chooser keeps cuBLAS except for
+o_proj at 1-2 rows (12.2 vs 13.0 us).
 
 Data flow: models/ops.linear -> skinny_select (start-up timing: this kernel or cuBLAS, per
 (rows bucket, N, K, dtype)) -> skinny_linear. Accumulates in fp32 (tensor-core dot of a
