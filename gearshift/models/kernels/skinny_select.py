@@ -89,6 +89,7 @@ class SkinnyChooser:
         for cfg in configs:
             times[_name(cfg)] = self._time(lambda cfg=cfg: skinny_linear(x, weight, bias, config=cfg))
         self.timings[key] = times
+        self._flush = None  # 256 MB: back to the allocator, not held for the process's life
         best = min(configs, key=lambda c: times[_name(c)])
         return best if times[_name(best)] <= SKINNY_MARGIN * times["cublas"] else None
 
