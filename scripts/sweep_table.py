@@ -38,7 +38,9 @@ def main() -> None:
         g = row.get("goodput")
         ratio = g["output_tok_per_s"] / row[best]["output_tok_per_s"] if g else None
         ratios.append(ratio)
-        mix = g.get("request_steps_by_k", {}) if g else {}
+        mix = dict(g.get("request_steps_by_k", {})) if g else {}
+        if g and g.get("request_steps_tree"):  # request-steps that verified the tree
+            mix["tree"] = g["request_steps_tree"]
         print(f"| {c} | " + " | ".join(cells) + f" | {best} | "
               + (f"**{ratio:.3f}**" if ratio is not None else "-") + f" | {mix} |")
     geo = {q: math.exp(sum(math.log(pt["output_tok_per_s"]) for pt in res[q]) / len(res[q]))

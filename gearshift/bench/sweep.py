@@ -5,12 +5,13 @@ concurrency (1, 2, 4, ... 256) for each speculation policy, on one target + draf
         | threshold-vllm (K=3 <= 64, K=1 <= 128, off above) | goodput (default)
 
 Concurrency c = at most c requests running (closed loop over max(c * rounds, min_requests)
-requests; 4 and 16 by default), split into `passes` (2) runs. Chain policies share one
-engine (max K = 4) and are interleaved: for each c, pass 1 runs every policy in turn, pass
-2 runs them in reverse order on the next prompts, so drift over the run (clocks, heap)
-falls on every policy alike; the first policy rotates from one c to the next. A point
-sums its passes, and `pass_tok_per_s` shows their spread. The tree runs on its own
-engine after the chain. Prompts are held-out corpus windows (real acceptance) or
+requests; 4 and 16 by default), split into `passes` (2) runs. Every policy runs on one
+engine (max K = 4; tree width --tree-topk, --tree-tokens nodes): chain policies plan
+chains, `tree` plans the tree, goodput picks among both. Policies are interleaved: for
+each c, pass 1 runs every policy in turn, pass 2 runs them in reverse order on the next
+prompts, so drift over the run (clocks, heap) falls on every policy alike; the first
+policy rotates from one c to the next. A point sums its passes, and `pass_tok_per_s`
+shows their spread. Prompts are held-out corpus windows (real acceptance) or
 synthetic ids. Prints a table, writes JSON and a PNG plot,
 and reports the measured acceptance and the garbage collections inside each point.
 
@@ -19,7 +20,6 @@ Data flow: args -> LLM engines -> per (policy, c): Engine.step loop -> metrics -
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import statistics
@@ -57,6 +57,8 @@ def make_prompts(tokenizer, vocab: int, n: int, input_len: int, seed: int) -> li
 
 
 def policy_object(name: str, engine, k_max: int):
+    """Chain policies plan chains (topk 1) on a tree-capable engine too; `tree` plans the
+    engine's tree; goodput chooses."""
     from gearshift.policy.goodput import GoodputPolicy
     from gearshift.policy.profile import build_cost_model
     from gearshift.policy.static import AlwaysPolicy, OffPolicy
@@ -65,17 +67,17 @@ def policy_object(name: str, engine, k_max: int):
     if name == "off":
         return OffPolicy()
     if name.startswith("always-"):
-        return AlwaysPolicy(int(name.split("-")[1]))
+        return AlwaysPolicy(int(name.split("-")[1]), topk=1)
     if name == "tree":
         return AlwaysPolicy(k_max)
     if name == "threshold":
-        return ThresholdPolicy(SGLANG_LIKE, k_max)
+        return ThresholdPolicy(SGLANG_LIKE, k_max, topk=1)
     if name == "threshold-vllm":
-        return ThresholdPolicy(VLLM_LIKE, k_max)
+        return ThresholdPolicy(VLLM_LIKE, k_max, topk=1)
     from gearshift.spec.warmup import apply_measured
 
     cost = build_cost_model(engine.runner, k_max, engine.config.max_num_seqs,
-                            engine.spec.draft_frac, engine.spec.tokens_per_k)
+                            engine.spec.draft_frac, engine.spec.tree_nodes)
     policy = GoodputPolicy(cost, k_max, pad=engine.runner.decode_pad)
     apply_measured(policy, engine.spec.measured_costs)
     return policy
@@ -118,6 +120,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     accepted = stats.get("accepted", 0) - before.get("accepted", 0)
     steps_by_k = {int(k.split(".")[1]): v - before.get(k, 0) for k, v in stats.items()
                   if k.startswith("steps_by_k.") and v > before.get(k, 0)}  # request-steps
+    tree_steps = stats.get("tree_steps", 0) - before.get("tree_steps", 0)  # of which trees
     return {"concurrency": concurrency, "requests": len(prompts),
             "output_tokens": sum(count.values()),
             "output_tok_per_s": sum(count.values()) / elapsed,
@@ -125,6 +128,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             "acceptance_rate": accepted / proposed if proposed else None,
             "proposed": proposed, "accepted": accepted, "elapsed_s": elapsed,
             "request_steps_by_k": dict(sorted(steps_by_k.items())),
+            "request_steps_tree": tree_steps,
             "graphs_captured": engine._num_graphs() - graphs_before,
             **pauses.as_dict(),
             **{f"{m}_steps": engine.stats()[f"{m}_steps"] - steps_before[f"{m}_steps"]
@@ -136,7 +140,8 @@ def merge_passes(parts: list[dict]) -> dict:
     over the summed time, the median time per output token over every request."""
     out = {"concurrency": parts[0]["concurrency"]}
     for key in ("requests", "output_tokens", "elapsed_s", "proposed", "accepted", "gc_ms",
-                "graphs_captured", "decode_steps", "verify_steps", "extend_steps"):
+                "graphs_captured", "decode_steps", "verify_steps", "extend_steps",
+                "request_steps_tree"):
         out[key] = sum(p[key] for p in parts)
     out["output_tok_per_s"] = out["output_tokens"] / out["elapsed_s"]
     out["pass_tok_per_s"] = [round(p["output_tok_per_s"], 1) for p in parts]
@@ -213,33 +218,20 @@ def run(args) -> int:
     kw.setdefault("speculative_algorithm", "eagle3")
     kw.pop("num_draft_tokens", None)
     concs = args.concurrency
-    chain = LLM(**kw, num_draft_tokens=4)
-    eng = chain.engine
+    tree_kw = dict(draft_topk=args.tree_topk, num_verify_tokens=args.tree_tokens) \
+        if args.tree_topk > 1 else {}
+    llm = LLM(**kw, num_draft_tokens=4, **tree_kw)
+    eng = llm.engine
     extra = {"warmup_s": _warm_up(eng), "warmup_costs_ms": eng.spec.measured_costs}
-    chain_policies = [n for n in args.policies if n != "tree"]
-    with_tree = "tree" in args.policies and args.tree_topk
-    bar = tqdm(total=(len(chain_policies) + bool(with_tree)) * len(concs), desc="sweep")
+    names = [n for n in args.policies if n != "tree" or tree_kw]
+    bar = tqdm(total=len(names) * len(concs), desc="sweep")
     most = args.passes * max(per_pass(c, args) for c in concs)
-    prompts = make_prompts(chain.tokenizer, eng.model_config.vocab_size, most, args.input_len,
+    prompts = make_prompts(llm.tokenizer, eng.model_config.vocab_size, most, args.input_len,
                            args.seed)
-    env = environment(chain) | extra
-    results = sweep(eng, {n: policy_object(n, eng, 4) for n in chain_policies}, prompts, args,
-                    bar, done=lambda r: _save(args, r, env))
-    del chain, eng
-    gc.unfreeze()  # the chain engine's start-up heap was frozen (engine/gc_control.py)
-    gc.collect()  # the tree engine needs the chain engine's memory
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info()
-        log.warning("tree engine next: %.1f of %.1f GiB free on the device", free / 2**30,
-                    total / 2**30)
-    if with_tree:
-        tree = LLM(**kw, num_draft_tokens=args.tree_depth, draft_topk=args.tree_topk,
-                   num_verify_tokens=args.tree_tokens)
-        _warm_up(tree.engine)
-        name = f"tree-{args.tree_topk}x{args.tree_depth}-{args.tree_tokens}"
-        results |= sweep(tree.engine, {name: policy_object("tree", tree.engine, args.tree_depth)},
-                         prompts, args, bar)
+    env = environment(llm) | extra
+    label = {"tree": f"tree-{args.tree_topk}x4-{args.tree_tokens}"}
+    results = sweep(eng, {label.get(n, n): policy_object(n, eng, 4) for n in names}, prompts,
+                    args, bar, done=lambda r: _save(args, r, env))
     bar.close()
     for pts in results.values():
         for p in pts:
@@ -326,8 +318,8 @@ def add_args(p) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--policies", type=_policy_list, default=[*CHAIN_POLICIES, "tree"],
                    help="comma-separated subset of: " + ", ".join([*CHAIN_POLICIES, "tree"]))
-    p.add_argument("--tree-topk", type=int, default=4)
-    p.add_argument("--tree-depth", type=int, default=4)
-    p.add_argument("--tree-tokens", type=int, default=16)
+    p.add_argument("--tree-topk", type=int, default=4,
+                   help="tree width of the engine (depth 4); 1 = chains only (no `tree` policy)")
+    p.add_argument("--tree-tokens", type=int, default=16, help="nodes per draft tree")
     p.add_argument("--output-json", default="bench_sweep.json")
     p.add_argument("--output-png", default="bench_sweep.png")

@@ -71,11 +71,13 @@ class Engine:
             self.scheduler.policy = create_policy(
                 config, lambda: build_cost_model(self.runner, config.num_draft_tokens,
                                                  config.max_num_seqs, self.spec.draft_frac,
-                                                 self.spec.tokens_per_k),
+                                                 self.spec.tree_nodes),
                 pad=self.runner.decode_pad)
             self.scheduler.max_draft_len = config.num_draft_tokens
             self.scheduler.spec_slots = self.spec.slots_needed
             self.scheduler.population = self.spec.population
+            self.scheduler.tree_population = self.spec.tree_population
+            self.scheduler.draft_topk = config.draft_topk
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
         if self.spec is not None:
             # prefill chunks ride in a chain's causal verify pass (riders need causal
@@ -230,7 +232,7 @@ class Engine:
             ms = self.last_step["time_s"] * 1e3
             if plan.mode is ForwardMode.VERIFY:  # the draft's catch-up over earlier plain
                 ms -= self.spec.follow.catch_up_ms()  # steps is their cost, not this K's
-            self._observe_cost(plan, max(plan.draft_lens, default=0), ms)
+            self._observe_cost(plan, self.spec.gear(plan), ms)
 
     def _num_graphs(self) -> int:
         return len(getattr(self.runner.shape_graphs, "entries", ()))
@@ -280,6 +282,8 @@ class Engine:
         return {
             "algorithm": self.config.speculative_algorithm, "policy": self.config.spec_policy,
             "steps_by_k": {int(k.split(".")[1]): v for k, v in s.items() if k.startswith("steps_by_k.")},
+            # request-steps that verified chains / draft trees (the plan's tree width)
+            "chain_steps": s["chain_steps"], "tree_steps": s["tree_steps"],
             "proposed": proposed, "accepted": accepted,
             "acceptance_rate": accepted / proposed if proposed else 0.0,
             "accept_len_hist": {int(k.split(".")[1]): v for k, v in s.items()

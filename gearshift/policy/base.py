@@ -22,10 +22,18 @@ class PolicyView:
     # drafts, accepted + rejections), EMA; the policy's prior for a request with little
     # evidence of its own. None: not measured
     population: tuple[float, float] | None = None
+    topk: int = 1  # the engine's tree width (draft_topk): > 1 = a step may verify draft trees
+    tree_population: tuple[float, float] | None = None  # the same evidence from tree steps
 
 
 class Policy(ABC):
     drafts = True  # whether it ever plans K > 0; if not, the draft need not follow tokens
+    topk: int | None = None  # tree width of its speculative steps; None = the engine's
+
+    def step_topk(self, view: PolicyView) -> int:
+        """Tree width of the step just planned for `view` (asked right after plan(); 1 =
+        chains). A step verifies either chains or trees, never both."""
+        return view.topk if self.topk is None else min(self.topk, view.topk)
 
     @abstractmethod
     def plan(self, view: PolicyView) -> list[int]:

@@ -2,7 +2,8 @@
 
     t(K, bs, ctx) = base[K](bs) + attn[K] * ctx_tokens          (milliseconds)
 
-`base[K]` is a piecewise-linear curve over measured batch sizes: profiled at start-up on
+K is a gear: 0 = plain decode, 1..max K = chains, max K + 1 = the engine's draft tree
+(policy/goodput.py). `base[K]` is a piecewise-linear curve over measured batch sizes: profiled at start-up on
 the GPU (target forward over bs*(K+1) tokens plus the draft's steps), or a roofline
 default when nothing was measured. Every executed step feeds its measured wall time back
 (`observe`), which moves the nearest table points towards it (fast for a point's first
@@ -37,16 +38,17 @@ class CostModel:
     def roofline(cls, weight_bytes: float, flops_per_token: float, kv_bytes_per_token: float,
                  max_k: int, batch_sizes: list[int], bandwidth: float = 4.2e12,
                  flops: float = 7.0e14, overhead_ms: float = 0.3, draft_frac: float = 0.05,
-                 tokens_per_k: int = 1) -> CostModel:
+                 tree_nodes: int = 0) -> CostModel:
         """A prior from first principles: a step streams the weights once and computes every
-        token; drafting costs `draft_frac` of a step per draft step."""
+        token; drafting costs `draft_frac` of a step per draft step. With `tree_nodes`, gear
+        max_k + 1 verifies a tree of that many nodes per request."""
         m = cls()
-        for k in range(max_k + 1):
+        for k in range(max_k + 1 + bool(tree_nodes)):
             pts = []
             for bs in batch_sizes:
-                tokens = bs * (1 + k * tokens_per_k)
+                tokens = bs * (tree_nodes if k > max_k else 1 + k)
                 t = max(weight_bytes / bandwidth, tokens * flops_per_token / flops) * 1e3
-                t *= 1 + draft_frac * k
+                t *= 1 + draft_frac * min(k, max_k)
                 pts.append([float(bs), t + overhead_ms])
             m.base[k] = pts
             m.attn_ms_per_token[k] = kv_bytes_per_token / bandwidth * 1e3

@@ -1,11 +1,15 @@
-"""`goodput` (the default policy): pick the draft length K that maximises expected
-committed tokens per second for this step.
+"""`goodput` (the default policy): pick the gear that maximises expected committed tokens
+per second for this step. Gears: 0 = plain decode, K = 1..max_k = chains of K drafts, and,
+when the engine verifies trees (draft_topk > 1), max_k + 1 = one draft tree of depth max_k
+per request.
 
     E_i(K) = (1 - a_i^(K+1)) / (1 - a_i)     expected tokens of request i with a chain of K
                                              (per-token acceptance a_i, EMA with a prior)
-    G(K)   = sum_i E_i(K) / t(K, padded bs, context)      t from the CostModel
+    E_i(tree) = E_i(max_k) at t_i            t_i: per-depth acceptance of its tree steps,
+                                             with prior max(a_i, the population's on trees)
+    G(g)   = sum_i E_i(g) / t(g, padded bs, context)      t from the CostModel
 
-Requests that opted out count 1 token at any K. Hysteresis: the current K is kept unless
+Requests that opted out count 1 token at any gear. Hysteresis: the current K is kept unless
 another K is predicted to be better by more than `margin` (2%: no flapping on noise, and
 at most 2% lost to a gear that is better by less).
 As batches grow, t(K) rises faster than E(K) (verification turns compute-bound), and the
@@ -36,9 +40,17 @@ def expected_tokens(alpha: float, k: int) -> float:
 def acceptance(req: Request, prior: float, prior_weight: float) -> float:
     """Per-token acceptance estimate: accepted / (accepted + rejections), with a prior (the
     population's acceptance when measured, else the policy's fixed prior)."""
-    num = req.spec_alpha_num + prior * prior_weight
-    den = req.spec_alpha_den + prior_weight
-    return min(max(num / den, 0.0), 0.999)
+    return _estimate(req.spec_alpha_num, req.spec_alpha_den, prior, prior_weight)
+
+
+def tree_acceptance(req: Request, prior: float, prior_weight: float) -> float:
+    """The same per-depth estimate from the request's tree steps: a tree reaches depth d + 1
+    when any of its nodes there matches, so it is at least the chain's acceptance."""
+    return _estimate(req.tree_alpha_num, req.tree_alpha_den, prior, prior_weight)
+
+
+def _estimate(num: float, den: float, prior: float, prior_weight: float) -> float:
+    return min(max((num + prior * prior_weight) / (den + prior_weight), 0.0), 0.999)
 
 
 class GoodputPolicy(Policy):
@@ -84,24 +96,32 @@ class GoodputPolicy(Policy):
         self._steps_speculating = 0
         self._last_fresh = 0  # the first fresh exploration comes after fresh_gap steps
         self._explorations = 0
+        self._topk = 1  # tree width of the step planned last
 
-    def scores(self, view: PolicyView, max_k: int) -> dict[int, tuple[float, float, float]]:
-        """(expected tokens, predicted ms, tokens per ms) for every uniform K in 0..max_k, in
-        one pass over the requests: E_i(K) = E_i(K - 1) + a_i^K (the planner runs every
-        step, for every running request)."""
+    def scores(self, view: PolicyView, top: int) -> dict[int, tuple[float, float, float]]:
+        """(expected tokens, predicted ms, tokens per ms) for every uniform gear in 0..top, in
+        one pass over the requests: chains by E_i(K) = E_i(K - 1) + a_i^K (the planner runs
+        every step, for every running request); gear max_k + 1, the draft tree, by
+        E_i(max_k) over the request's tree acceptance t_i (see `tree_acceptance`)."""
         bs = self.pad(len(view.requests))
         ctx = sum(r.num_tokens for r in view.requests)
-        tokens = [float(len(view.requests))] * (max_k + 1)  # every request commits one token
+        depth = min(top, self.max_k)
+        tree = top > self.max_k
+        tokens = [float(len(view.requests))] * (top + 1)  # every request commits one token
         prior = self.population_prior(view)
+        tree_prior = self.tree_prior(view, prior) if tree else 0.0
         for r in view.requests:
             if not self.eligible(r):
                 continue
             a = acceptance(r, prior, self.prior_weight)
             term, extra = 1.0, 0.0
-            for k in range(1, max_k + 1):
+            for k in range(1, depth + 1):
                 term *= a
                 extra += term
                 tokens[k] += extra
+            if tree:
+                t = tree_acceptance(r, max(a, tree_prior), self.prior_weight)
+                tokens[top] += expected_tokens(t, self.max_k) - 1.0
         out = {}
         for k, t in enumerate(tokens):
             ms = self.cost.predict(k, bs, ctx)
@@ -112,13 +132,41 @@ class GoodputPolicy(Policy):
         num, den = view.population or (0.0, 0.0)
         return (num + self.prior * self.population_weight) / (den + self.population_weight)
 
-    def plan(self, view: PolicyView) -> list[int]:
+    def tree_prior(self, view: PolicyView, chain_prior: float) -> float:
+        """The population's acceptance on tree steps, around the chains' (no tree evidence
+        yet: a tree accepts what its top-1 chain would, at least)."""
+        num, den = view.tree_population or (0.0, 0.0)
+        return (num + chain_prior * self.population_weight) / (den + self.population_weight)
+
+    def top_gear(self, view: PolicyView) -> int:
+        """The highest gear this step may take: max K, or max K + 1 (the draft tree) when the
+        engine verifies trees and the cost model knows their price."""
         max_k = min(self.max_k, view.max_k)
+        if view.topk > 1 and max_k == self.max_k and self.max_k + 1 in self.cost.base:
+            return self.max_k + 1
+        return max_k
+
+    def step_topk(self, view: PolicyView) -> int:
+        return self._topk
+
+    def plan(self, view: PolicyView) -> list[int]:
+        self._topk = 1
         if not any(self.eligible(r) for r in view.requests):
             return [0] * len(view.requests)
-        scores = self.scores(view, max_k)
+        gear = self._choose(view, self.top_gear(view))
+        if gear > self.max_k:
+            self._topk = view.topk
+        k = min(gear, self.max_k)
+        return [k if self.eligible(r) else 0 for r in view.requests]
+
+    def gear_name(self, gear: int) -> str:
+        return "tree" if gear > self.max_k else f"K{gear}"
+
+    def _choose(self, view: PolicyView, top: int) -> int:
+        """This step's gear: the best predicted (with hysteresis), or a probe."""
+        scores = self.scores(view, top)
         best = max(scores, key=lambda k: scores[k][2])
-        cur = min(self.current_k, max_k)
+        cur = min(self.current_k, top)
         if scores[best][2] <= scores[cur][2] * (1 + self.margin):
             best = cur  # hysteresis: not clearly better, keep the gear we are in
         bs = self.pad(len(view.requests))
@@ -133,31 +181,32 @@ class GoodputPolicy(Policy):
             self._since_probe = 0
             self._back_off()
         if best == 0:
-            runner_up = max(range(1, max_k + 1), key=lambda k: scores[k][2], default=0)
+            runner_up = max(range(1, top + 1), key=lambda k: scores[k][2], default=0)
             if (runner_up and probe
                     and scores[runner_up][2] >= self.explore_ratio * scores[0][2]):
                 self._last_probe, self._probe_error = (runner_up, bs, scores[runner_up][1]), None
-                return [runner_up if self.eligible(r) else 0 for r in view.requests]
+                return runner_up
         else:
             self._steps_speculating += 1
             if probe:
                 self._last_probe, self._probe_error = (0, bs, scores[0][1]), None
-                return [0] * len(view.requests)
+                return 0
             if self._since_probe == period // 2:
-                k = self._neighbour(best, max_k, scores)
-                return [k if self.eligible(r) else 0 for r in view.requests]
+                return self._neighbour(best, top, scores)
             if self._steps_speculating - self._last_fresh >= self.fresh_gap:
-                k = self._unmeasured_neighbour(best, max_k, scores, bs)
+                k = self._unmeasured_neighbour(best, top, scores, bs)
                 if k:
                     self._last_fresh = self._steps_speculating
-                    return [k if self.eligible(r) else 0 for r in view.requests]
-        self.last_prediction = {"k": best, "tokens": scores[best][0], "ms": scores[best][1],
+                    return k
+        self.last_prediction = {"k": min(best, self.max_k), "gear": self.gear_name(best),
+                                "tokens": scores[best][0], "ms": scores[best][1],
                                 "bs": len(view.requests),
                                 "prior_acceptance": self.population_prior(view)}
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("goodput bs=%d -> K=%d | %s", len(view.requests), best, " ".join(
-                f"K{k}:{t:.1f}tok/{ms:.2f}ms" for k, (t, ms, _) in scores.items()))
-        return [best if self.eligible(r) else 0 for r in view.requests]
+            log.debug("goodput bs=%d -> %s | %s", len(view.requests), self.gear_name(best),
+                      " ".join(f"{self.gear_name(k)}:{t:.1f}tok/{ms:.2f}ms"
+                               for k, (t, ms, _) in scores.items()))
+        return best
 
     def _back_off(self) -> None:
         """At a probe: if the previous probe's measured step time was within 10% of what
@@ -172,22 +221,22 @@ class GoodputPolicy(Policy):
         self._periods[bs] = min(2 * period, self.explore_every * self.max_backoff) \
             if settled else self.explore_every
 
-    def _neighbour(self, best: int, max_k: int, scores: dict) -> int:
+    def _neighbour(self, best: int, top: int, scores: dict) -> int:
         """The neighbour gear an exploration step tries while speculating at `best`: K + 1
         and K - 1 in turn, if predicted within explore_ratio of the best (else the other;
         else `best` itself: no exploration)."""
         self._explorations += 1
         order = (best + 1, best - 1) if self._explorations % 2 else (best - 1, best + 1)
         for k in order:
-            if 0 < k <= max_k and scores[k][2] >= self.explore_ratio * scores[best][2]:
+            if 0 < k <= top and scores[k][2] >= self.explore_ratio * scores[best][2]:
                 return k
         return best
 
-    def _unmeasured_neighbour(self, best: int, max_k: int, scores: dict, bs: int) -> int:
+    def _unmeasured_neighbour(self, best: int, top: int, scores: dict, bs: int) -> int:
         """K + 1 or K - 1 (in that order), if predicted within explore_ratio of the best and
         measured online fewer than `fresh_obs` times at this (padded) batch size; else 0."""
         for k in (best + 1, best - 1):
-            if (0 < k <= max_k and self.cost.observed(k, bs) < self.fresh_obs
+            if (0 < k <= top and self.cost.observed(k, bs) < self.fresh_obs
                     and scores[k][2] >= self.explore_ratio * scores[best][2]):
                 return k
         return 0

@@ -1,5 +1,6 @@
-"""`random`: a seeded policy that changes every request's K every step (0 included).
-For tests: it exercises every transition between plain decode and speculation."""
+"""`random`: a seeded policy that changes every request's K every step (0 included), and
+on an engine that verifies trees, chains or trees every step. For tests: it exercises
+every transition between plain decode, chains and trees."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ class RandomPolicy(Policy):
     def __init__(self, max_k: int, seed: int = 0) -> None:
         self.max_k = max_k
         self.rng = random.Random(seed)
+        self._topk = 1
 
     def plan(self, view: PolicyView) -> list[int]:
         k = min(self.max_k, view.max_k)
+        self._topk = self.rng.choice((1, view.topk)) if view.topk > 1 else 1
         if self.rng.random() < 0.3:  # whole steps at K=0 too, so the DECODE path is exercised
             return [0] * len(view.requests)
         return [self.rng.randint(0, k) if self.eligible(r) else 0 for r in view.requests]
+
+    def step_topk(self, view: PolicyView) -> int:
+        return self._topk

@@ -13,8 +13,8 @@ class OffPolicy(Policy):
 
 
 class AlwaysPolicy(Policy):
-    def __init__(self, k: int) -> None:
-        self.k = k
+    def __init__(self, k: int, topk: int | None = None) -> None:
+        self.k, self.topk = k, topk  # topk None: the engine's tree width (1: chains)
 
     def plan(self, view: PolicyView) -> list[int]:
         k = min(self.k, view.max_k)

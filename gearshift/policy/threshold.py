@@ -11,8 +11,9 @@ VLLM_LIKE = ((64, 3), (128, 1), (10**9, 0))
 
 
 class ThresholdPolicy(Policy):
-    def __init__(self, table: tuple[tuple[int, int | None], ...], max_k: int) -> None:
-        self.table, self.max_k = table, max_k
+    def __init__(self, table: tuple[tuple[int, int | None], ...], max_k: int,
+                 topk: int | None = None) -> None:
+        self.table, self.max_k, self.topk = table, max_k, topk
 
     def plan(self, view: PolicyView) -> list[int]:
         bs = len(view.requests)

@@ -23,6 +23,7 @@ class StepPlan:
     sample: list[bool] = field(default_factory=list)  # the chunk reaches the end: sample a token
     preempted: list[Request] = field(default_factory=list)  # sent back to waiting while planning
     draft_lens: list[int] = field(default_factory=list)  # K per request (VERIFY); else empty
+    draft_topk: int = 1  # tree width of a VERIFY step: 1 = chains, > 1 = one draft tree each
 
     @property
     def batch_size(self) -> int:

@@ -47,8 +47,10 @@ class Scheduler:
         self.slots, self.rows = slots, rows
         self.policy = policy  # None: no speculation configured
         self.max_draft_len = max_draft_len
-        self.spec_slots = spec_slots  # K -> KV slots a speculating request needs this step
+        self.spec_slots = spec_slots  # (K, topk) -> KV slots a speculating request needs
         self.population = lambda: None  # SpecWorker's acceptance evidence over recent requests
+        self.tree_population = lambda: None  # ... from its tree steps
+        self.draft_topk = 1  # the engine's tree width (1: chains only)
         self.spec_mixed = False  # prefill chunks may ride along in VERIFY steps (chains)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -130,17 +132,19 @@ class Scheduler:
         """Decide K for the decoding requests now, before allocation: the plan is final from
         here on. Prefill chunks in the same plan (`spec_mixed`) keep K = 0."""
         dec = [plan.reqs[i] for i in decoding]
-        view = PolicyView(dec, len(self.waiting), self.max_draft_len, self.population())
+        view = PolicyView(dec, len(self.waiting), self.max_draft_len, self.population(),
+                          self.draft_topk, self.tree_population())
         room = self.max_model_len  # drafts may not run past the context limit
         ks = [0] * plan.batch_size
         # K is not cut to a request's remaining max_tokens: commit stops at the limit, and a
         # uniform K keeps the step on its captured graphs (a mixed-K batch runs eagerly)
         for i, r, k in zip(decoding, dec, self.policy.plan(view)):
             ks[i] = max(min(k, self.max_draft_len, room - r.num_tokens - 1), 0)
-        extra = sum(self.spec_slots(k) - 1 for k in ks if k)
+        topk = self.policy.step_topk(view)
+        extra = sum(self.spec_slots(k, topk) - 1 for k in ks if k)
         if not any(ks) or extra > free:
             return
-        plan.draft_lens = ks
+        plan.draft_lens, plan.draft_topk = ks, topk
         plan.mode = ForwardMode.VERIFY
 
     def _preempt(self, req: Request, plan: StepPlan) -> int:

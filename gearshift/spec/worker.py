@@ -64,48 +64,62 @@ class SpecWorker:
         self.runner, self.slots, self.builder = runner, slots, builder
         self.proposer = create_proposer(config, runner)
         self.proposer.runner = runner  # its draft steps replay CUDA graphs when the runner has them
-        self.topk = config.draft_topk
+        self.topk = config.draft_topk  # the widest tree a step may verify (1: chains only)
         self.max_k = config.num_draft_tokens
-        self.tree_nodes = config.verify_nodes
+        self.tree_nodes = config.verify_nodes if self.topk > 1 else 0
         self.capture = self.proposer.aux_layers if self.proposer.needs_features else ()
         self.draft_frac = self.proposer.cost_fraction(runner.model)  # a draft step / target step
-        self.tokens_per_k = 1 if self.topk == 1 else max(1, (self.tree_nodes - 1) // self.max_k)
         self.split_k_verify_below = 64  # (requests x kv heads) under which chains use split-K
-        self.stats = Counter()  # steps_by_k.*, proposed, accepted, accept_len.*
-        self._pop_num = self._pop_den = 0.0  # acceptance evidence over all requests (EMA)
+        self.stats = Counter()  # steps_by_k.*, tree_steps, proposed, accepted, accept_len.*
+        # acceptance evidence over all requests (EMA): [chains, trees]
+        self._pop = [[0.0, 0.0], [0.0, 0.0]]
         self.follow = DraftFollower(self.proposer, runner, builder, self.max_k)
         self.measured_costs: dict | None = None  # {K: [[bs, ms]]} from the start-up warm-up
 
     # ------------------------------------------------------------------ sizing
-    def nodes(self, k: int) -> int:
+    # A step verifies chains (topk 1: K + 1 nodes) or, when the engine has a tree width
+    # (draft_topk > 1), one draft tree per request (`verify_nodes` nodes): the plan says which.
+    def nodes(self, k: int, topk: int = 1) -> int:
         if k == 0:
             return 1
-        return 1 + k if self.topk == 1 else self.tree_nodes
+        return 1 + k if topk == 1 else self.tree_nodes
 
-    def scratch(self, k: int) -> int:
+    def scratch(self, k: int, topk: int = 1) -> int:
         if k == 0:
             return 0
-        return self.proposer.scratch_slots(k if self.topk == 1 else self.max_k, self.topk)
+        return self.proposer.scratch_slots(k if topk == 1 else self.max_k, topk)
 
-    def slots_needed(self, k: int) -> int:
-        """KV slots a request needs for a step with draft length k (1 = plain decode)."""
-        return self.nodes(k) + self.scratch(k)
+    def slots_needed(self, k: int, topk: int = 1) -> int:
+        """KV slots a request needs for a step with draft length k (1 = plain decode) and
+        tree width topk."""
+        return self.nodes(k, topk) + self.scratch(k, topk)
+
+    def gear(self, plan: StepPlan) -> int:
+        """The cost model's key of a planned step: K for chains (0 = plain decode), max K
+        + 1 for a tree step (policy/goodput.py)."""
+        if not plan.speculating:
+            return 0
+        return self.max_k + 1 if plan.draft_topk > 1 else max(plan.draft_lens)
 
     def counters(self) -> tuple:
         """Everything a run counts here (stats, the population's acceptance evidence), for
         restore_counters: the start-up warm-up is not part of any run."""
-        return self.stats.copy(), (self._pop_num, self._pop_den)
+        return self.stats.copy(), [list(p) for p in self._pop]
 
     def restore_counters(self, saved: tuple) -> None:
         self.stats.clear()
         self.stats.update(saved[0])
-        self._pop_num, self._pop_den = saved[1]
+        self._pop = [list(p) for p in saved[1]]
 
     def population(self) -> tuple[float, float]:
         """Acceptance evidence over the last ~100 request-steps of every request: (accepted
         drafts, accepted + rejections). The policy's prior for a request with little
         evidence of its own (new, or long at K = 0)."""
-        return self._pop_num, self._pop_den
+        return self._pop[0][0], self._pop[0][1]
+
+    def tree_population(self) -> tuple[float, float] | None:
+        """The same evidence from tree steps (None: the engine verifies chains only)."""
+        return (self._pop[1][0], self._pop[1][1]) if self.topk > 1 else None
 
     # ------------------------------------------------------------------ plain steps
     def draft_extend_after(self, plan: StepPlan, aux: torch.Tensor | None) -> None:
@@ -116,6 +130,8 @@ class SpecWorker:
             if n == 1 and smp:
                 req.spec_alpha_num *= ALPHA_DECAY
                 req.spec_alpha_den *= ALPHA_DECAY
+                req.tree_alpha_num *= ALPHA_DECAY
+                req.tree_alpha_den *= ALPHA_DECAY
 
     # ------------------------------------------------------------------ VERIFY steps
     @torch.inference_mode()
@@ -134,7 +150,7 @@ class SpecWorker:
 
     def _verify_step(self, plan: StepPlan, scheduler: Scheduler,
                      allocated: list[list[int]]) -> list[StepOutput]:
-        reqs, ks = plan.reqs, plan.draft_lens
+        reqs, ks, topk = plan.reqs, plan.draft_lens, plan.draft_topk
         b = len(reqs)
         ride = [not (n == 1 and smp) for n, smp in zip(plan.extend_lens, plan.sample)]
         node_slots, scratch = [], []
@@ -142,13 +158,13 @@ class SpecWorker:
             if req.req_pool_index < 0:
                 req.req_pool_index = self.builder.rows.alloc()
         for k, n, r in zip(ks, plan.extend_lens, ride):
-            node_slots.append(self.slots.alloc(n if r else self.nodes(k)))
+            node_slots.append(self.slots.alloc(n if r else self.nodes(k, topk)))
             allocated.append(node_slots[-1])
-            scratch.append(self.slots.alloc(self.scratch(k)))
+            scratch.append(self.slots.alloc(self.scratch(k, topk)))
             allocated.append(scratch[-1])
         depth = max(ks)
-        n_max = max(len(s) for s in node_slots) if self.topk == 1 else self.tree_nodes
-        s_max = max(self.scratch(k) for k in ks)
+        n_max = max(len(s) for s in node_slots) if topk == 1 else self.tree_nodes
+        s_max = max(self.scratch(k, topk) for k in ks)
         st = Stager(self.runner.device)
         # the pending token: usually the last sampled one, or the last prompt token when a
         # chunked prefill ends with a 1-token chunk
@@ -165,7 +181,7 @@ class SpecWorker:
         prefix_cpu = [r.num_computed_tokens for r in reqs]
         # the draft catches up on rows committed while these requests ran at K = 0
         self.follow.catch_up([r for r, k, rd in zip(reqs, ks, ride) if k and not rd])
-        ctx = ProposeContext(reqs, ks, depth, self.topk, n_max, d["roots"], d["prefix"],
+        ctx = ProposeContext(reqs, ks, depth, topk, n_max, d["roots"], d["prefix"],
                              prefix_cpu, d["rows"], d["scratch"].view(b, s_max), sb)
         tree, nodes_override = self.proposer.propose(ctx)
         n_tree = tree.num_nodes  # a tree is smaller than its budget when K was capped
@@ -177,7 +193,7 @@ class SpecWorker:
         # few (request, kv head) pairs cannot fill the GPU: split-K tree attention spreads
         # each prefix over the SMs; beyond that, causal extend reads each prefix once
         small = b * self.runner.model.config.num_kv_heads < self.split_k_verify_below
-        if self.topk == 1 and (any(ride) or not (small and self.runner.shape_graphs is not None)):
+        if topk == 1 and (any(ride) or not (small and self.runner.shape_graphs is not None)):
             # chains verify as a causal extend over positions L..L+K (prefix read once)
             fb, flat, key, node_tok = self._chain_verify_batch(reqs, tree, node_slots, n_nodes,
                                                                n_tree, ride)
@@ -212,7 +228,7 @@ class SpecWorker:
             logits = torch.zeros(b * n_tree, logits_t.shape[-1], device=logits_t.device)
             logits[flat] = logits_t
             valid = node_valid(flat, d["k"], tree.depths)
-            res = verify(tree, valid, logits.view(b, n_tree, -1), sb, depth, self.topk)
+            res = verify(tree, valid, logits.view(b, n_tree, -1), sb, depth, topk)
             if record is not None:
                 record_paths(self.runner.kv.req_to_token, *record, res)
             packed = pack(res)
@@ -226,7 +242,7 @@ class SpecWorker:
                 a = packed[i][0]
                 path = packed[i][1:depth + 2][:a + 1]
                 new_tokens.append(packed[i][depth + 2:][:a + 1])
-                self._account(reqs[i], ks[i], n_nodes[i] - 1, a)
+                self._account(reqs[i], ks[i], topk, n_nodes[i] - 1, a)
             kept.append([node_slots[i][j] for j in path])
             keep = set(path)
             freed.append([s for j, s in enumerate(node_slots[i]) if j not in keep] + scratch[i])
@@ -346,15 +362,22 @@ class SpecWorker:
                node_tok is not None, record is not None)
         return graphs.run(key, fn, inputs)[:b]
 
-    def _account(self, req: Request, k: int, proposed: int, accepted: int) -> None:
+    def _account(self, req: Request, k: int, topk: int, proposed: int, accepted: int) -> None:
         self.stats[f"steps_by_k.{k}"] += 1
-        if proposed:  # per-token acceptance estimate for the goodput policy (EMA)
-            rejected = 1.0 if accepted < proposed else 0.0
-            req.spec_alpha_num = ALPHA_DECAY * req.spec_alpha_num + accepted
-            req.spec_alpha_den = ALPHA_DECAY * req.spec_alpha_den + accepted + rejected
-            self._pop_num = POPULATION_DECAY * self._pop_num + accepted
-            self._pop_den = POPULATION_DECAY * self._pop_den + accepted + rejected
+        if proposed:  # per-token acceptance estimate for the goodput policy (EMA), per shape
+            # a tree's depth k is reached with fewer rejections than a chain's: its own evidence
+            rejected = 1.0 if accepted < min(k, proposed) else 0.0
+            if topk == 1:
+                req.spec_alpha_num = ALPHA_DECAY * req.spec_alpha_num + accepted
+                req.spec_alpha_den = ALPHA_DECAY * req.spec_alpha_den + accepted + rejected
+            else:
+                req.tree_alpha_num = ALPHA_DECAY * req.tree_alpha_num + accepted
+                req.tree_alpha_den = ALPHA_DECAY * req.tree_alpha_den + accepted + rejected
+            pop = self._pop[topk > 1]
+            pop[0] = POPULATION_DECAY * pop[0] + accepted
+            pop[1] = POPULATION_DECAY * pop[1] + accepted + rejected
         if k:
+            self.stats["tree_steps" if topk > 1 else "chain_steps"] += 1
             self.stats["proposed"] += proposed
             self.stats["accepted"] += accepted
             self.stats[f"accept_len.{accepted}"] += 1

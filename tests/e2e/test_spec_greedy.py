@@ -89,8 +89,13 @@ def test_random_policy_flips_k_and_stays_exact(make_llm, tiny_llama_dir, draft_d
     for o, p in zip(outs, params):
         if not p.speculative:
             assert o.spec.proposed == 0
-    ks = llm.engine.spec_stats()["steps_by_k"]
+    stats = llm.engine.spec_stats()
+    ks = stats["steps_by_k"]
     assert len([k for k in ks if k > 0]) >= 2 and ks.get(0, 0) > 0  # K really varied
+    if variant == "eagle3-tree":  # a tree engine's steps verify chains or trees, step by step
+        assert stats["tree_steps"] > 0 and stats["chain_steps"] > 0
+    else:
+        assert stats["tree_steps"] == 0
 
 
 @pytest.mark.parametrize("tree", [False, True])

@@ -16,7 +16,8 @@ from gearshift.policy.base import Policy, PolicyView
 
 
 class FlipPolicy(Policy):
-    """K = 2 on even decode steps, K = 0 on odd ones."""
+    """K = 2 on odd decode steps, K = 0 on even ones; the K = 2 steps alternate between the
+    engine's tree (width 4) and chains."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -24,6 +25,9 @@ class FlipPolicy(Policy):
     def plan(self, view: PolicyView) -> list[int]:
         self.calls += 1
         return [2 if self.calls % 2 else 0] * len(view.requests)
+
+    def step_topk(self, view: PolicyView) -> int:
+        return view.topk if self.calls % 4 == 1 else 1
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -73,7 +77,7 @@ def test_flipping_speculation_never_uses_stale_shapes(make_llm, tiny_llama_dir, 
     assert ForwardMode.VERIFY in modes and ForwardMode.DECODE in modes
     flips = sum(a != b for a, b in zip(modes, modes[1:]))
     assert flips >= 4
-    full_steps = 0
+    full_steps = {1: 0, 4: 0}
     for step in log:
         plan = step["plan"]
         if not plan.reqs:
@@ -88,14 +92,19 @@ def test_flipping_speculation_never_uses_stale_shapes(make_llm, tiny_llama_dir, 
         elif plan.mode is ForwardMode.VERIFY:
             # K = 2, or less where a request is about to reach max_tokens (capped at planning)
             assert all(1 <= k <= 2 for k in plan.draft_lens)
-            assert eng.spec.slots_needed(2) == 16 + eng.spec.scratch(2)
-            assert step["allocated"] == sum(eng.spec.slots_needed(k) for k in plan.draft_lens)
+            topk = plan.draft_topk
+            assert eng.spec.slots_needed(2, 4) == 16 + eng.spec.scratch(2, 4)
+            assert eng.spec.slots_needed(2, 1) == 3 + eng.spec.scratch(2, 1)
+            assert step["allocated"] == sum(eng.spec.slots_needed(k, topk) for k in plan.draft_lens)
             verify = [f for f in step["forward"] if f[0] is ForwardMode.VERIFY]
             assert len(verify) == 1  # one target pass over every request's candidates
             if plan.draft_lens == [2] * bs:
-                assert verify[0][1] == bs * 16  # 16 candidates each
-                full_steps += 1
-    assert full_steps >= 2
+                # 16 candidates each in a tree step, 3 in a chain step (with CUDA graphs,
+                # padded to a graph's batch size)
+                n = 16 if topk == 4 else 3
+                assert bs * n <= verify[0][1] <= eng.runner.decode_pad(bs) * n
+                full_steps[topk] += 1
+    assert full_steps[4] >= 2 and full_steps[1] >= 2
     stats = llm.memory_stats()
     assert stats["kv_slots_free"] == stats["kv_slots_total"]
 

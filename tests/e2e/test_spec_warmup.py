@@ -9,6 +9,7 @@ from eager_graphs import install
 from eagle3_checkpoints import make_eagle3_checkpoint
 
 from gearshift import SamplingParams
+from gearshift.policy.base import PolicyView
 from gearshift.spec.warmup import warm_up_speculation
 
 
@@ -92,3 +93,25 @@ def test_warm_up_times_steps_without_garbage_collection(make_llm, tiny_llama_dir
     assert gc.isenabled()
     warm_up_speculation(eng, sizes=[1, 2])
     assert seen and not any(seen) and gc.isenabled()
+
+
+def test_warm_up_measures_the_tree_gear_of_a_tree_engine(make_llm, tiny_llama_dir, tmp_path):
+    """An engine that verifies trees (draft_topk > 1) warms up chains K = 1..max, the tree
+    (gear max + 1: its proposal graphs are captured with width 4) and plain decode; goodput
+    then serves with trees and chains, output unchanged."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = random_prompts([5, 17, 3], seed=4)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=2, draft_topk=4, num_verify_tokens=8)  # goodput
+    eng = llm.engine
+    graphs = install(llm)
+    measured = warm_up_speculation(eng, sizes=[1, 2])
+    assert sorted(measured) == [0, 1, 2, 3]  # 3 = the tree
+    expand = {(key[3], key[4]) for key in graphs.keys if key[:2] == ("eagle3", "expand")}
+    assert {(1, 1), (2, 1), (2, 4)} <= expand  # (K, width): chains and the tree
+    policy = eng.scheduler.policy  # goodput prices the tree from the warm-up and may pick it
+    assert policy.cost.base[3] == measured[3] and policy.top_gear(PolicyView([], 0, 2, None, 4)) == 3
+    assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+    assert not eng.has_unfinished_requests() and eng.slots.num_free == eng.slots.total

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gearshift import LLM, SamplingParams
+from gearshift.policy.base import PolicyView
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -131,3 +132,37 @@ def test_goodput_engine_warms_up_every_shape_before_serving(tiny_llama_dir, tmp_
         got = [o.token_ids for o in llm.generate(prompts, params)]
         assert got == [r[:5 + 3 * i] for i, r in enumerate(ref)]
     assert len(eng.runner.shape_graphs.entries) == captured
+
+
+def test_tree_engine_warms_up_and_serves_chains_and_trees(tiny_llama_dir, tmp_path):
+    """An engine that verifies trees (the bench sweep's: width 4, depth 4, 16 nodes) warms
+    up chains K = 1..4, the tree (gear 5) and plain decode at every graph size; afterwards
+    chain steps, tree steps and plain steps, mixed step by step (the random policy), never
+    capture a graph while serving, and output equals plain decoding (fp32)."""
+    from eagle3_checkpoints import make_eagle3_checkpoint
+
+    from gearshift.policy.randomized import RandomPolicy
+    from gearshift.policy.static import AlwaysPolicy
+
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = [list(range(3 + i % 7, 3 + i % 7 + 4 + i % 13)) for i in range(12)]
+    ref, _ = _run(tiny_llama_dir, "triton", True, prompts, max_num_seqs=16)
+    llm = LLM(str(tiny_llama_dir), device="cuda", dtype="float32", attention_backend="triton",
+              max_num_seqs=16, kv_cache_tokens=8192, speculative_algorithm="eagle3",
+              draft_model=str(head), num_draft_tokens=4, draft_topk=4, num_verify_tokens=16)
+    eng = llm.engine
+    assert sorted(eng.spec.measured_costs) == [0, 1, 2, 3, 4, 5]
+    assert eng.scheduler.policy.top_gear(PolicyView([], 0, 4, None, 4)) == 5  # may pick trees
+    captured = len(eng.runner.shape_graphs.entries)
+    # uniform chains, then trees: shapes the warm-up captured; then random K and shape per
+    # step (depths the warm-up did not run are captured on first use)
+    for policy in (AlwaysPolicy(4, topk=1), AlwaysPolicy(4), RandomPolicy(4, seed=3)):
+        eng.scheduler.policy = policy
+        params = [SamplingParams(max_tokens=5 + 3 * i, temperature=0, ignore_eos=True)
+                  for i in range(len(prompts))]
+        got = [o.token_ids for o in llm.generate(prompts, params)]
+        assert got == [r[:5 + 3 * i] for i, r in enumerate(ref)]
+        if not isinstance(policy, RandomPolicy):
+            assert len(eng.runner.shape_graphs.entries) == captured
+    stats = llm.spec_stats()
+    assert stats["tree_steps"] > 0 and stats["chain_steps"] > 0

@@ -19,8 +19,7 @@ def test_sweep_cli_writes_every_point(tmp_path):
     out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
     rc = main(["bench", "sweep", "--model", str(target), "--draft-model", str(head),
                "--device", "cpu", "--concurrency", "1,3", "--rounds", "1", "--input-len", "6",
-               "--output-len", "6", "--min-requests", "2", "--tree-topk", "2", "--tree-depth", "2",
-               "--tree-tokens", "4",
+               "--output-len", "6", "--min-requests", "2", "--tree-topk", "2", "--tree-tokens", "4",
                "--output-json", str(out), "--output-png", str(png)])
     assert rc == 0 and png.stat().st_size > 0
     results = json.loads(out.read_text())["results"]
@@ -35,6 +34,11 @@ def test_sweep_cli_writes_every_point(tmp_path):
             assert all(p["proposed"] == 0 for p in pts)
         if name.startswith("always") or name.startswith("tree"):
             assert all(p["proposed"] > 0 for p in pts)
+        # one tree-capable engine: chain policies verify chains, `tree` verifies trees
+        if name.startswith("tree"):
+            assert all(p["request_steps_tree"] > 0 for p in pts)
+        elif name != "goodput":
+            assert all(p["request_steps_tree"] == 0 for p in pts)
 
 
 def test_sweep_policies_subset(tmp_path, capsys):
@@ -68,6 +72,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
                 "output_tok_per_s": 5.0, "elapsed_s": 2.0 * len(prompts), "tpot_ms": tpot,
                 "proposed": 4, "accepted": 1, "graphs_captured": 0, "decode_steps": 1,
                 "verify_steps": 2, "extend_steps": 3, "request_steps_by_k": {2: 1},
+                "request_steps_tree": 1,
                 "gc_collections": [1, 0, 0], "gc_ms": 0.5}
 
     monkeypatch.setattr(sw, "run_point", fake_point)

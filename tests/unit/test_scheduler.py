@@ -205,7 +205,7 @@ def test_speculation_plans_a_uniform_k_near_max_tokens_and_commit_stops_at_the_l
     from gearshift.policy.static import AlwaysPolicy
 
     sched, slots, rows = make()
-    sched.policy, sched.max_draft_len, sched.spec_slots = AlwaysPolicy(3), 3, lambda k: 1 + k
+    sched.policy, sched.max_draft_len, sched.spec_slots = AlwaysPolicy(3), 3, lambda k, topk: 1 + k
     a, b = req("a", 3, max_tokens=2), req("b", 3, max_tokens=20)
     sched.add(a)
     sched.add(b)
@@ -219,3 +219,37 @@ def test_speculation_plans_a_uniform_k_near_max_tokens_and_commit_stops_at_the_l
     assert a.output_token_ids == [5, 6] and a.finish_reason == "length"
     assert [o.new_token_ids for o in outs] == [[6], [6, 7, 8, 9]]
     assert b.num_computed_tokens == 7 and len(b.slots) == 7
+
+
+def test_speculation_plan_records_the_policys_tree_width_and_counts_its_slots():
+    """The plan carries the step's tree width (the policy's, asked before allocation) and
+    the scheduler counts the slots of that shape: a tree that does not fit in the pool
+    while a chain would makes the step plain, not half-allocated."""
+    from gearshift.policy.static import AlwaysPolicy
+
+    def slots_for(k, topk):
+        return 1 + (16 if topk > 1 else k)
+
+    for topk, want in ((None, 4), (1, 1), (4, 4)):
+        sched, slots, rows = make()
+        sched.policy, sched.max_draft_len, sched.spec_slots = AlwaysPolicy(2, topk), 2, slots_for
+        sched.draft_topk = 4
+        sched.add(req("a", 3, max_tokens=20))
+        plan = sched.schedule()
+        fake_prepare(plan, slots, rows)
+        sched.commit(plan, [5])
+        plan = sched.schedule()
+        assert plan.mode is ForwardMode.VERIFY and plan.draft_topk == want
+    # a pool with room for a chain's slots but not a tree's: plain decode
+    sched, slots, rows = make(total=8)
+    sched.policy, sched.max_draft_len, sched.spec_slots = AlwaysPolicy(2), 2, slots_for
+    sched.draft_topk = 4
+    sched.add(req("a", 3, max_tokens=20))
+    plan = sched.schedule()
+    fake_prepare(plan, slots, rows)
+    sched.commit(plan, [5])
+    plan = sched.schedule()
+    assert plan.mode is ForwardMode.DECODE and not plan.draft_lens and plan.draft_topk == 1
+    sched.policy = AlwaysPolicy(2, topk=1)
+    plan = sched.schedule()
+    assert plan.mode is ForwardMode.VERIFY and plan.draft_topk == 1

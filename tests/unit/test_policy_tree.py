@@ -1,0 +1,130 @@
+"""Goodput with a draft tree among its gears (an engine with draft_topk > 1): gear max_k + 1
+verifies one tree of depth max_k per request; it is chosen when its acceptance pays for its
+bigger verification, and never on an engine that verifies chains only."""
+
+from __future__ import annotations
+
+import pytest
+
+from gearshift.policy.base import PolicyView
+from gearshift.policy.cost import CostModel
+from gearshift.policy.goodput import GoodputPolicy, expected_tokens
+from gearshift.request import Request, SamplingParams
+
+MAX_K, WIDTH, NODES = 4, 4, 16
+
+
+def costs(sizes=(1, 8, 64, 256), knee_tokens=256, floor_ms=4.0) -> CostModel:
+    """Memory-bound until the step's tokens pass the knee: chains verify bs * (K + 1)
+    tokens, the tree bs * NODES."""
+    m = CostModel()
+    for g in range(MAX_K + 2):
+        tokens = NODES if g > MAX_K else g + 1
+        m.base[g] = [[float(bs), floor_ms * max(1.0, bs * tokens / knee_tokens)] for bs in sizes]
+        m.attn_ms_per_token[g] = 0.0
+    return m
+
+
+def reqs(n, chain=None, tree=None):
+    out = []
+    for i in range(n):
+        r = Request(str(i), [1] * 8, SamplingParams(), 0)
+        if chain is not None:
+            r.spec_alpha_num, r.spec_alpha_den = 1000 * chain, 1000.0
+        if tree is not None:
+            r.tree_alpha_num, r.tree_alpha_den = 1000 * tree, 1000.0
+        out.append(r)
+    return out
+
+
+def view(rs, topk=WIDTH, tree_pop=None):
+    return PolicyView(rs, 0, MAX_K, None, topk, tree_pop)
+
+
+def test_picks_the_tree_when_its_acceptance_pays_for_it():
+    cost = costs()
+    cost.base[MAX_K + 1][0][1] = 4.2  # at batch 1 the tree costs 5% more than a chain
+    pol = GoodputPolicy(cost, MAX_K, margin=0.0)
+    rs = reqs(1, chain=0.7, tree=0.85)
+    v = view(rs)
+    assert pol.plan(v) == [MAX_K] and pol.step_topk(v) == WIDTH
+    assert pol.last_prediction["gear"] == "tree"
+    # the same acceptance on both shapes: the dearer tree loses to the chain
+    rs = reqs(1, chain=0.7, tree=0.7)
+    pol = GoodputPolicy(cost, MAX_K, margin=0.0)
+    assert pol.plan(view(rs)) == [MAX_K] and pol.step_topk(view(rs)) == 1
+
+
+def test_under_load_the_tree_gives_way_to_short_chains_then_plain_decode():
+    pol = GoodputPolicy(costs(), MAX_K, margin=0.0)
+    v = view(reqs(64, chain=0.7, tree=0.85))  # 64 x 16 tree tokens: far past the knee
+    ks = pol.plan(v)
+    assert pol.step_topk(v) == 1 and 0 < ks[0] < MAX_K
+    brute = max(range(MAX_K + 1), key=lambda k: expected_tokens(0.7, k) / costs().predict(k, 64, 0))
+    assert ks[0] == brute
+    v = view(reqs(256, chain=0.7, tree=0.85))
+    assert pol.plan(v) == [0] * 256 and pol.step_topk(v) == 1
+
+
+def test_a_chain_engine_never_plans_the_tree():
+    cost = costs()
+    pol = GoodputPolicy(cost, MAX_K, margin=0.0)
+    v = view(reqs(1, chain=0.5, tree=0.99), topk=1)
+    for _ in range(300):  # probes and neighbour explorations included
+        pol.plan(v)
+        assert pol.step_topk(v) == 1
+    assert pol.top_gear(v) == MAX_K
+    del cost.base[MAX_K + 1]  # no tree price known: no tree gear either
+    assert pol.top_gear(view(reqs(1))) == MAX_K
+
+
+def test_tree_prior_is_the_chain_acceptance_or_the_populations_on_trees():
+    pol = GoodputPolicy(costs(), MAX_K)
+    # no tree evidence anywhere: a request's tree is expected to accept what its chain does
+    r = reqs(1, chain=0.8)
+    s = pol.scores(view(r), MAX_K + 1)
+    assert s[MAX_K + 1][0] == pytest.approx(s[MAX_K][0])
+    # the population's tree steps accepted more: a request new to trees starts from that
+    s = pol.scores(view(r, tree_pop=(900.0, 1000.0)), MAX_K + 1)
+    assert s[MAX_K + 1][0] > s[MAX_K][0] + 0.3
+    # its own tree evidence wins over both
+    r = reqs(1, chain=0.8, tree=0.5)
+    s = pol.scores(view(r, tree_pop=(900.0, 1000.0)), MAX_K + 1)
+    assert s[MAX_K + 1][0] == pytest.approx(expected_tokens(0.5, MAX_K), rel=0.02)
+
+
+def test_goodput_finds_the_tree_by_exploring_it():
+    """From a cold start (no tree evidence: the tree is priced like the chain and costs
+    more) goodput tries the tree as the chain's unmeasured neighbour, learns that it accepts
+    more, and moves to it; the evidence updates as SpecWorker._account would."""
+    cost = costs()
+    cost.base[MAX_K + 1][0][1] = 4.2
+    actual = {g: cost.predict(g, 1, 0) for g in range(MAX_K + 2)}
+    pol = GoodputPolicy(cost, MAX_K)
+    true = {1: 0.7, WIDTH: 0.88}  # per-depth acceptance of chains / trees
+    rs = reqs(1)
+    pop = {1: [0.0, 0.0], WIDTH: [0.0, 0.0]}
+    gears = []
+    for _ in range(200):
+        v = PolicyView(rs, 0, MAX_K, tuple(pop[1]), WIDTH, tuple(pop[WIDTH]))
+        k = pol.plan(v)[0]
+        topk = pol.step_topk(v)
+        gear = MAX_K + 1 if k and topk > 1 else k
+        gears.append(gear)
+        pol.observe(gear, 1, 0, actual[gear])
+        if k:  # expected evidence of one step: accepted drafts, accepted + a rejection
+            a = true[topk]
+            acc = sum(a ** d for d in range(1, k + 1))
+            rej = 1 - a ** k
+            r = rs[0]
+            if topk == 1:
+                r.spec_alpha_num, r.spec_alpha_den = 0.9 * r.spec_alpha_num + acc, \
+                    0.9 * r.spec_alpha_den + acc + rej
+            else:
+                r.tree_alpha_num, r.tree_alpha_den = 0.9 * r.tree_alpha_num + acc, \
+                    0.9 * r.tree_alpha_den + acc + rej
+            p = pop[topk]
+            p[0], p[1] = 0.99 * p[0] + acc, 0.99 * p[1] + acc + rej
+    assert gears[0] == MAX_K  # cold: the chain
+    assert MAX_K + 1 in gears[:20]  # the tree is tried early
+    assert gears[-50:].count(MAX_K + 1) >= 45  # and kept (probes aside)
