@@ -78,8 +78,6 @@ class Request:
     spec_accepted: int = 0  # of which the target accepted
     spec_alpha_num: float = 0.0  # EMA of accepted drafts (per-token acceptance estimate)
     spec_alpha_den: float = 0.0  # EMA of accepted drafts + rejections
-    tree_alpha_num: float = 0.0  # the same evidence from tree steps (draft_topk > 1)
-    tree_alpha_den: float = 0.0
     draft_rows: int = 0  # rows the draft has computed (spec/draft_follow.py)
     num_pending: int = 0  # sampled tokens still on the device (overlap scheduling)
     closing: bool = False  # finished by length while its last token is still pending

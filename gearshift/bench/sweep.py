@@ -100,6 +100,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     before = dict(engine.spec.stats) if engine.spec else {}
     graphs_before = engine._num_graphs()
+    switches = getattr(engine.scheduler.policy, "switches", 0)  # goodput's gear changes
     steps_before = engine.stats()
     first, last, count = {}, {}, {}
     for i, p in enumerate(prompts):
@@ -129,6 +130,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             "proposed": proposed, "accepted": accepted, "elapsed_s": elapsed,
             "request_steps_by_k": dict(sorted(steps_by_k.items())),
             "request_steps_tree": tree_steps,
+            "gear_switches": getattr(engine.scheduler.policy, "switches", 0) - switches,
             "graphs_captured": engine._num_graphs() - graphs_before,
             **pauses.as_dict(),
             **{f"{m}_steps": engine.stats()[f"{m}_steps"] - steps_before[f"{m}_steps"]
@@ -141,7 +143,7 @@ def merge_passes(parts: list[dict]) -> dict:
     out = {"concurrency": parts[0]["concurrency"]}
     for key in ("requests", "output_tokens", "elapsed_s", "proposed", "accepted", "gc_ms",
                 "graphs_captured", "decode_steps", "verify_steps", "extend_steps",
-                "request_steps_tree"):
+                "request_steps_tree", "gear_switches"):
         out[key] = sum(p[key] for p in parts)
     out["output_tok_per_s"] = out["output_tokens"] / out["elapsed_s"]
     out["pass_tok_per_s"] = [round(p["output_tok_per_s"], 1) for p in parts]

@@ -151,7 +151,7 @@ class Engine:
         if plan.is_empty:
             return self._resolve_pending()
         if plan.mode is ForwardMode.VERIFY:
-            return self._verify(plan)
+            return self._verify(plan, time.perf_counter() - t0)
         fb, sb = self.builder.prepare(plan, self.runner.padding(plan))  # the graph's shape
         if any(r.num_pending for r in plan.reqs):
             fb.input_ids = self.feed.resolve_ids(fb.input_ids)
@@ -195,10 +195,12 @@ class Engine:
         unless the policy never speculates."""
         return self.spec is not None and self.scheduler.policy.drafts
 
-    def _verify(self, plan: StepPlan) -> list[StepOutput]:
+    def _verify(self, plan: StepPlan, planning_s: float) -> list[StepOutput]:
         """A VERIFY step needs every token on the host (drafting reads them): resolve the
         pending step first, keeping the rows and slots of requests it finishes until this
-        step has run (they are in the plan; their results are dropped at commit)."""
+        step has run (they are in the plan; their results are dropped at commit).
+        Its time: planning (`planning_s`, schedule() with the policy: nothing overlaps it
+        in a synchronous step) and the step itself, not the wait for the step before."""
         self.scheduler.held = []
         try:
             outputs = self._resolve_pending()
@@ -206,7 +208,8 @@ class Engine:
             outputs += self.spec.verify_step(plan, self.scheduler)
         finally:
             self.scheduler.release_held()
-        self._account(plan, outputs, time.perf_counter() - t0, self.runner.last_device_ms())
+        self._account(plan, outputs, planning_s + time.perf_counter() - t0,
+                      self.runner.last_device_ms())
         self._observe(plan)
         return outputs
 

@@ -5,8 +5,8 @@ per request.
 
     E_i(K) = (1 - a_i^(K+1)) / (1 - a_i)     expected tokens of request i with a chain of K
                                              (per-token acceptance a_i, EMA with a prior)
-    E_i(tree) = E_i(max_k) at t_i            t_i: per-depth acceptance of its tree steps,
-                                             with prior max(a_i, the population's on trees)
+    E_i(tree) = 1 + (E_i(max_k) - 1) * g     g: the population's extra tokens per tree
+                                             step over a max_k chain step (`tree_gain`)
     G(g)   = sum_i E_i(g) / t(g, padded bs, context)      t from the CostModel
 
 Requests that opted out count 1 token at any gear. Hysteresis: the current K is kept unless
@@ -21,6 +21,8 @@ Data flow: Scheduler -> plan(view) -> K; Engine -> observe(...) -> CostModel.
 from __future__ import annotations
 
 import logging
+
+import numpy as np
 
 from gearshift.policy.base import Policy, PolicyView
 from gearshift.policy.cost import CostModel
@@ -39,18 +41,11 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 def acceptance(req: Request, prior: float, prior_weight: float) -> float:
     """Per-token acceptance estimate: accepted / (accepted + rejections), with a prior (the
-    population's acceptance when measured, else the policy's fixed prior)."""
-    return _estimate(req.spec_alpha_num, req.spec_alpha_den, prior, prior_weight)
-
-
-def tree_acceptance(req: Request, prior: float, prior_weight: float) -> float:
-    """The same per-depth estimate from the request's tree steps: a tree reaches depth d + 1
-    when any of its nodes there matches, so it is at least the chain's acceptance."""
-    return _estimate(req.tree_alpha_num, req.tree_alpha_den, prior, prior_weight)
-
-
-def _estimate(num: float, den: float, prior: float, prior_weight: float) -> float:
-    return min(max((num + prior * prior_weight) / (den + prior_weight), 0.0), 0.999)
+    population's acceptance when measured, else the policy's fixed prior). `scores` computes
+    the same over arrays."""
+    num = req.spec_alpha_num + prior * prior_weight
+    den = req.spec_alpha_den + prior_weight
+    return min(max(num / den, 0.0), 0.999)
 
 
 class GoodputPolicy(Policy):
@@ -58,7 +53,8 @@ class GoodputPolicy(Policy):
                  prior_weight: float = 4.0, population_weight: float = 10.0,
                  margin: float = 0.02, pad=lambda bs: bs,
                  explore_every: int = 64, explore_ratio: float = 0.8, max_backoff: int = 8,
-                 fresh_obs: int = 2, fresh_gap: int = 4) -> None:
+                 fresh_obs: int = 2, fresh_gap: int = 4, quiet_ratio: float = 0.9,
+                 quiet_steps: int = 7) -> None:
         self.cost = cost
         self.max_k = max_k
         # a request's prior: the population's acceptance (evidence over recent requests),
@@ -97,31 +93,38 @@ class GoodputPolicy(Policy):
         self._last_fresh = 0  # the first fresh exploration comes after fresh_gap steps
         self._explorations = 0
         self._topk = 1  # tree width of the step planned last
+        self.switches = 0  # gear changes (probes and explorations aside)
+        # When plain decode leads every speculative gear by more than 1 / quiet_ratio, the
+        # next `quiet_steps` plans at the same padded batch size stay at K = 0 without
+        # scoring (probes still come on time): scores() loops over every request
+        self.quiet_ratio, self.quiet_steps = quiet_ratio, quiet_steps
+        self._quiet: tuple[int, int] | None = None  # (padded bs, plans left)
 
     def scores(self, view: PolicyView, top: int) -> dict[int, tuple[float, float, float]]:
-        """(expected tokens, predicted ms, tokens per ms) for every uniform gear in 0..top, in
-        one pass over the requests: chains by E_i(K) = E_i(K - 1) + a_i^K (the planner runs
-        every step, for every running request); gear max_k + 1, the draft tree, by
-        E_i(max_k) over the request's tree acceptance t_i (see `tree_acceptance`)."""
-        bs = self.pad(len(view.requests))
-        ctx = sum(r.num_tokens for r in view.requests)
+        """(expected tokens, predicted ms, tokens per ms) for every uniform gear in 0..top.
+        Chains: sum_i E_i(K) = n + sum_i sum_{j <= K} a_i^j, over arrays (the planner runs
+        every step, for every running request: a Python loop over 128 requests took 0.2-0.4
+        ms, and a VERIFY step waits for it). The draft tree (gear max_k + 1): the chains'
+        extra tokens at max_k times `tree_gain`."""
+        reqs = view.requests
+        n = len(reqs)
+        bs = self.pad(n)
+        ctx = sum(r.num_tokens for r in reqs)
         depth = min(top, self.max_k)
-        tree = top > self.max_k
-        tokens = [float(len(view.requests))] * (top + 1)  # every request commits one token
+        tokens = [float(n)] * (top + 1)  # every request commits one token
         prior = self.population_prior(view)
-        tree_prior = self.tree_prior(view, prior) if tree else 0.0
-        for r in view.requests:
-            if not self.eligible(r):
-                continue
-            a = acceptance(r, prior, self.prior_weight)
-            term, extra = 1.0, 0.0
+        elig = [r for r in reqs if r.params.speculative]
+        if elig and depth:
+            w = self.prior_weight
+            num = np.fromiter((r.spec_alpha_num for r in elig), np.float64, len(elig))
+            den = np.fromiter((r.spec_alpha_den for r in elig), np.float64, len(elig))
+            a = np.minimum((num + prior * w) / (den + w), 0.999)  # num, den >= 0
+            powers = a[:, None] ** np.arange(1, depth + 1)  # [requests, K]: a_i^j
+            extra = np.cumsum(powers.sum(axis=0))
             for k in range(1, depth + 1):
-                term *= a
-                extra += term
-                tokens[k] += extra
-            if tree:
-                t = tree_acceptance(r, max(a, tree_prior), self.prior_weight)
-                tokens[top] += expected_tokens(t, self.max_k) - 1.0
+                tokens[k] += float(extra[k - 1])
+        if top > self.max_k:
+            tokens[top] = n + (tokens[self.max_k] - n) * self.tree_gain(view, prior)
         out = {}
         for k, t in enumerate(tokens):
             ms = self.cost.predict(k, bs, ctx)
@@ -133,10 +136,21 @@ class GoodputPolicy(Policy):
         return (num + self.prior * self.population_weight) / (den + self.population_weight)
 
     def tree_prior(self, view: PolicyView, chain_prior: float) -> float:
-        """The population's acceptance on tree steps, around the chains' (no tree evidence
-        yet: a tree accepts what its top-1 chain would, at least)."""
+        """The population's per-depth acceptance on tree steps, around the chains' (no tree
+        evidence yet: a tree accepts what its top-1 chain would, at least)."""
         num, den = view.tree_population or (0.0, 0.0)
         return (num + chain_prior * self.population_weight) / (den + self.population_weight)
+
+    def tree_gain(self, view: PolicyView, chain_prior: float) -> float:
+        """Extra tokens of a tree step over a max_k chain step, from the population's
+        evidence on each shape (EMA over ~100 request-steps). The ratio is taken over the
+        population, not per request: a request's chain and tree evidence come from
+        different stretches of its text (only one shape runs at a time), and comparing them
+        made goodput flap between the two (H200 sweep, session 6: 610 chain and 377 tree
+        request-steps at c = 1, where the tree alone was best)."""
+        chain = expected_tokens(min(chain_prior, 0.999), self.max_k) - 1.0
+        tree = expected_tokens(min(self.tree_prior(view, chain_prior), 0.999), self.max_k) - 1.0
+        return tree / max(chain, 1e-9)
 
     def top_gear(self, view: PolicyView) -> int:
         """The highest gear this step may take: max K, or max K + 1 (the draft tree) when the
@@ -164,15 +178,24 @@ class GoodputPolicy(Policy):
 
     def _choose(self, view: PolicyView, top: int) -> int:
         """This step's gear: the best predicted (with hysteresis), or a probe."""
+        bs = self.pad(len(view.requests))
+        if (self._quiet is not None and self._quiet[0] == bs
+                and self._since_probe + 1 < self._periods.get(bs, self.explore_every)):
+            # plain decode by a wide margin at this batch size: the next steps need no
+            # scores (their host time is a plain step's, every step, under the heaviest load)
+            self._quiet = (bs, self._quiet[1] - 1) if self._quiet[1] > 1 else None
+            self._since_probe += 1
+            return 0
+        self._quiet = None
         scores = self.scores(view, top)
         best = max(scores, key=lambda k: scores[k][2])
         cur = min(self.current_k, top)
         if scores[best][2] <= scores[cur][2] * (1 + self.margin):
             best = cur  # hysteresis: not clearly better, keep the gear we are in
-        bs = self.pad(len(view.requests))
         if best != self.current_k:  # a new gear: its estimates are new everywhere
             self._periods.clear()
             self._last_probe = None
+            self.switches += 1
         self.current_k = best
         self._since_probe += 1
         period = self._periods.get(bs, self.explore_every)
@@ -182,6 +205,8 @@ class GoodputPolicy(Policy):
             self._back_off()
         if best == 0:
             runner_up = max(range(1, top + 1), key=lambda k: scores[k][2], default=0)
+            if not runner_up or scores[runner_up][2] < self.quiet_ratio * scores[0][2]:
+                self._quiet = (bs, self.quiet_steps)
             if (runner_up and probe
                     and scores[runner_up][2] >= self.explore_ratio * scores[0][2]):
                 self._last_probe, self._probe_error = (runner_up, bs, scores[runner_up][1]), None

@@ -130,8 +130,6 @@ class SpecWorker:
             if n == 1 and smp:
                 req.spec_alpha_num *= ALPHA_DECAY
                 req.spec_alpha_den *= ALPHA_DECAY
-                req.tree_alpha_num *= ALPHA_DECAY
-                req.tree_alpha_den *= ALPHA_DECAY
 
     # ------------------------------------------------------------------ VERIFY steps
     @torch.inference_mode()
@@ -365,14 +363,16 @@ class SpecWorker:
     def _account(self, req: Request, k: int, topk: int, proposed: int, accepted: int) -> None:
         self.stats[f"steps_by_k.{k}"] += 1
         if proposed:  # per-token acceptance estimate for the goodput policy (EMA), per shape
-            # a tree's depth k is reached with fewer rejections than a chain's: its own evidence
+            # a tree reaches depth k with fewer rejections than a chain: tree steps are the
+            # population's tree evidence (goodput's tree gain); the request's own chain
+            # evidence ages on them, as on plain steps
             rejected = 1.0 if accepted < min(k, proposed) else 0.0
             if topk == 1:
                 req.spec_alpha_num = ALPHA_DECAY * req.spec_alpha_num + accepted
                 req.spec_alpha_den = ALPHA_DECAY * req.spec_alpha_den + accepted + rejected
             else:
-                req.tree_alpha_num = ALPHA_DECAY * req.tree_alpha_num + accepted
-                req.tree_alpha_den = ALPHA_DECAY * req.tree_alpha_den + accepted + rejected
+                req.spec_alpha_num *= ALPHA_DECAY
+                req.spec_alpha_den *= ALPHA_DECAY
             pop = self._pop[topk > 1]
             pop[0] = POPULATION_DECAY * pop[0] + accepted
             pop[1] = POPULATION_DECAY * pop[1] + accepted + rejected

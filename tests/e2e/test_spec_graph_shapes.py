@@ -82,9 +82,9 @@ def test_steps_that_capture_a_graph_are_not_observed(make_llm, tiny_llama_dir, t
     verify, decode = [], []
     orig_verify, orig_step = eng._verify, eng.runner.run
 
-    def spy_verify(plan):
+    def spy_verify(plan, planning_s):
         before = len(graphs.entries)
-        out = orig_verify(plan)
+        out = orig_verify(plan, planning_s)
         verify.append(before != len(graphs.entries))  # this step captured a graph
         return out
 
@@ -167,3 +167,27 @@ def test_verify_passes_larger_than_a_prefill_chunk_run_eagerly(make_llm, tiny_ll
     assert target and max(tokens) <= 8
     assert {graphed for n, graphed in passes if n > 8} == {False}  # eager past the limit
     assert {graphed for n, graphed in passes if n <= 8} == {True}
+
+
+def test_verify_step_cost_includes_its_planning(make_llm, tiny_llama_dir):
+    """A VERIFY step is synchronous: its planning (the policy's scoring over every running
+    request) delays it as much as its forward does, so the cost the policy observes includes
+    schedule()'s time (but not the wait for the step before)."""
+    import time
+
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="ngram", num_draft_tokens=3,
+                   spec_policy="always")
+    eng = llm.engine
+    seen = []
+    eng.scheduler.policy.observe = lambda k, bs, ctx, ms: seen.append((k, ms))
+    plan = eng.scheduler.policy.plan
+
+    def slow_plan(view):
+        time.sleep(0.05)  # 50 ms of planning
+        return plan(view)
+
+    eng.scheduler.policy.plan = slow_plan
+    llm.generate([[5, 6, 7, 5, 6, 7, 5, 6]],
+                 SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    verify_ms = [ms for k, ms in seen if k]
+    assert verify_ms and min(verify_ms) >= 50.0

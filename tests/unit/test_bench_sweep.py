@@ -72,7 +72,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
                 "output_tok_per_s": 5.0, "elapsed_s": 2.0 * len(prompts), "tpot_ms": tpot,
                 "proposed": 4, "accepted": 1, "graphs_captured": 0, "decode_steps": 1,
                 "verify_steps": 2, "extend_steps": 3, "request_steps_by_k": {2: 1},
-                "request_steps_tree": 1,
+                "request_steps_tree": 1, "gear_switches": 0,
                 "gc_collections": [1, 0, 0], "gc_ms": 0.5}
 
     monkeypatch.setattr(sw, "run_point", fake_point)

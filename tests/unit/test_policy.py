@@ -282,3 +282,28 @@ def test_goodput_probes_back_off_per_batch_size_under_churn():
     assert 1 <= chosen[1000:].count(0) <= 1000 // 128 + 1  # backed off to one in 128
     assert pol._periods == {1: 128, 2: 128}
     assert chosen[:200].count(0) >= 3  # it probed while the estimates were new
+
+
+def test_goodput_skips_scoring_while_plain_decode_leads_by_far():
+    """Under heavy load plain decode leads every speculative gear by more than 1 /
+    quiet_ratio: goodput scores one plan in quiet_steps + 1 at that batch size (scores()
+    loops over every request), probes still come every explore_every steps, and a new batch
+    size is scored at once."""
+    pol = GoodputPolicy(memory_bound_costs(), 5, margin=0.0)
+    calls = []
+    scores = pol.scores
+    pol.scores = lambda v, top: calls.append(len(v.requests)) or scores(v, top)
+    big = PolicyView(reqs(256, 0.7, ctx=1), 0, 5)
+    plans = [pol.plan(big)[0] for _ in range(128)]
+    assert len(calls) <= 128 // (pol.quiet_steps + 1) + 2 * 2  # + the probes' own scoring
+    assert 1 <= sum(k > 0 for k in plans) <= 2  # probes on time (explore_every = 64)
+    calls.clear()
+    pol.plan(PolicyView(reqs(64, 0.7, ctx=1), 0, 5))  # another batch size: scored now
+    assert calls == [64]
+    # where speculation is close to plain decode, every plan is scored
+    pol = GoodputPolicy(memory_bound_costs(), 5, margin=0.0, quiet_ratio=0.0)
+    n = []
+    pol.scores = lambda v, top: n.append(1) or GoodputPolicy.scores(pol, v, top)
+    for _ in range(16):
+        pol.plan(big)
+    assert len(n) == 16
