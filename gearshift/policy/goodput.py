@@ -54,7 +54,7 @@ class GoodputPolicy(Policy):
                  margin: float = 0.02, pad=lambda bs: bs,
                  explore_every: int = 64, explore_ratio: float = 0.8, max_backoff: int = 8,
                  fresh_obs: int = 2, fresh_gap: int = 4, quiet_ratio: float = 0.9,
-                 quiet_steps: int = 7) -> None:
+                 quiet_steps: int = 7, tree_evidence: float = 20.0) -> None:
         self.cost = cost
         self.max_k = max_k
         # a request's prior: the population's acceptance (evidence over recent requests),
@@ -85,6 +85,13 @@ class GoodputPolicy(Policy):
         self.explore_every, self.explore_ratio = explore_every, explore_ratio
         self.max_backoff = max_backoff
         self.fresh_obs, self.fresh_gap = fresh_obs, fresh_gap
+        # The tree's gain starts at 1 (its prior: what the chain accepts) and moves with tree
+        # steps only: until its evidence weighs `tree_evidence` (accepted + rejections, ~5
+        # tree steps at batch 1), the tree is a fresh neighbour of the longest chain, tried
+        # one step in fresh_gap. Without this, on the H200 (session 6, call D) goodput ran
+        # 59 tree request-steps of 707 at c = 1, where the tree alone was 3.4% faster than
+        # the chain it kept to: its few tree steps barely moved the prior.
+        self.tree_evidence = tree_evidence
         self._since_probe = 0
         self._periods: dict[int, int] = {}  # padded batch size -> steps between probes
         self._last_probe: tuple | None = None  # (K, padded bs, predicted ms) of the last probe
@@ -219,7 +226,7 @@ class GoodputPolicy(Policy):
             if self._since_probe == period // 2:
                 return self._neighbour(best, top, scores)
             if self._steps_speculating - self._last_fresh >= self.fresh_gap:
-                k = self._unmeasured_neighbour(best, top, scores, bs)
+                k = self._unmeasured_neighbour(best, top, scores, bs, view)
                 if k:
                     self._last_fresh = self._steps_speculating
                     return k
@@ -257,12 +264,17 @@ class GoodputPolicy(Policy):
                 return k
         return best
 
-    def _unmeasured_neighbour(self, best: int, top: int, scores: dict, bs: int) -> int:
+    def _unmeasured_neighbour(self, best: int, top: int, scores: dict, bs: int,
+                              view: PolicyView) -> int:
         """K + 1 or K - 1 (in that order), if predicted within explore_ratio of the best and
-        measured online fewer than `fresh_obs` times at this (padded) batch size; else 0."""
+        measured online fewer than `fresh_obs` times at this (padded) batch size, or, for
+        the tree, while its acceptance evidence weighs less than `tree_evidence`; else 0."""
         for k in (best + 1, best - 1):
-            if (0 < k <= top and self.cost.observed(k, bs) < self.fresh_obs
-                    and scores[k][2] >= self.explore_ratio * scores[best][2]):
+            if not (0 < k <= top and scores[k][2] >= self.explore_ratio * scores[best][2]):
+                continue
+            if self.cost.observed(k, bs) < self.fresh_obs:
+                return k
+            if k > self.max_k and (view.tree_population or (0.0, 0.0))[1] < self.tree_evidence:
                 return k
         return 0
 

@@ -223,7 +223,8 @@ def test_goodput_measures_an_unobserved_neighbour_within_its_first_steps():
     assert chosen[4:60].count(4) >= 50  # and kept: K = 4 really is better
     assert cost.observed(4, 2) >= 2 and cost.observed(4, 1) == 0
     # once both neighbours have their online observations, no more fresh explorations
-    assert pol._unmeasured_neighbour(4, 4, pol.scores(PolicyView(rs, 0, 4), 4), 2) == 0
+    view = PolicyView(rs, 0, 4)
+    assert pol._unmeasured_neighbour(4, 4, pol.scores(view, 4), 2, view) == 0
 
 
 def test_goodput_prior_is_the_population_acceptance_when_measured():

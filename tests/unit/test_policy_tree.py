@@ -97,19 +97,15 @@ def test_tree_gain_starts_at_one_and_follows_the_populations_tree_evidence():
     assert s[MAX_K + 1][0] < s[MAX_K][0]
 
 
-def test_goodput_finds_the_tree_by_exploring_it():
-    """From a cold start (no tree evidence: the tree is priced like the chain and costs
-    more) goodput tries the tree as the chain's unmeasured neighbour, learns that it accepts
-    more, and moves to it; the evidence updates as SpecWorker._account would."""
-    cost = costs()
-    cost.base[MAX_K + 1][0][1] = 4.2
-    actual = {g: cost.predict(g, 1, 0) for g in range(MAX_K + 2)}
-    pol = GoodputPolicy(cost, MAX_K)
-    true = {1: 0.7, WIDTH: 0.88}  # per-depth acceptance of chains / trees
+def simulate(cost: CostModel, actual: dict, true: dict, steps: int, **kw) -> list[int]:
+    """Goodput at batch 1 for `steps` steps: each step observed at actual[gear], its
+    acceptance evidence (expected values at true[topk]) recorded as SpecWorker._account
+    would -> the gear of every step."""
+    pol = GoodputPolicy(cost, MAX_K, **kw)
     rs = reqs(1)
     pop = {1: [0.0, 0.0], WIDTH: [0.0, 0.0]}
     gears = []
-    for _ in range(300):
+    for _ in range(steps):
         v = PolicyView(rs, 0, MAX_K, tuple(pop[1]), WIDTH, tuple(pop[WIDTH]))
         k = pol.plan(v)[0]
         topk = pol.step_topk(v)
@@ -128,6 +124,35 @@ def test_goodput_finds_the_tree_by_exploring_it():
                 r.spec_alpha_num, r.spec_alpha_den = 0.9 * r.spec_alpha_num, 0.9 * r.spec_alpha_den
             p = pop[topk]
             p[0], p[1] = 0.99 * p[0] + acc, 0.99 * p[1] + acc + rej
+    return gears
+
+
+def test_goodput_finds_the_tree_by_exploring_it():
+    """From a cold start (no tree evidence: the tree is priced like the chain and costs
+    more) goodput tries the tree as the chain's unmeasured neighbour, learns that it accepts
+    more, and moves to it."""
+    cost = costs()
+    cost.base[MAX_K + 1][0][1] = 4.2
+    actual = {g: cost.predict(g, 1, 0) for g in range(MAX_K + 2)}
+    gears = simulate(cost, actual, {1: 0.7, WIDTH: 0.88}, 300)
     assert gears[0] == MAX_K  # cold: the chain
     assert MAX_K + 1 in gears[:20]  # the tree is tried early
     assert gears[-100:].count(MAX_K + 1) >= 95  # and kept (probes aside): no flapping
+
+
+def test_a_tree_the_warm_up_overpriced_is_still_found_when_it_is_better():
+    """The H200 case of session 6 (call D): the warm-up priced the tree 18% above the chain
+    at batch 1, it really cost 6% more and accepted enough to be ~3% faster. The tree stays
+    a fresh neighbour until its acceptance evidence is worth its prior, so goodput measures
+    both, and keeps to the tree."""
+    cost = costs()
+    cost.base[MAX_K + 1][0][1] = 4.0 * 1.18  # the warm-up's price
+    actual = {g: cost.predict(g, 1, 0) for g in range(MAX_K + 2)}
+    actual[MAX_K + 1] = 4.0 * 1.06  # the real one
+    true = {1: 0.75, WIDTH: 0.81}  # E = 3.05 vs 3.37 tokens per step: +10%
+    gears = simulate(cost, actual, true, 400)
+    assert gears[:40].count(MAX_K + 1) >= 5  # tried until measured
+    assert gears[-100:].count(MAX_K + 1) >= 90
+    # without the acceptance-evidence rule it is tried twice (cost) and never again
+    gears = simulate(cost, actual, true, 400, tree_evidence=0.0)
+    assert gears[-100:].count(MAX_K + 1) <= 5
