@@ -227,27 +227,23 @@ def test_speculation_plan_records_the_policys_tree_width_and_counts_its_slots():
     while a chain would makes the step plain, not half-allocated."""
     from gearshift.policy.static import AlwaysPolicy
 
-    def slots_for(k, topk):
-        return 1 + (16 if topk > 1 else k)
-
-    for topk, want in ((None, 4), (1, 1), (4, 4)):
-        sched, slots, rows = make()
-        sched.policy, sched.max_draft_len, sched.spec_slots = AlwaysPolicy(2, topk), 2, slots_for
+    def decoding(topk, total=256):
+        """A tree-capable scheduler (width 4) with one request past its prefill."""
+        sched, slots, rows = make(total=total)
+        sched.policy, sched.max_draft_len = AlwaysPolicy(2, topk), 2
+        sched.spec_slots = lambda k, w: 1 + (16 if w > 1 else k)
         sched.draft_topk = 4
         sched.add(req("a", 3, max_tokens=20))
         plan = sched.schedule()
         fake_prepare(plan, slots, rows)
         sched.commit(plan, [5])
-        plan = sched.schedule()
+        return sched
+
+    for topk, want in ((None, 4), (1, 1), (4, 4)):
+        plan = decoding(topk).schedule()
         assert plan.mode is ForwardMode.VERIFY and plan.draft_topk == want
     # a pool with room for a chain's slots but not a tree's: plain decode
-    sched, slots, rows = make(total=8)
-    sched.policy, sched.max_draft_len, sched.spec_slots = AlwaysPolicy(2), 2, slots_for
-    sched.draft_topk = 4
-    sched.add(req("a", 3, max_tokens=20))
-    plan = sched.schedule()
-    fake_prepare(plan, slots, rows)
-    sched.commit(plan, [5])
+    sched = decoding(None, total=8)
     plan = sched.schedule()
     assert plan.mode is ForwardMode.DECODE and not plan.draft_lens and plan.draft_topk == 1
     sched.policy = AlwaysPolicy(2, topk=1)
