@@ -105,11 +105,14 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     first, last, count = {}, {}, {}
     for i, p in enumerate(prompts):
         engine.add_request(f"s{i}", p, params)
+    periods: dict[str, list[float]] = {}  # step mode -> ms from the previous step's return
     with GcPauses() as pauses:
-        t0 = time.perf_counter()
+        t0 = prev = time.perf_counter()
         while engine.has_unfinished_requests():
             outs = engine.step()
             now = time.perf_counter()
+            periods.setdefault(engine.last_step.get("mode", "none"), []).append((now - prev) * 1e3)
+            prev = now
             for o in outs:
                 first.setdefault(o.request_id, now)
                 last[o.request_id] = now
@@ -131,6 +134,10 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             "request_steps_by_k": dict(sorted(steps_by_k.items())),
             "request_steps_tree": tree_steps,
             "gear_switches": getattr(engine.scheduler.policy, "switches", 0) - switches,
+            # where the point's time went, by step mode (host work included): total seconds
+            # and median step period, e.g. goodput's VERIFY steps against always-4's
+            "step_s_by_mode": {m: sum(v) / 1e3 for m, v in periods.items()},
+            "step_ms_median_by_mode": {m: statistics.median(v) for m, v in periods.items()},
             "graphs_captured": engine._num_graphs() - graphs_before,
             **pauses.as_dict(),
             **{f"{m}_steps": engine.stats()[f"{m}_steps"] - steps_before[f"{m}_steps"]
@@ -155,6 +162,12 @@ def merge_passes(parts: list[dict]) -> dict:
         for k, v in p["request_steps_by_k"].items():
             steps[k] = steps.get(k, 0) + v
     out["request_steps_by_k"] = dict(sorted(steps.items()))
+    modes = {m for p in parts for m in p.get("step_s_by_mode", {})}
+    out["step_s_by_mode"] = {m: sum(p["step_s_by_mode"].get(m, 0.0) for p in parts)
+                             for m in sorted(modes)}
+    out["step_ms_median_by_mode"] = {m: [p["step_ms_median_by_mode"][m] for p in parts
+                                         if m in p["step_ms_median_by_mode"]]
+                                     for m in sorted(modes)}  # one median per pass
     out["gc_collections"] = [sum(g) for g in zip(*(p["gc_collections"] for p in parts))]
     return out
 

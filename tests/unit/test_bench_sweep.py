@@ -30,8 +30,12 @@ def test_sweep_cli_writes_every_point(tmp_path):
         assert [p["requests"] for p in pts] == [2, 4]
         assert all(p["output_tok_per_s"] > 0 and len(p["pass_tok_per_s"]) == 2 for p in pts)
         assert all(len(p["gc_collections"]) == 3 and p["gc_ms"] >= 0 for p in pts)
+        for p in pts:  # the point's time by step mode adds up to (about) its elapsed time
+            assert sum(p["step_s_by_mode"].values()) == pytest.approx(p["elapsed_s"], rel=0.05)
+            assert all(len(v) >= 1 for v in p["step_ms_median_by_mode"].values())
         if name == "off":
             assert all(p["proposed"] == 0 for p in pts)
+            assert all("verify" not in p["step_s_by_mode"] for p in pts)
         if name.startswith("always") or name.startswith("tree"):
             assert all(p["proposed"] > 0 for p in pts)
         # one tree-capable engine: chain policies verify chains, `tree` verifies trees
