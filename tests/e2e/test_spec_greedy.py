@@ -74,7 +74,7 @@ def test_spec_greedy_equals_plain(make_llm, tiny_llama_dir, draft_dir, head_dir,
         assert llm.stats()["preemptions"] > 0
 
 
-@pytest.mark.parametrize("variant", ["draft-chain", "eagle3-tree", "ngram"])
+@pytest.mark.parametrize("variant", ["draft-chain", "draft-tree", "eagle3-tree", "ngram"])
 def test_random_policy_flips_k_and_stays_exact(make_llm, tiny_llama_dir, draft_dir, head_dir,
                                                variant):
     prompts = random_prompts([5, 12, 30, 2, 19, 8, 44, 3], seed=11)
@@ -92,7 +92,7 @@ def test_random_policy_flips_k_and_stays_exact(make_llm, tiny_llama_dir, draft_d
     stats = llm.engine.spec_stats()
     ks = stats["steps_by_k"]
     assert len([k for k in ks if k > 0]) >= 2 and ks.get(0, 0) > 0  # K really varied
-    if variant == "eagle3-tree":  # a tree engine's steps verify chains or trees, step by step
+    if variant.endswith("-tree"):  # a tree engine's steps verify chains or trees, step by step
         assert stats["tree_steps"] > 0 and stats["chain_steps"] > 0
     else:
         assert stats["tree_steps"] == 0
@@ -157,3 +157,20 @@ def test_prefill_chunks_ride_along_with_verification(make_llm, tiny_llama_dir, d
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == ref
     assert mixed, "no VERIFY step carried a prefill chunk"
+
+
+def test_random_policy_on_a_tree_engine_samples_to_completion(make_llm, tiny_llama_dir, head_dir):
+    """Sampled requests (temperature 1, top-p) on a tree engine whose steps switch between
+    chains (rejection sampling), trees (multi-draft scheme) and plain decode: every request
+    runs to its length, both shapes were verified, and every slot comes back."""
+    prompts = random_prompts([5, 12, 30, 2, 19, 8], seed=3)
+    params = [SamplingParams(max_tokens=30, temperature=1.0, top_p=0.9, seed=i, ignore_eos=True)
+              for i in range(len(prompts))]
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head_dir),
+                   num_draft_tokens=3, draft_topk=3, num_verify_tokens=8, spec_policy="random")
+    outs = llm.generate(prompts, params)
+    assert all(len(o.token_ids) == 30 and o.finish_reason == "length" for o in outs)
+    stats = llm.spec_stats()
+    assert stats["tree_steps"] > 0 and stats["chain_steps"] > 0
+    mem = llm.memory_stats()
+    assert mem["kv_slots_free"] == mem["kv_slots_total"]
