@@ -101,6 +101,8 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     before = dict(engine.spec.stats) if engine.spec else {}
     graphs_before = engine._num_graphs()
     switches = getattr(engine.scheduler.policy, "switches", 0)  # goodput's gear changes
+    predicted = {m: list(v) for m, v in getattr(engine.scheduler.policy, "prediction_log",
+                                                  {}).items()}
     steps_before = engine.stats()
     first, last, count = {}, {}, {}
     for i, p in enumerate(prompts):
@@ -137,11 +139,24 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             # where the point's time went, by step mode (host work included): total seconds
             # and median step period, e.g. goodput's VERIFY steps against always-4's
             "step_s_by_mode": {m: sum(v) / 1e3 for m, v in periods.items()},
+            # goodput: measured / predicted step time of the steps it observed, by mode
+            "cost_model_ratio": _prediction_ratio(engine.scheduler.policy, predicted),
             "step_ms_median_by_mode": {m: statistics.median(v) for m, v in periods.items()},
             "graphs_captured": engine._num_graphs() - graphs_before,
             **pauses.as_dict(),
             **{f"{m}_steps": engine.stats()[f"{m}_steps"] - steps_before[f"{m}_steps"]
                for m in ("decode", "verify", "extend")}}
+
+
+def _prediction_ratio(policy, before: dict) -> dict:
+    """{mode: [measured / predicted ms, steps]} over the steps a cost-modelling policy
+    observed since `before` (its prediction_log then); {} for other policies."""
+    out = {}
+    for mode, (ms, pred, n) in getattr(policy, "prediction_log", {}).items():
+        ms0, pred0, n0 = before.get(mode, (0.0, 0.0, 0))
+        if n > n0 and pred > pred0:
+            out[mode] = [round((ms - ms0) / (pred - pred0), 4), n - n0]
+    return out
 
 
 def merge_passes(parts: list[dict]) -> dict:
@@ -165,6 +180,7 @@ def merge_passes(parts: list[dict]) -> dict:
     modes = {m for p in parts for m in p.get("step_s_by_mode", {})}
     out["step_s_by_mode"] = {m: sum(p["step_s_by_mode"].get(m, 0.0) for p in parts)
                              for m in sorted(modes)}
+    out["cost_model_ratio"] = [p.get("cost_model_ratio", {}) for p in parts]  # one per pass
     out["step_ms_median_by_mode"] = {m: [p["step_ms_median_by_mode"][m] for p in parts
                                          if m in p["step_ms_median_by_mode"]]
                                      for m in sorted(modes)}  # one median per pass

@@ -101,6 +101,9 @@ class GoodputPolicy(Policy):
         self._explorations = 0
         self._topk = 1  # tree width of the step planned last
         self.switches = 0  # gear changes (probes and explorations aside)
+        # "verify" / "plain" -> [measured ms, predicted ms, steps] of observed steps, summed
+        # (benches report measured / predicted: is the cost model biased for either mode?)
+        self.prediction_log: dict[str, list] = {}
         # When plain decode leads every speculative gear by more than 1 / quiet_ratio, the
         # next `quiet_steps` plans at the same padded batch size stay at K = 0 without
         # scoring (probes still come on time): scores() loops over every request
@@ -283,4 +286,10 @@ class GoodputPolicy(Policy):
         probe = self._last_probe
         if probe is not None and self._probe_error is None and (k, bs) == probe[:2]:
             self._probe_error = abs(ms - probe[2]) / probe[2]
+        if k in self.cost.base and ms > 0:  # how well the model predicted this step
+            log_ = self.prediction_log.setdefault("verify" if k else "plain", [0.0, 0.0, 0])
+            pred = self.cost.predict(k, bs, ctx_tokens)
+            log_[0] += ms
+            log_[1] += pred
+            log_[2] += 1
         self.cost.observe(k, bs, ctx_tokens, ms)

@@ -33,6 +33,12 @@ def test_sweep_cli_writes_every_point(tmp_path):
         for p in pts:  # the point's time by step mode adds up to (about) its elapsed time
             assert sum(p["step_s_by_mode"].values()) == pytest.approx(p["elapsed_s"], rel=0.05)
             assert all(len(v) >= 1 for v in p["step_ms_median_by_mode"].values())
+        if name == "goodput":  # its cost model's bias, measured / predicted, per pass
+            assert all(r["verify"][0] > 0 and r["verify"][1] > 0
+                       for p in pts for r in p["cost_model_ratio"] if "verify" in r)
+            assert any("verify" in r for p in pts for r in p["cost_model_ratio"])
+        else:
+            assert all(r == {} for p in pts for r in p["cost_model_ratio"])
         if name == "off":
             assert all(p["proposed"] == 0 for p in pts)
             assert all("verify" not in p["step_s_by_mode"] for p in pts)

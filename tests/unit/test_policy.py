@@ -308,3 +308,17 @@ def test_goodput_skips_scoring_while_plain_decode_leads_by_far():
     for _ in range(16):
         pol.plan(big)
     assert len(n) == 16
+
+
+def test_goodput_logs_measured_against_predicted_step_times():
+    """Every observed step adds its measured and predicted ms by mode (benches report the
+    ratio: a cost model biased for VERIFY or plain steps shows as != 1), predicted before
+    the observation moves the model."""
+    cost = memory_bound_costs()
+    pol = GoodputPolicy(cost, 5)
+    pol.observe(3, 1, 0, 6.0)  # predicted 4.0 (memory-bound floor)
+    pol.observe(0, 1, 0, 4.0)
+    assert pol.prediction_log["verify"] == [6.0, 4.0, 1]
+    assert pol.prediction_log["plain"] == [4.0, 4.0, 1]
+    pol.observe(3, 1, 0, 6.0)  # the first observation replaced the prior: now predicted 6
+    assert pol.prediction_log["verify"] == [12.0, 10.0, 2]
