@@ -26,7 +26,6 @@ import numpy as np
 
 from gearshift.policy.base import Policy, PolicyView
 from gearshift.policy.cost import CostModel
-from gearshift.request import Request
 
 log = logging.getLogger("gearshift.policy")
 
@@ -37,15 +36,6 @@ def expected_tokens(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def acceptance(req: Request, prior: float, prior_weight: float) -> float:
-    """Per-token acceptance estimate: accepted / (accepted + rejections), with a prior (the
-    population's acceptance when measured, else the policy's fixed prior). `scores` computes
-    the same over arrays."""
-    num = req.spec_alpha_num + prior * prior_weight
-    den = req.spec_alpha_den + prior_weight
-    return min(max(num / den, 0.0), 0.999)
 
 
 class GoodputPolicy(Policy):
@@ -128,6 +118,7 @@ class GoodputPolicy(Policy):
             w = self.prior_weight
             num = np.fromiter((r.spec_alpha_num for r in elig), np.float64, len(elig))
             den = np.fromiter((r.spec_alpha_den for r in elig), np.float64, len(elig))
+            # per-token acceptance: accepted / (accepted + rejections), around the prior
             a = np.minimum((num + prior * w) / (den + w), 0.999)  # num, den >= 0
             powers = a[:, None] ** np.arange(1, depth + 1)  # [requests, K]: a_i^j
             extra = np.cumsum(powers.sum(axis=0))
