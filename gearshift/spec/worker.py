@@ -128,8 +128,7 @@ class SpecWorker:
         self.follow.after_plain(plan, aux)
         for req, n, smp in zip(plan.reqs, plan.extend_lens, plan.sample):
             if n == 1 and smp:
-                req.spec_alpha_num *= ALPHA_DECAY
-                req.spec_alpha_den *= ALPHA_DECAY
+                _age(req)
 
     # ------------------------------------------------------------------ VERIFY steps
     @torch.inference_mode()
@@ -371,8 +370,7 @@ class SpecWorker:
                 req.spec_alpha_num = ALPHA_DECAY * req.spec_alpha_num + accepted
                 req.spec_alpha_den = ALPHA_DECAY * req.spec_alpha_den + accepted + rejected
             else:
-                req.spec_alpha_num *= ALPHA_DECAY
-                req.spec_alpha_den *= ALPHA_DECAY
+                _age(req)
             pop = self._pop[topk > 1]
             pop[0] = POPULATION_DECAY * pop[0] + accepted
             pop[1] = POPULATION_DECAY * pop[1] + accepted + rejected
@@ -392,6 +390,13 @@ class SpecWorker:
 # evidence (on the H200, 73 of 721 steps at c = 1 were such plain steps).
 ALPHA_DECAY = 0.9
 POPULATION_DECAY = 0.99  # the same evidence over all requests, per request-step
+
+
+def _age(req: Request) -> None:
+    """A step that brought no chain evidence for `req` (plain, or a tree): its chain
+    acceptance evidence decays towards the population's."""
+    req.spec_alpha_num *= ALPHA_DECAY
+    req.spec_alpha_den *= ALPHA_DECAY
 
 
 def _uniform(n_nodes: list[int]) -> int:
