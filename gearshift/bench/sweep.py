@@ -100,6 +100,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     before = dict(engine.spec.stats) if engine.spec else {}
     graphs_before = engine._num_graphs()
+    keys_before = set(_graph_keys(engine))
     switches = getattr(engine.scheduler.policy, "switches", 0)  # goodput's gear changes
     predicted = {m: list(v) for m, v in getattr(engine.scheduler.policy, "prediction_log",
                                                   {}).items()}
@@ -143,9 +144,16 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             "cost_model_ratio": _prediction_ratio(engine.scheduler.policy, predicted),
             "step_ms_median_by_mode": {m: statistics.median(v) for m, v in periods.items()},
             "graphs_captured": engine._num_graphs() - graphs_before,
+            # which shapes a timed run captured (none, once the warm-ups cover what it meets)
+            "graph_keys_captured": [[str(x) for x in k] for k in _graph_keys(engine)
+                                    if k not in keys_before],
             **pauses.as_dict(),
             **{f"{m}_steps": engine.stats()[f"{m}_steps"] - steps_before[f"{m}_steps"]
                for m in ("decode", "verify", "extend")}}
+
+
+def _graph_keys(engine) -> list:
+    return list(getattr(engine.runner.shape_graphs, "entries", ()))
 
 
 def _prediction_ratio(policy, before: dict) -> dict:
@@ -181,6 +189,7 @@ def merge_passes(parts: list[dict]) -> dict:
     out["step_s_by_mode"] = {m: sum(p["step_s_by_mode"].get(m, 0.0) for p in parts)
                              for m in sorted(modes)}
     out["cost_model_ratio"] = [p.get("cost_model_ratio", {}) for p in parts]  # one per pass
+    out["graph_keys_captured"] = [k for p in parts for k in p.get("graph_keys_captured", [])]
     out["step_ms_median_by_mode"] = {m: [p["step_ms_median_by_mode"][m] for p in parts
                                          if m in p["step_ms_median_by_mode"]]
                                      for m in sorted(modes)}  # one median per pass

@@ -44,7 +44,8 @@ class GoodputPolicy(Policy):
                  margin: float = 0.02, pad=lambda bs: bs,
                  explore_every: int = 64, explore_ratio: float = 0.8, max_backoff: int = 8,
                  fresh_obs: int = 2, fresh_gap: int = 4, quiet_ratio: float = 0.9,
-                 quiet_steps: int = 7, tree_evidence: float = 20.0) -> None:
+                 quiet_steps: int = 7, tree_evidence: float = 20.0,
+                 fresh_ratio: float = 0.5) -> None:
         self.cost = cost
         self.max_k = max_k
         # a request's prior: the population's acceptance (evidence over recent requests),
@@ -75,6 +76,12 @@ class GoodputPolicy(Policy):
         self.explore_every, self.explore_ratio = explore_every, explore_ratio
         self.max_backoff = max_backoff
         self.fresh_obs, self.fresh_gap = fresh_obs, fresh_gap
+        # A neighbour with no online observation at this batch size is priced by the warm-up
+        # alone, three steps on dummy requests: on the H200 (session 7) it put K = 3 at batch
+        # 32 at 10.3 ms where real steps took ~7.9, so K = 3 scored under explore_ratio and
+        # was never tried. Such a neighbour is tried if predicted within `fresh_ratio` of the
+        # best (a one-off step per gear and batch size); measured ones need explore_ratio.
+        self.fresh_ratio = fresh_ratio
         # The tree's gain starts at 1 (its prior: what the chain accepts) and moves with tree
         # steps only: until its evidence weighs `tree_evidence` (accepted + rejections, ~5
         # tree steps at batch 1), the tree is a fresh neighbour of the longest chain, tried
@@ -260,15 +267,21 @@ class GoodputPolicy(Policy):
 
     def _unmeasured_neighbour(self, best: int, top: int, scores: dict, bs: int,
                               view: PolicyView) -> int:
-        """K + 1 or K - 1 (in that order), if predicted within explore_ratio of the best and
-        measured online fewer than `fresh_obs` times at this (padded) batch size, or, for
-        the tree, while its acceptance evidence weighs less than `tree_evidence`; else 0."""
+        """K + 1 or K - 1 (in that order), if measured online fewer than `fresh_obs` times at
+        this (padded) batch size and predicted within explore_ratio of the best (within
+        fresh_ratio while only the warm-up priced it), or, for the tree, while its
+        acceptance evidence weighs less than `tree_evidence`; else 0."""
         for k in (best + 1, best - 1):
-            if not (0 < k <= top and scores[k][2] >= self.explore_ratio * scores[best][2]):
+            if not 0 < k <= top:
                 continue
-            if self.cost.observed(k, bs) < self.fresh_obs:
+            seen = self.cost.observed(k, bs)
+            ratio = self.explore_ratio if seen else min(self.fresh_ratio, self.explore_ratio)
+            if scores[k][2] < ratio * scores[best][2]:
+                continue
+            if seen < self.fresh_obs:
                 return k
-            if k > self.max_k and (view.tree_population or (0.0, 0.0))[1] < self.tree_evidence:
+            if (k > self.max_k and scores[k][2] >= self.explore_ratio * scores[best][2]
+                    and (view.tree_population or (0.0, 0.0))[1] < self.tree_evidence):
                 return k
         return 0
 

@@ -130,6 +130,18 @@ class SpecWorker:
             if n == 1 and smp:
                 _age(req)
 
+    def split_k_chains(self, b: int) -> bool:
+        """Do a step's b chains verify with split-K tree attention (graphed only)? Few
+        (request, kv head) pairs cannot fill the GPU: split-K spreads each prefix over the
+        SMs; beyond that, causal extend reads each prefix once. Decided on the PADDED batch,
+        the graph's shape: the warm-up runs every graph size exactly, and a 6-request step
+        padded to 8 must replay what it captured at 8 (deciding on 6 captured a new graph
+        mid-run: H200, session 7)."""
+        if self.runner.shape_graphs is None:
+            return False
+        rows = self.runner.decode_pad(b)
+        return rows * self.runner.model.config.num_kv_heads < self.split_k_verify_below
+
     # ------------------------------------------------------------------ VERIFY steps
     @torch.inference_mode()
     def verify_step(self, plan: StepPlan, scheduler: Scheduler) -> list[StepOutput]:
@@ -187,10 +199,7 @@ class SpecWorker:
         # tokens each request sends through the target (a rider: its whole chunk)
         n_tokens = [len(s) if r else n for s, r, n in zip(node_slots, ride, n_nodes)]
         offsets = [0, *accumulate(n_tokens)][:b]  # first target token of each request
-        # few (request, kv head) pairs cannot fill the GPU: split-K tree attention spreads
-        # each prefix over the SMs; beyond that, causal extend reads each prefix once
-        small = b * self.runner.model.config.num_kv_heads < self.split_k_verify_below
-        if topk == 1 and (any(ride) or not (small and self.runner.shape_graphs is not None)):
+        if topk == 1 and (any(ride) or not self.split_k_chains(b)):
             # chains verify as a causal extend over positions L..L+K (prefix read once)
             fb, flat, key, node_tok = self._chain_verify_batch(reqs, tree, node_slots, n_nodes,
                                                                n_tree, ride)

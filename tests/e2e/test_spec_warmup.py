@@ -115,3 +115,25 @@ def test_warm_up_measures_the_tree_gear_of_a_tree_engine(make_llm, tiny_llama_di
     assert policy.cost.base[3] == measured[3] and policy.top_gear(PolicyView([], 0, 2, None, 4)) == 3
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     assert not eng.has_unfinished_requests() and eng.slots.num_free == eng.slots.total
+
+
+def test_serving_replays_what_the_warm_up_captured(make_llm, tiny_llama_dir, tmp_path):
+    """Split-K or causal-extend verification of chains is decided on the padded batch (the
+    graph's shape): 3 requests padded to 4 rows replay the graphs the warm-up captured at
+    4. Deciding on the 3 real requests took the split-K path there and captured a new graph
+    in the middle of a run (H200, session 7: two captures inside a timed sweep point)."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=3, spec_policy="always")
+    graphs = install(llm)
+    eng = llm.engine
+    kv_heads = eng.runner.model.config.num_kv_heads
+    eng.spec.split_k_verify_below = 4 * kv_heads  # split-K below 4 rows, extend from 4 on
+    assert eng.spec.split_k_chains(2) and not eng.spec.split_k_chains(3)  # 3 -> 4 rows
+    warm_up_speculation(eng, sizes=[1, 2, 4])
+    captured = set(graphs.keys)
+    prompts = random_prompts([5, 9, 3], seed=2)
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts, params)
+    assert llm.spec_stats()["proposed"] > 0
+    assert set(graphs.keys) == captured

@@ -30,6 +30,7 @@ def test_sweep_cli_writes_every_point(tmp_path):
         assert [p["requests"] for p in pts] == [2, 4]
         assert all(p["output_tok_per_s"] > 0 and len(p["pass_tok_per_s"]) == 2 for p in pts)
         assert all(len(p["gc_collections"]) == 3 and p["gc_ms"] >= 0 for p in pts)
+        assert all(p["graph_keys_captured"] == [] for p in pts)  # CPU: no graphs
         for p in pts:  # the point's time by step mode adds up to (about) its elapsed time
             assert sum(p["step_s_by_mode"].values()) == pytest.approx(p["elapsed_s"], rel=0.05)
             assert all(len(v) >= 1 for v in p["step_ms_median_by_mode"].values())
@@ -83,6 +84,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
                 "proposed": 4, "accepted": 1, "graphs_captured": 0, "decode_steps": 1,
                 "verify_steps": 2, "extend_steps": 3, "request_steps_by_k": {2: 1},
                 "request_steps_tree": 1, "gear_switches": 0,
+                "graph_keys_captured": [["verify", str(c), "5"]] if c == 4 else [],
                 "gc_collections": [1, 0, 0], "gc_ms": 0.5}
 
     monkeypatch.setattr(sw, "run_point", fake_point)
@@ -100,3 +102,5 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
     assert point["output_tok_per_s"] == 80 / 16.0 and point["pass_tok_per_s"] == [5.0, 5.0]
     assert point["acceptance_rate"] == 0.25 and point["request_steps_by_k"] == {2: 2}
     assert point["gc_collections"] == [2, 0, 0] and point["verify_steps"] == 4
+    assert point["graph_keys_captured"] == [["verify", "4", "5"]] * 2  # both passes'
+    assert res["b"][0]["graph_keys_captured"] == []

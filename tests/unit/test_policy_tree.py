@@ -156,3 +156,26 @@ def test_a_tree_the_warm_up_overpriced_is_still_found_when_it_is_better():
     # without the acceptance-evidence rule it is tried twice (cost) and never again
     gears = simulate(cost, actual, true, 400, tree_evidence=0.0)
     assert gears[-100:].count(MAX_K + 1) <= 5
+
+
+def _chains_priced(prices: dict) -> CostModel:
+    cost = costs()
+    for gear, ms in prices.items():
+        cost.base[gear][0][1] = ms
+    return cost
+
+
+def test_a_chain_the_warm_up_overpriced_is_still_measured():
+    """The H200 case of session 7: the warm-up (three steps on dummy requests) priced K = 3
+    at 10.3 ms where real steps took ~7.9. Scored under explore_ratio of K = 4, it was never
+    tried. A neighbour only the warm-up priced is tried once predicted within fresh_ratio;
+    measured, K = 3 turns out ~4% better than K = 4 and goodput keeps it."""
+    actual = {0: 4.6, 1: 7.0, 2: 7.8, 3: 7.9, 4: 8.7, MAX_K + 1: 40.0}
+    true = {1: 0.6, WIDTH: 0.6}
+    assert expected_tokens(0.6, 3) / 7.9 > 1.03 * expected_tokens(0.6, 4) / 8.7
+    warm = {**actual, 3: 10.5}  # the warm-up's price: 0.78 x K = 4's goodput
+    gears = simulate(_chains_priced(warm), actual, true, 300)
+    assert 3 in gears[:10] and gears[-100:].count(3) >= 90
+    # with the measured neighbours' gate for it too, K = 3 is never tried
+    gears = simulate(_chains_priced(warm), actual, true, 300, fresh_ratio=0.8)
+    assert gears.count(3) <= 3 and gears[-100:].count(4) >= 90
