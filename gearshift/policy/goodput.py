@@ -143,22 +143,22 @@ class GoodputPolicy(Policy):
         num, den = view.population or (0.0, 0.0)
         return (num + self.prior * self.population_weight) / (den + self.population_weight)
 
-    def tree_prior(self, view: PolicyView, chain_prior: float) -> float:
-        """The population's per-depth acceptance on tree steps, around the chains' (no tree
-        evidence yet: a tree accepts what its top-1 chain would, at least)."""
-        num, den = view.tree_population or (0.0, 0.0)
-        return (num + chain_prior * self.population_weight) / (den + self.population_weight)
-
     def tree_gain(self, view: PolicyView, chain_prior: float) -> float:
-        """Extra tokens of a tree step over a max_k chain step, from the population's
-        evidence on each shape (EMA over ~100 request-steps). The ratio is taken over the
-        population, not per request: a request's chain and tree evidence come from
-        different stretches of its text (only one shape runs at a time), and comparing them
-        made goodput flap between the two (H200 sweep, session 6: 610 chain and 377 tree
-        request-steps at c = 1, where the tree alone was best)."""
-        chain = expected_tokens(min(chain_prior, 0.999), self.max_k) - 1.0
-        tree = expected_tokens(min(self.tree_prior(view, chain_prior), 0.999), self.max_k) - 1.0
-        return tree / max(chain, 1e-9)
+        """Extra tokens of a tree step over a max_k chain step, from the population's tree
+        steps: their per-depth acceptance against what their own top-1 chains accepted (the
+        same steps, the same text), each around `chain_prior` (no evidence: gain 1, a tree
+        accepts what its top-1 chain would). A population ratio, not a per-request one, and
+        paired: chain and tree evidence from different stretches of text made goodput flap
+        between the two (H200, session 6: 610 chain and 377 tree request-steps at c = 1,
+        where the tree alone was best), then settle on whichever the text favoured when it
+        last ran (session 7: 606 chain and 524 tree request-steps at c = 1). Without the
+        paired chain evidence (a 2-tuple), the chain side is `chain_prior`."""
+        num, den, *pair = view.tree_population or (0.0, 0.0)
+        w, c = self.population_weight, min(chain_prior, 0.999)
+        tree = min((num + c * w) / (den + w), 0.999)
+        chain = min((pair[0] + c * w) / (pair[1] + w), 0.999) if pair else c
+        return (expected_tokens(tree, self.max_k) - 1.0) \
+            / max(expected_tokens(chain, self.max_k) - 1.0, 1e-9)
 
     def top_gear(self, view: PolicyView) -> int:
         """The highest gear this step may take: max K, or max K + 1 (the draft tree) when the

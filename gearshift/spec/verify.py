@@ -36,6 +36,10 @@ class VerifyResult:
     num_accepted: torch.Tensor  # [B] int64: accepted draft tokens (the bonus not counted)
     path: torch.Tensor  # [B, D+1] int64 node index per depth (root first; padded with the last)
     tokens: torch.Tensor  # [B, D+1] int64: accepted drafts then the bonus token at [num_accepted]
+    # [B] int64: what the tree's top-1 chain (each node's first child: the draft's argmax)
+    # alone would have accepted; the goodput policy's paired tree-vs-chain evidence. None:
+    # not computed (sampled rows)
+    chain_accepted: torch.Tensor | None = None
 
 
 def target_probs(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
@@ -82,14 +86,23 @@ def verify_greedy_ids(tree: DraftTree, valid: torch.Tensor, target: torch.Tensor
     Graph-safe (no host sync, shapes fixed by B, N and max_depth)."""
     b, n = target.shape
     rows = torch.arange(b, device=target.device)
-    match = children_mask(tree.parents) & valid[:, None, :] \
-        & (tree.tokens[:, None, :] == target[:, :, None])  # [B, N(parent), N(child)]
+    kids = children_mask(tree.parents) & valid[:, None, :]  # [B, N(parent), N(child)]
+    match = kids & (tree.tokens[:, None, :] == target[:, :, None])
     first = torch.where(match.any(-1), match.to(torch.int8).argmax(-1), -1)  # [B, N]
+    # the top-1 chain: children come in the draft's score order, so a node's first child
+    # is its argmax; it is accepted where that child is the target's argmax
+    top = kids.to(torch.int8).argmax(-1)  # [B, N]
+    top_ok = kids.any(-1) & (tree.tokens.gather(1, top) == target)
+    chain = torch.zeros(b, dtype=torch.long, device=target.device)
     cur = torch.zeros(b, dtype=torch.long, device=target.device)
     alive = torch.ones(b, dtype=torch.bool, device=target.device)
     accepted = torch.zeros_like(cur)
     path, toks = [cur], []
+    c_cur, c_alive = cur, alive
     for _ in range(max_depth):
+        c_alive = c_alive & top_ok[rows, c_cur]
+        chain += c_alive.long()
+        c_cur = top[rows, c_cur]
         nxt = first[rows, cur]
         moved = alive & (nxt >= 0)
         accepted += moved.long()
@@ -100,7 +113,7 @@ def verify_greedy_ids(tree: DraftTree, valid: torch.Tensor, target: torch.Tensor
     bonus = target[rows, cur]
     tokens = torch.stack(toks + [bonus], dim=1) if toks else bonus[:, None]  # [B, D+1]
     tokens = tokens.scatter(1, accepted[:, None], bonus[:, None])
-    return VerifyResult(accepted, torch.stack(path, dim=1), tokens)
+    return VerifyResult(accepted, torch.stack(path, dim=1), tokens, chain)
 
 
 def verify_sampled(tree: DraftTree, valid: torch.Tensor, logits: torch.Tensor,

@@ -71,8 +71,9 @@ class SpecWorker:
         self.draft_frac = self.proposer.cost_fraction(runner.model)  # a draft step / target step
         self.split_k_verify_below = 64  # (requests x kv heads) under which chains use split-K
         self.stats = Counter()  # steps_by_k.*, tree_steps, proposed, accepted, accept_len.*
-        # acceptance evidence over all requests (EMA): [chains, trees]
-        self._pop = [[0.0, 0.0], [0.0, 0.0]]
+        # acceptance evidence over all requests (EMA): [chains, trees, the top-1 chains of
+        # those trees (same steps)]
+        self._pop = [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
         self.follow = DraftFollower(self.proposer, runner, builder, self.max_k)
         self.measured_costs: dict | None = None  # {K: [[bs, ms]]} from the start-up warm-up
 
@@ -117,9 +118,10 @@ class SpecWorker:
         evidence of its own (new, or long at K = 0)."""
         return self._pop[0][0], self._pop[0][1]
 
-    def tree_population(self) -> tuple[float, float] | None:
-        """The same evidence from tree steps (None: the engine verifies chains only)."""
-        return (self._pop[1][0], self._pop[1][1]) if self.topk > 1 else None
+    def tree_population(self) -> tuple[float, float, float, float] | None:
+        """The same evidence from tree steps, then what their top-1 chains accepted on the
+        same steps (None: the engine verifies chains only)."""
+        return (*self._pop[1], *self._pop[2]) if self.topk > 1 else None
 
     # ------------------------------------------------------------------ plain steps
     def draft_extend_after(self, plan: StepPlan, aux: torch.Tensor | None) -> None:
@@ -248,7 +250,7 @@ class SpecWorker:
                 a = packed[i][0]
                 path = packed[i][1:depth + 2][:a + 1]
                 new_tokens.append(packed[i][depth + 2:][:a + 1])
-                self._account(reqs[i], ks[i], topk, n_nodes[i] - 1, a)
+                self._account(reqs[i], ks[i], topk, n_nodes[i] - 1, a, packed[i][2 * depth + 3])
             kept.append([node_slots[i][j] for j in path])
             keep = set(path)
             freed.append([s for j, s in enumerate(node_slots[i]) if j not in keep] + scratch[i])
@@ -368,21 +370,30 @@ class SpecWorker:
                node_tok is not None, record is not None)
         return graphs.run(key, fn, inputs)[:b]
 
-    def _account(self, req: Request, k: int, topk: int, proposed: int, accepted: int) -> None:
+    def _account(self, req: Request, k: int, topk: int, proposed: int, accepted: int,
+                 chain: int = -1) -> None:
+        """Counters and acceptance evidence of one request's VERIFY outcome. `chain`: on a
+        tree step, what the tree's top-1 chain alone accepted (-1: unknown)."""
         self.stats[f"steps_by_k.{k}"] += 1
         if proposed:  # per-token acceptance estimate for the goodput policy (EMA), per shape
             # a tree reaches depth k with fewer rejections than a chain: tree steps are the
-            # population's tree evidence (goodput's tree gain); the request's own chain
-            # evidence ages on them, as on plain steps
+            # population's tree evidence, and what their top-1 chains accepted is the
+            # paired chain evidence of the same steps (goodput's tree gain: same text, both
+            # shapes). That top-1 chain is also the request's chain evidence, so it stays
+            # current on trees; without it (sampled rows) the chain evidence ages
             rejected = 1.0 if accepted < min(k, proposed) else 0.0
-            if topk == 1:
-                req.spec_alpha_num = ALPHA_DECAY * req.spec_alpha_num + accepted
-                req.spec_alpha_den = ALPHA_DECAY * req.spec_alpha_den + accepted + rejected
-            else:
+            _decay_add(self._pop[topk > 1], accepted, rejected)
+            if topk > 1 and chain >= 0:
+                _decay_add(self._pop[2], chain, 1.0 if chain < k else 0.0)
+            elif topk > 1:
                 _age(req)
-            pop = self._pop[topk > 1]
-            pop[0] = POPULATION_DECAY * pop[0] + accepted
-            pop[1] = POPULATION_DECAY * pop[1] + accepted + rejected
+            if topk == 1 or chain >= 0:
+                a = accepted if topk == 1 else chain
+                r = rejected if topk == 1 else 1.0 if chain < k else 0.0
+                req.spec_alpha_num = ALPHA_DECAY * req.spec_alpha_num + a
+                req.spec_alpha_den = ALPHA_DECAY * req.spec_alpha_den + a + r
+                if topk > 1:
+                    _decay_add(self._pop[0], a, r)
         if k:
             self.stats["tree_steps" if topk > 1 else "chain_steps"] += 1
             self.stats["proposed"] += proposed
@@ -399,6 +410,12 @@ class SpecWorker:
 # evidence (on the H200, 73 of 721 steps at c = 1 were such plain steps).
 ALPHA_DECAY = 0.9
 POPULATION_DECAY = 0.99  # the same evidence over all requests, per request-step
+
+
+def _decay_add(pop: list[float], accepted: float, rejected: float) -> None:
+    """Population evidence [accepted, accepted + rejections], EMA per request-step."""
+    pop[0] = POPULATION_DECAY * pop[0] + accepted
+    pop[1] = POPULATION_DECAY * pop[1] + accepted + rejected
 
 
 def _age(req: Request) -> None:
@@ -448,8 +465,11 @@ def node_valid(flat: torch.Tensor, k: torch.Tensor, depths: torch.Tensor) -> tor
 
 
 def pack(res: VerifyResult) -> torch.Tensor:
-    """-> [B, 2 * D + 3]: accepted count, path [D + 1], tokens [D + 1] (one host copy)."""
-    return torch.cat([res.num_accepted[:, None], res.path, res.tokens], 1)
+    """-> [B, 2 * D + 4]: accepted count, path [D + 1], tokens [D + 1], what the top-1
+    chain alone would have accepted (-1: not computed) (one host copy)."""
+    chain = res.chain_accepted if res.chain_accepted is not None \
+        else torch.full_like(res.num_accepted, -1)
+    return torch.cat([res.num_accepted[:, None], res.path, res.tokens, chain[:, None]], 1)
 
 
 def record_paths(req_to_token: torch.Tensor, rows: torch.Tensor, prefix: torch.Tensor,

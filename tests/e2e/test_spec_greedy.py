@@ -94,6 +94,9 @@ def test_random_policy_flips_k_and_stays_exact(make_llm, tiny_llama_dir, draft_d
     assert len([k for k in ks if k > 0]) >= 2 and ks.get(0, 0) > 0  # K really varied
     if variant.endswith("-tree"):  # a tree engine's steps verify chains or trees, step by step
         assert stats["tree_steps"] > 0 and stats["chain_steps"] > 0
+        # tree steps are tree evidence and, from their top-1 chains, paired chain evidence
+        tree_num, tree_den, chain_num, chain_den = llm.engine.spec.tree_population()
+        assert tree_den > 0 and 0 < chain_den and chain_num <= tree_num + 1e-9
     else:
         assert stats["tree_steps"] == 0
 

@@ -97,33 +97,46 @@ def test_tree_gain_starts_at_one_and_follows_the_populations_tree_evidence():
     assert s[MAX_K + 1][0] < s[MAX_K][0]
 
 
-def simulate(cost: CostModel, actual: dict, true: dict, steps: int, **kw) -> list[int]:
+def simulate(cost: CostModel, actual: dict, true, steps: int, paired: bool = False,
+             **kw) -> list[int]:
     """Goodput at batch 1 for `steps` steps: each step observed at actual[gear], its
-    acceptance evidence (expected values at true[topk]) recorded as SpecWorker._account
-    would -> the gear of every step."""
+    acceptance evidence (expected values at true[topk], or true(step)[topk]) recorded as
+    SpecWorker._account would -> the gear of every step. `paired`: tree steps also bring
+    what their top-1 chain accepted (true[1]), as the request's chain evidence and as the
+    population's paired chain evidence; else they age the request's chain evidence."""
     pol = GoodputPolicy(cost, MAX_K, **kw)
     rs = reqs(1)
-    pop = {1: [0.0, 0.0], WIDTH: [0.0, 0.0]}
+    pop = {1: [0.0, 0.0], WIDTH: [0.0, 0.0], "pair": [0.0, 0.0]}
     gears = []
-    for _ in range(steps):
-        v = PolicyView(rs, 0, MAX_K, tuple(pop[1]), WIDTH, tuple(pop[WIDTH]))
+
+    def evidence(a, k):  # expected accepted drafts, accepted + a rejection, of one step
+        acc = sum(a ** d for d in range(1, k + 1))
+        return acc, acc + 1 - a ** k
+
+    def add(p, acc, n, decay=0.99):
+        p[0], p[1] = decay * p[0] + acc, decay * p[1] + n
+
+    for i in range(steps):
+        tree_pop = (*pop[WIDTH], *pop["pair"]) if paired else tuple(pop[WIDTH])
+        v = PolicyView(rs, 0, MAX_K, tuple(pop[1]), WIDTH, tree_pop)
         k = pol.plan(v)[0]
         topk = pol.step_topk(v)
         gear = MAX_K + 1 if k and topk > 1 else k
         gears.append(gear)
         pol.observe(gear, 1, 0, actual[gear])
-        if k:  # expected evidence of one step: accepted drafts, accepted + a rejection
-            a = true[topk]
-            acc = sum(a ** d for d in range(1, k + 1))
-            rej = 1 - a ** k
+        if k:
+            a = true(i) if callable(true) else true
             r = rs[0]
-            if topk == 1:
-                r.spec_alpha_num, r.spec_alpha_den = 0.9 * r.spec_alpha_num + acc, \
-                    0.9 * r.spec_alpha_den + acc + rej
+            own = [r.spec_alpha_num, r.spec_alpha_den]
+            add(pop[topk], *evidence(a[topk], k))
+            if topk == 1 or paired:  # the chain's evidence (a tree's top-1 chain)
+                add(own, *evidence(a[1], k), decay=0.9)
+                if topk > 1:
+                    add(pop["pair"], *evidence(a[1], k))
+                    add(pop[1], *evidence(a[1], k))
             else:  # tree steps age the request's chain evidence
-                r.spec_alpha_num, r.spec_alpha_den = 0.9 * r.spec_alpha_num, 0.9 * r.spec_alpha_den
-            p = pop[topk]
-            p[0], p[1] = 0.99 * p[0] + acc, 0.99 * p[1] + acc + rej
+                own = [0.9 * own[0], 0.9 * own[1]]
+            r.spec_alpha_num, r.spec_alpha_den = own
     return gears
 
 
@@ -131,13 +144,20 @@ def test_goodput_finds_the_tree_by_exploring_it():
     """From a cold start (no tree evidence: the tree is priced like the chain and costs
     more) goodput tries the tree as the chain's unmeasured neighbour, learns that it accepts
     more, and moves to it."""
+    for paired in (False, True):  # tree steps bring their top-1 chain's evidence, or not
+        cost = costs()
+        cost.base[MAX_K + 1][0][1] = 4.2
+        actual = {g: cost.predict(g, 1, 0) for g in range(MAX_K + 2)}
+        gears = simulate(cost, actual, {1: 0.7, WIDTH: 0.88}, 300, paired=paired)
+        assert gears[0] == MAX_K  # cold: the chain
+        assert MAX_K + 1 in gears[:20]  # the tree is tried early
+        assert gears[-100:].count(MAX_K + 1) >= 95  # and kept (probes aside): no flapping
+    # paired, with a tree that accepts no more than its own top-1 chain: the chain wins
     cost = costs()
     cost.base[MAX_K + 1][0][1] = 4.2
     actual = {g: cost.predict(g, 1, 0) for g in range(MAX_K + 2)}
-    gears = simulate(cost, actual, {1: 0.7, WIDTH: 0.88}, 300)
-    assert gears[0] == MAX_K  # cold: the chain
-    assert MAX_K + 1 in gears[:20]  # the tree is tried early
-    assert gears[-100:].count(MAX_K + 1) >= 95  # and kept (probes aside): no flapping
+    gears = simulate(cost, actual, {1: 0.7, WIDTH: 0.7}, 300, paired=True)
+    assert gears[-100:].count(MAX_K) >= 90
 
 
 def test_a_tree_the_warm_up_overpriced_is_still_found_when_it_is_better():
@@ -179,3 +199,16 @@ def test_a_chain_the_warm_up_overpriced_is_still_measured():
     # with the measured neighbours' gate for it too, K = 3 is never tried
     gears = simulate(_chains_priced(warm), actual, true, 300, fresh_ratio=0.8)
     assert gears.count(3) <= 3 and gears[-100:].count(4) >= 90
+
+
+def test_paired_tree_gain_follows_the_same_steps_top_1_chains():
+    """With what the tree steps' own top-1 chains accepted, the gain compares both shapes on
+    the same text: the request's (stale) chain evidence does not enter it."""
+    pol = GoodputPolicy(costs(), MAX_K)
+    paired = PolicyView(reqs(1), 0, MAX_K, None, WIDTH, (8.5e4, 1e5, 7e4, 1e5))
+    want = (expected_tokens(0.85, MAX_K) - 1) / (expected_tokens(0.7, MAX_K) - 1)
+    for chain_prior in (0.4, 0.7, 0.9):
+        assert pol.tree_gain(paired, chain_prior) == pytest.approx(want, rel=2e-3)
+    no_evidence = PolicyView(reqs(1), 0, MAX_K, None, WIDTH, (0.0, 0.0, 0.0, 0.0))
+    assert pol.tree_gain(no_evidence, 0.6) == pytest.approx(1.0)
+

@@ -163,6 +163,27 @@ def test_greedy_tree_follows_matching_child_at_each_depth():
     assert res.tokens.tolist() == [[2, 6, 7]] * 2
 
 
+def test_greedy_tree_reports_what_its_top_1_chain_alone_accepts():
+    """chain_accepted: the walk through each node's FIRST child (the draft's argmax) only,
+    paired evidence for goodput's tree gain. Row 0: the target picks b (second child):
+    the tree accepts 2, its top-1 chain root -> a none. Row 1: the target picks a, then
+    c: both accept 2. Row 2: a, then d (second child of a): tree 2, top-1 chain 1."""
+    tree, logits = _branching_tree(3)
+    logits[1:] = 0.0
+    logits[1:, 0, 1] = 5.0  # after the root: a
+    logits[1, 1, 3] = 5.0  # row 1, after a: c
+    logits[2, 1, 4] = 5.0  # row 2, after a: d
+    res = verify(tree, torch.ones(3, 7, dtype=torch.bool), logits,
+                 sampling_batch(3, temp=0.0), 2, 2)
+    assert res.num_accepted.tolist() == [2, 2, 2]
+    assert res.chain_accepted.tolist() == [0, 2, 1]
+    # a chain is its own top-1 chain
+    chain = chain_tree(torch.full((2,), 5), torch.tensor([[1, 3], [1, 3]]))
+    res = verify(chain, torch.ones(2, 3, dtype=torch.bool), logits[1:, [0, 1, 3]],
+                 sampling_batch(2, temp=0.0), 2, 1)
+    assert res.num_accepted.tolist() == res.chain_accepted.tolist() == [2, 1]
+
+
 def test_invalid_nodes_are_never_accepted_greedy():
     tree, logits = _branching_tree(3)
     valid = torch.ones(3, 7, dtype=torch.bool)
