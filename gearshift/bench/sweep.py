@@ -30,8 +30,11 @@ from tqdm.auto import tqdm
 
 from gearshift.engine.gc_control import GcPauses, freeze_heap
 from gearshift.request import SamplingParams
+from gearshift.runner.jit_log import triton_compiles
 
 log = logging.getLogger("gearshift.bench")
+
+SLOWEST = 5  # longest steps kept per run
 
 CHAIN_POLICIES = ("goodput", "off", "always-2", "always-4", "threshold", "threshold-vllm")
 
@@ -84,11 +87,15 @@ def policy_object(name: str, engine, k_max: int):
 
 
 def warm_up(engine, prompts: list[list[int]], concurrency: int, steps: int = 12) -> None:
-    """Untimed: c short requests, so graphs this policy needs at this concurrency (VERIFY /
-    DRAFT shapes are captured on first use) exist before the timed run, for every policy."""
+    """Untimed: a short closed loop like the timed run's, so what this policy meets at this
+    concurrency first (VERIFY / DRAFT graphs captured on first use, kernels specialised for
+    new sizes) happens before the timed run, for every policy: c requests and a quarter
+    more, of staggered lengths, so later ones are admitted into mixed steps beside
+    decoding ones, as in the timed run."""
     engine.scheduler.max_num_seqs = concurrency
-    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(prompts[:concurrency]):
+    n = min(len(prompts), concurrency + max(1, concurrency // 4))
+    for i, p in enumerate(prompts[:n]):
+        params = SamplingParams(max_tokens=steps - 4 + i % 8, temperature=0.0, ignore_eos=True)
         engine.add_request(f"w{i}", p, params)
     while engine.has_unfinished_requests():
         engine.step()
@@ -109,12 +116,17 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     for i, p in enumerate(prompts):
         engine.add_request(f"s{i}", p, params)
     periods: dict[str, list[float]] = {}  # step mode -> ms from the previous step's return
-    with GcPauses() as pauses:
+    slowest: list[list] = []  # [ms, mode, batch size, tokens] of the longest steps
+    with GcPauses() as pauses, triton_compiles() as compiles:
         t0 = prev = time.perf_counter()
         while engine.has_unfinished_requests():
             outs = engine.step()
             now = time.perf_counter()
-            periods.setdefault(engine.last_step.get("mode", "none"), []).append((now - prev) * 1e3)
+            step = engine.last_step
+            periods.setdefault(step.get("mode", "none"), []).append((now - prev) * 1e3)
+            slowest = sorted([*slowest, [round((now - prev) * 1e3, 2), step.get("mode"),
+                                         step.get("batch_size"), step.get("num_tokens")]],
+                             reverse=True)[:SLOWEST]
             prev = now
             for o in outs:
                 first.setdefault(o.request_id, now)
@@ -144,6 +156,10 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             "cost_model_ratio": _prediction_ratio(engine.scheduler.policy, predicted),
             "step_ms_median_by_mode": {m: statistics.median(v) for m, v in periods.items()},
             "graphs_captured": engine._num_graphs() - graphs_before,
+            # one-off costs inside the timed run: Triton compiles (None: not observable), and
+            # the longest steps (a stall shows as a step far above its mode's median)
+            "triton_compiles": list(compiles) if compiles.available else None,
+            "slowest_steps": slowest,
             # which shapes a timed run captured (none, once the warm-ups cover what it meets)
             "graph_keys_captured": [[str(x) for x in k] for k in _graph_keys(engine)
                                     if k not in keys_before],
@@ -190,6 +206,8 @@ def merge_passes(parts: list[dict]) -> dict:
                              for m in sorted(modes)}
     out["cost_model_ratio"] = [p.get("cost_model_ratio", {}) for p in parts]  # one per pass
     out["graph_keys_captured"] = [k for p in parts for k in p.get("graph_keys_captured", [])]
+    out["triton_compiles"] = [p.get("triton_compiles") for p in parts]  # one list per pass
+    out["slowest_steps"] = [p.get("slowest_steps", []) for p in parts]
     out["step_ms_median_by_mode"] = {m: [p["step_ms_median_by_mode"][m] for p in parts
                                          if m in p["step_ms_median_by_mode"]]
                                      for m in sorted(modes)}  # one median per pass

@@ -31,6 +31,12 @@ def test_sweep_cli_writes_every_point(tmp_path):
         assert all(p["output_tok_per_s"] > 0 and len(p["pass_tok_per_s"]) == 2 for p in pts)
         assert all(len(p["gc_collections"]) == 3 and p["gc_ms"] >= 0 for p in pts)
         assert all(p["graph_keys_captured"] == [] for p in pts)  # CPU: no graphs
+        for p in pts:  # per pass: the longest steps, longest first; compiles (none on CPU)
+            assert len(p["slowest_steps"]) == 2 and all(len(s) <= 5 for s in p["slowest_steps"])
+            for s in p["slowest_steps"]:
+                assert [x[0] for x in s] == sorted((x[0] for x in s), reverse=True)
+                assert all(x[1] in ("decode", "extend", "verify") and x[2] >= 1 for x in s)
+            assert all(c in (None, []) for c in p["triton_compiles"])
         for p in pts:  # the point's time by step mode adds up to (about) its elapsed time
             assert sum(p["step_s_by_mode"].values()) == pytest.approx(p["elapsed_s"], rel=0.05)
             assert all(len(v) >= 1 for v in p["step_ms_median_by_mode"].values())
