@@ -25,6 +25,9 @@ from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
 from gearshift.scheduler.plan import StepPlan
 
 
+ALIGN_BYTES = 16  # staged parts start at multiples of this (Triton's pointer specialisation)
+
+
 class Stager:
     """Collects host lists, moves them to the device in one copy per dtype."""
 
@@ -41,18 +44,27 @@ class Stager:
         self.floats.append((name, values))
 
     def _move(self, items, code: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """One copy; every part starts 16-byte aligned. Triton specialises a kernel on
+        whether each pointer is 16-byte aligned, so parts at offsets that depend on the
+        lengths before them made kernels (rope, the sampler) compile again in the middle
+        of a run whenever a batch's lengths flipped an alignment (H200, session 7)."""
         if not items:
             return {}
+        per = ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size()
         flat = array(code)
+        sizes = []
         for _, vals in items:
             flat.extend(vals)
+            pad = -len(vals) % per
+            flat.extend([0] * pad)
+            sizes.append(len(vals) + pad)
         # array.array converts a list in one C loop; torch.tensor(list) is ~10x slower
         t = torch.frombuffer(flat, dtype=dtype) if len(flat) else torch.empty(0, dtype=dtype)
         if self.pin:
             t = t.pin_memory()
         t = t.to(self.device, non_blocking=True)
-        parts = t.split([len(v) for _, v in items])
-        return {name: part for (name, _), part in zip(items, parts)}
+        parts = t.split(sizes)
+        return {name: part[: len(v)] for (name, v), part in zip(items, parts)}
 
     def to_device(self) -> dict[str, torch.Tensor]:
         out = self._move(self.ints, "q", torch.int64)

@@ -7,7 +7,7 @@ token, stored by slot.
                          slots (one small GEMM + scatter; a draft forward per plain step cost
                          5-6% of a decode step on the H200); the draft itself falls behind
     VERIFY step:         catch_up first: requests about to speculate extend the draft over
-                         their backlog (graphed when it fits K + 1 tokens, else eager chunks),
+                         their backlog (graphed, K + 1 wide, when it fits, else eager chunks),
                          then after verification the draft extends over the accepted tokens
                          (+ bonus) of the requests it is current for (padded to K + 1: a graph)
 
@@ -127,12 +127,16 @@ class DraftFollower:
             req.draft_rows = p + n
 
     def _graph_width(self, prefix: list[int], extend: list[int]) -> int | None:
-        """Tokens per request of a graphed draft-extend: 1 when every request decodes, K+1
-        after a VERIFY step (accepted drafts + bonus, padded); None: run eagerly (prefill
-        chunks, no graphs, or padding would run past the RoPE table)."""
+        """Tokens per request of a graphed draft-extend: always K+1 (accepted drafts +
+        bonus after a VERIFY step, or a catch-up's backlog, padded); None: run eagerly
+        (more rows, prefill chunks, no graphs, or padding would run past the RoPE table).
+        One width, not 1 and K+1: a VERIFY step where every request rejected its first
+        draft extends 1 token each, a shape the warm-up may not have met at that batch
+        size (H200, session 7: captured inside timed runs at batch 4 and 32); the padding
+        costs the one-layer draft a few more tokens."""
         if not (self.proposer.graph_extend and self.runner.shape_graphs is not None):
             return None
-        width = 1 if max(extend) == 1 else self.max_k + 1
+        width = self.max_k + 1
         if max(extend) > width or max(prefix) + width > self.runner.max_positions:
             return None
         return width

@@ -191,3 +191,19 @@ def test_verify_step_cost_includes_its_planning(make_llm, tiny_llama_dir):
                  SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     verify_ms = [ms for k, ms in seen if k]
     assert verify_ms and min(verify_ms) >= 50.0
+
+
+def test_graphed_draft_extends_have_one_width(make_llm, tiny_llama_dir, tmp_path):
+    """Every graphed draft-extend is K + 1 tokens wide: after VERIFY steps (whatever was
+    accepted, a rejected first draft included), and in catch-ups after plain steps. A
+    1-wide family met first in the middle of a run captured graphs there (H200)."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=3, spec_policy="random")  # random drafts: rejections
+    graphs = install(llm)
+    prompts = random_prompts([5, 17, 3, 30, 9], seed=3)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts, params)
+    widths = {k[2] for k in graphs.keys if k[0] == "draft_extend"}
+    assert widths == {4}
+    assert llm.spec_stats()["steps_by_k"].get(0, 0) > 0  # catch-ups after plain steps ran
