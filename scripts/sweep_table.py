@@ -1,6 +1,7 @@
 """Markdown table and issue-4 verdicts from a `gearshift bench sweep` JSON: output tok/s
-(acceptance) per policy and concurrency, goodput / best other per point, geometric means,
-goodput's K mix; optionally the sweep's PNG (`--png`).
+(acceptance) per policy and concurrency, goodput / best other per point, geometric means
+(of policies measured at every c), goodput's K mix; optionally the sweep's PNG (`--png`).
+A `--focus` run (not every policy at every c) shows "-" where a policy did not run.
 
 Usage: python scripts/sweep_table.py sweep.json [--png sweep.png]
 """
@@ -20,12 +21,14 @@ def main() -> None:
     res = json.load(open(args.json))["results"]
     pols = list(res)
     others = [q for q in pols if q != "goodput"]
-    concs = [pt["concurrency"] for pt in res[pols[0]]]
+    # a --focus run has not every policy at every c: points are matched by concurrency
+    at = {q: {pt["concurrency"]: pt for pt in res[q]} for q in pols}
+    concs = sorted({c for q in pols for c in at[q]})
     print("| c | " + " | ".join(pols) + " | best other | goodput / best | goodput K mix |")
     print("|---:|" + "---:|" * len(pols) + "---|---:|---|")
     ratios = []
-    for i, c in enumerate(concs):
-        row = {q: res[q][i] for q in pols if i < len(res[q])}
+    for c in concs:
+        row = {q: at[q][c] for q in pols if c in at[q]}
         cells = []
         for q in pols:
             pt = row.get(q)
@@ -52,10 +55,10 @@ def main() -> None:
               + ", ".join(f"{q} {r:.3f}" for q, r in beats.items()))
         print(f"goodput >= 0.97 x best at every c: {all(r >= 0.97 for r in ratios if r)}; "
               f"min {min(r for r in ratios if r):.3f}")
-        off = res.get("off")
-        if off:
-            print(f"goodput / off at c = {concs[0]}: "
-                  f"{res['goodput'][0]['output_tok_per_s'] / off[0]['output_tok_per_s']:.2f}")
+        c0 = concs[0]
+        if c0 in at.get("off", {}) and c0 in at["goodput"]:
+            print(f"goodput / off at c = {c0}: "
+                  f"{at['goodput'][c0]['output_tok_per_s'] / at['off'][c0]['output_tok_per_s']:.2f}")
     if args.png:
         from gearshift.bench.sweep import plot
 

@@ -116,6 +116,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     for i, p in enumerate(prompts):
         engine.add_request(f"s{i}", p, params)
     periods: dict[str, list[float]] = {}  # step mode -> ms from the previous step's return
+    device: dict[str, list[float]] = {}  # step mode -> device ms (CUDA events; none on CPU)
     slowest: list[list] = []  # [ms, mode, batch size, tokens] of the longest steps
     with GcPauses() as pauses, triton_compiles() as compiles:
         t0 = prev = time.perf_counter()
@@ -124,6 +125,8 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             now = time.perf_counter()
             step = engine.last_step
             periods.setdefault(step.get("mode", "none"), []).append((now - prev) * 1e3)
+            if step.get("device_ms"):  # VERIFY: the target forward's; plain: one step late
+                device.setdefault(step.get("mode", "none"), []).append(step["device_ms"])
             slowest = sorted([*slowest, [round((now - prev) * 1e3, 2), step.get("mode"),
                                          step.get("batch_size"), step.get("num_tokens")]],
                              reverse=True)[:SLOWEST]
@@ -140,6 +143,8 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     steps_by_k = {int(k.split(".")[1]): v - before.get(k, 0) for k, v in stats.items()
                   if k.startswith("steps_by_k.") and v > before.get(k, 0)}  # request-steps
     tree_steps = stats.get("tree_steps", 0) - before.get("tree_steps", 0)  # of which trees
+    tree_acc, top1_acc = (stats.get(k, 0) - before.get(k, 0)
+                          for k in ("tree_accepted", "tree_top1_accepted"))
     return {"concurrency": concurrency, "requests": len(prompts),
             "output_tokens": sum(count.values()),
             "output_tok_per_s": sum(count.values()) / elapsed,
@@ -148,6 +153,9 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             "proposed": proposed, "accepted": accepted, "elapsed_s": elapsed,
             "request_steps_by_k": dict(sorted(steps_by_k.items())),
             "request_steps_tree": tree_steps,
+            # on tree request-steps: drafts accepted, and what their top-1 chains alone
+            # accepted (tokens per step 1 + x / request_steps_tree: the trees' real gain)
+            "tree_accepted": tree_acc, "tree_top1_accepted": top1_acc,
             "gear_switches": getattr(engine.scheduler.policy, "switches", 0) - switches,
             # where the point's time went, by step mode (host work included): total seconds
             # and median step period, e.g. goodput's VERIFY steps against always-4's
@@ -155,6 +163,8 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             # goodput: measured / predicted step time of the steps it observed, by mode
             "cost_model_ratio": _prediction_ratio(engine.scheduler.policy, predicted),
             "step_ms_median_by_mode": {m: statistics.median(v) for m, v in periods.items()},
+            # the same steps' device time: wall varying where this does not is host time
+            "device_ms_median_by_mode": {m: statistics.median(v) for m, v in device.items()},
             "graphs_captured": engine._num_graphs() - graphs_before,
             # one-off costs inside the timed run: Triton compiles (None: not observable), and
             # the longest steps (a stall shows as a step far above its mode's median)
@@ -189,7 +199,7 @@ def merge_passes(parts: list[dict]) -> dict:
     out = {"concurrency": parts[0]["concurrency"]}
     for key in ("requests", "output_tokens", "elapsed_s", "proposed", "accepted", "gc_ms",
                 "graphs_captured", "decode_steps", "verify_steps", "extend_steps",
-                "request_steps_tree", "gear_switches"):
+                "request_steps_tree", "tree_accepted", "tree_top1_accepted", "gear_switches"):
         out[key] = sum(p[key] for p in parts)
     out["output_tok_per_s"] = out["output_tokens"] / out["elapsed_s"]
     out["pass_tok_per_s"] = [round(p["output_tok_per_s"], 1) for p in parts]
@@ -211,6 +221,10 @@ def merge_passes(parts: list[dict]) -> dict:
     out["step_ms_median_by_mode"] = {m: [p["step_ms_median_by_mode"][m] for p in parts
                                          if m in p["step_ms_median_by_mode"]]
                                      for m in sorted(modes)}  # one median per pass
+    out["device_ms_median_by_mode"] = {  # one median per pass, as step_ms_median_by_mode
+        m: [p["device_ms_median_by_mode"][m] for p in parts
+            if m in p.get("device_ms_median_by_mode", {})]
+        for m in sorted({m for p in parts for m in p.get("device_ms_median_by_mode", {})})}
     out["gc_collections"] = [sum(g) for g in zip(*(p["gc_collections"] for p in parts))]
     return out
 
@@ -220,14 +234,16 @@ def per_pass(c: int, args) -> int:
     return max(-(-c * args.rounds // args.passes), -(-args.min_requests // args.passes))
 
 
-def sweep(engine, policies: dict, prompts: list[list[int]], args, bar, done=None) -> dict:
-    """-> {policy name: [point per concurrency]}; `policies` maps names to policy objects,
-    which keep their state (goodput's learned costs) from point to point, as when serving."""
+def sweep(engine, policies: dict, prompts: list[list[int]], args, bar, done=None,
+          subsets: dict[int, list[str]] | None = None) -> dict:
+    """-> {policy name: [point per concurrency it ran]}; `policies` maps names to policy
+    objects, which keep their state (goodput's learned costs) from point to point, as when
+    serving. `subsets`: the policies to run at each c (--focus; default: all)."""
     results: dict[str, list[dict]] = {name: [] for name in policies}
-    names = list(policies)
     for j, c in enumerate(args.concurrency):
+        names = subsets[c] if subsets else list(policies)
         n = per_pass(c, args)
-        parts: dict[str, list[dict]] = {name: [] for name in policies}
+        parts: dict[str, list[dict]] = {name: [] for name in names}
         # the policy that starts a concurrency meets its one-off costs first (a kernel
         # specialised for a new shape, an allocation): rotate which one that is
         first = names[j % len(names):] + names[:j % len(names)]
@@ -238,7 +254,7 @@ def sweep(engine, policies: dict, prompts: list[list[int]], args, bar, done=None
                 parts[name].append(run_point(engine, prompts[i * n:(i + 1) * n], c,
                                              args.output_len))
                 bar.update(1 / args.passes)
-        for name in policies:
+        for name in names:
             results[name].append(merge_passes(parts[name]))
         if done is not None:
             done(results)  # partial results survive a time limit
@@ -269,6 +285,7 @@ def plot(results: dict, path: str) -> None:
 def run(args) -> int:
     from gearshift import LLM
     from gearshift.bench.offline import environment
+    from gearshift.bench.sweep_focus import focus_subsets
     from gearshift.cli import engine_kwargs
 
     kw = engine_kwargs(args)
@@ -282,14 +299,17 @@ def run(args) -> int:
     eng = llm.engine
     extra = {"warmup_s": _warm_up(eng), "warmup_costs_ms": eng.spec.measured_costs}
     names = [n for n in args.policies if n != "tree" or tree_kw]
-    bar = tqdm(total=len(names) * len(concs), desc="sweep")
+    label = {"tree": f"tree-{args.tree_topk}x4-{args.tree_tokens}"}
+    labels = [label.get(n, n) for n in names]
+    subsets = focus_subsets(args.focus, args.focus_top, concs, labels) if args.focus else None
+    bar = tqdm(total=sum(len(subsets[c]) for c in concs) if subsets else len(names) * len(concs),
+               desc="sweep")
     most = args.passes * max(per_pass(c, args) for c in concs)
     prompts = make_prompts(llm.tokenizer, eng.model_config.vocab_size, most, args.input_len,
                            args.seed)
-    env = environment(llm) | extra
-    label = {"tree": f"tree-{args.tree_topk}x4-{args.tree_tokens}"}
+    env = environment(llm) | extra | ({"focus": subsets} if subsets else {})
     results = sweep(eng, {label.get(n, n): policy_object(n, eng, 4) for n in names}, prompts,
-                    args, bar, done=lambda r: _save(args, r, env))
+                    args, bar, done=lambda r: _save(args, r, env), subsets=subsets)
     bar.close()
     for pts in results.values():
         for p in pts:
@@ -325,13 +345,14 @@ def _print(results: dict) -> None:
 
     t = Table(title="output tok/s by concurrency (acceptance)")
     t.add_column("policy")
-    concs = [p["concurrency"] for p in next(iter(results.values()))]
+    concs = sorted({p["concurrency"] for pts in results.values() for p in pts})
     for c in concs:
         t.add_column(str(c), justify="right")
     for name, pts in results.items():
-        t.add_row(name, *[f"{p['output_tok_per_s']:.0f}" + (
-            f" ({p['acceptance_rate']:.2f})" if p["acceptance_rate"] is not None else "")
-            for p in pts])
+        at = {p["concurrency"]: p for p in pts}  # --focus: not every policy at every c
+        t.add_row(name, *[f"{at[c]['output_tok_per_s']:.0f}" + (
+            f" ({at[c]['acceptance_rate']:.2f})" if at[c]["acceptance_rate"] is not None
+            else "") if c in at else "-" for c in concs])
     Console().print(t)
 
 
@@ -345,6 +366,24 @@ def _policy_list(text: str) -> list[str]:
             f"unknown policy {', '.join(unknown) or '(none)'}; choose from "
             + ", ".join([*CHAIN_POLICIES, "tree"]))
     return names
+
+
+def _sweep_files(text: str) -> list[str]:
+    """--focus: comma-separated sweep JSONs, each readable with a "results" object."""
+    import argparse
+
+    paths = [x for x in text.split(",") if x]
+    for path in paths:
+        try:
+            with open(path) as f:
+                ok = isinstance(json.load(f).get("results"), dict)
+        except (OSError, ValueError, AttributeError) as e:
+            raise argparse.ArgumentTypeError(f"cannot read sweep JSON {path}: {e}") from None
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{path} is not a sweep JSON (no \"results\")")
+    if not paths:
+        raise argparse.ArgumentTypeError("expected at least one sweep JSON")
+    return paths
 
 
 def _at_least_one(text: str) -> int:
@@ -379,5 +418,10 @@ def add_args(p) -> None:
     p.add_argument("--tree-topk", type=int, default=4,
                    help="tree width of the engine (depth 4); 1 = chains only (no `tree` policy)")
     p.add_argument("--tree-tokens", type=int, default=16, help="nodes per draft tree")
+    p.add_argument("--focus", type=_sweep_files, default=None,
+                   help="earlier sweep JSON(s): at each c run goodput and only the "
+                        "--focus-top policies closest to the best there (a confirmation run)")
+    p.add_argument("--focus-top", type=_at_least_one, default=2,
+                   help="other policies kept per concurrency with --focus")
     p.add_argument("--output-json", default="bench_sweep.json")
     p.add_argument("--output-png", default="bench_sweep.png")

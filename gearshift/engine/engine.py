@@ -287,6 +287,10 @@ class Engine:
             "steps_by_k": {int(k.split(".")[1]): v for k, v in s.items() if k.startswith("steps_by_k.")},
             # request-steps that verified chains / draft trees (the plan's tree width)
             "chain_steps": s["chain_steps"], "tree_steps": s["tree_steps"],
+            # drafts accepted on tree request-steps, and what their top-1 chains (the
+            # draft's argmax path, what a chain step would have proposed) alone accepted
+            # there: the measured gain of trees over chains on the same text
+            "tree_accepted": s["tree_accepted"], "tree_top1_accepted": s["tree_top1_accepted"],
             "proposed": proposed, "accepted": accepted,
             "acceptance_rate": accepted / proposed if proposed else 0.0,
             "accept_len_hist": {int(k.split(".")[1]): v for k, v in s.items()

@@ -24,7 +24,6 @@ from gearshift.runner.sampler import SamplingBatch
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
 from gearshift.scheduler.plan import StepPlan
 
-
 ALIGN_BYTES = 16  # staged parts start at multiples of this (Triton's pointer specialisation)
 
 

@@ -70,7 +70,9 @@ class SpecWorker:
         self.capture = self.proposer.aux_layers if self.proposer.needs_features else ()
         self.draft_frac = self.proposer.cost_fraction(runner.model)  # a draft step / target step
         self.split_k_verify_below = 64  # (requests x kv heads) under which chains use split-K
-        self.stats = Counter()  # steps_by_k.*, tree_steps, proposed, accepted, accept_len.*
+        # steps_by_k.*, chain_steps, tree_steps, proposed, accepted, tree_accepted,
+        # tree_top1_accepted, accept_len.*
+        self.stats = Counter()
         # acceptance evidence over all requests (EMA): [chains, trees, the top-1 chains of
         # those trees (same steps)]
         self._pop = [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
@@ -398,6 +400,9 @@ class SpecWorker:
             self.stats["tree_steps" if topk > 1 else "chain_steps"] += 1
             self.stats["proposed"] += proposed
             self.stats["accepted"] += accepted
+            if topk > 1:  # per shape, and what the trees' top-1 chains alone accepted
+                self.stats["tree_accepted"] += accepted
+                self.stats["tree_top1_accepted"] += max(chain, 0)
             self.stats[f"accept_len.{accepted}"] += 1
             req.spec_proposed += proposed
             req.spec_accepted += accepted

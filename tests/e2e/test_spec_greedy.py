@@ -97,6 +97,7 @@ def test_random_policy_flips_k_and_stays_exact(make_llm, tiny_llama_dir, draft_d
         # tree steps are tree evidence and, from their top-1 chains, paired chain evidence
         tree_num, tree_den, chain_num, chain_den = llm.engine.spec.tree_population()
         assert tree_den > 0 and 0 < chain_den and chain_num <= tree_num + 1e-9
+        assert 0 <= stats["tree_top1_accepted"] <= stats["tree_accepted"] <= stats["accepted"]
     else:
         assert stats["tree_steps"] == 0
 

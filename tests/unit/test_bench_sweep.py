@@ -31,6 +31,7 @@ def test_sweep_cli_writes_every_point(tmp_path):
         assert all(p["output_tok_per_s"] > 0 and len(p["pass_tok_per_s"]) == 2 for p in pts)
         assert all(len(p["gc_collections"]) == 3 and p["gc_ms"] >= 0 for p in pts)
         assert all(p["graph_keys_captured"] == [] for p in pts)  # CPU: no graphs
+        assert all(p["device_ms_median_by_mode"] == {} for p in pts)  # CPU: no CUDA events
         for p in pts:  # per pass: the longest steps, longest first; compiles (none on CPU)
             assert len(p["slowest_steps"]) == 2 and all(len(s) <= 5 for s in p["slowest_steps"])
             for s in p["slowest_steps"]:
@@ -54,6 +55,7 @@ def test_sweep_cli_writes_every_point(tmp_path):
         # one tree-capable engine: chain policies verify chains, `tree` verifies trees
         if name.startswith("tree"):
             assert all(p["request_steps_tree"] > 0 for p in pts)
+            assert all(0 <= p["tree_top1_accepted"] <= p["tree_accepted"] for p in pts)
         elif name != "goodput":
             assert all(p["request_steps_tree"] == 0 for p in pts)
 
@@ -89,7 +91,9 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
                 "output_tok_per_s": 5.0, "elapsed_s": 2.0 * len(prompts), "tpot_ms": tpot,
                 "proposed": 4, "accepted": 1, "graphs_captured": 0, "decode_steps": 1,
                 "verify_steps": 2, "extend_steps": 3, "request_steps_by_k": {2: 1},
-                "request_steps_tree": 1, "gear_switches": 0,
+                "request_steps_tree": 1, "tree_accepted": 3, "tree_top1_accepted": 2,
+                "device_ms_median_by_mode": {"verify": 2.0 + c},
+                "gear_switches": 0,
                 "graph_keys_captured": [["verify", str(c), "5"]] if c == 4 else [],
                 "gc_collections": [1, 0, 0], "gc_ms": 0.5}
 
@@ -109,4 +113,61 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
     assert point["acceptance_rate"] == 0.25 and point["request_steps_by_k"] == {2: 2}
     assert point["gc_collections"] == [2, 0, 0] and point["verify_steps"] == 4
     assert point["graph_keys_captured"] == [["verify", "4", "5"]] * 2  # both passes'
+    assert (point["tree_accepted"], point["tree_top1_accepted"]) == (6, 4)
+    assert point["device_ms_median_by_mode"] == {"verify": [6.0, 6.0]}  # one per pass
     assert res["b"][0]["graph_keys_captured"] == []
+
+
+def _prior(path, table: dict) -> str:
+    """A sweep JSON with {policy: {c: tok/s}}."""
+    path.write_text(json.dumps({"results": {
+        name: [{"concurrency": c, "output_tok_per_s": v} for c, v in pts.items()]
+        for name, pts in table.items()}}))
+    return str(path)
+
+
+def test_focus_keeps_goodput_and_the_closest_policies_per_concurrency(tmp_path):
+    from gearshift.bench.sweep_focus import focus_subsets
+
+    labels = ["goodput", "off", "always-2", "always-4", "tree"]
+    a = _prior(tmp_path / "a.json", {"goodput": {1: 9, 64: 9}, "off": {1: 2, 64: 10},
+                                     "always-2": {1: 6, 64: 9}, "always-4": {1: 8, 64: 7},
+                                     "tree": {1: 9, 64: 3}})
+    b = _prior(tmp_path / "b.json", {"off": {1: 2, 64: 9}, "always-2": {1: 7, 64: 10},
+                                     "always-4": {1: 9, 64: 7}, "tree": {1: 8, 64: 3}})
+    got = focus_subsets([a, b], 2, [1, 64, 256], labels)
+    assert got[1] == ["goodput", "always-4", "tree"]  # mean ratio to the best: 0.94, 0.94
+    assert got[64] == ["goodput", "off", "always-2"]
+    assert got[256] == labels  # not measured before: everything runs
+    assert focus_subsets([a], 1, [64], labels)[64] == ["goodput", "off"]
+
+
+def test_focus_run_measures_only_the_kept_policies(tmp_path, capsys):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    target = make_tiny_checkpoint(tmp_path / "t", "llama")
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prior = _prior(tmp_path / "prior.json", {"off": {1: 5}, "always-2": {1: 9},
+                                             "always-4": {1: 8}, "threshold": {1: 1}})
+    out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    base = ["bench", "sweep", "--model", str(target), "--draft-model", str(head),
+            "--device", "cpu", "--rounds", "1", "--input-len", "6", "--output-len", "4",
+            "--min-requests", "2", "--tree-topk", "1", "--output-json", str(out),
+            "--output-png", str(png)]
+    assert main([*base, "--concurrency", "1,2", "--focus", prior]) == 0
+    data = json.loads(out.read_text())
+    ran = {name: [p["concurrency"] for p in pts] for name, pts in data["results"].items()}
+    assert ran["goodput"] == [1, 2] and ran["always-2"] == [1, 2] and ran["always-4"] == [1, 2]
+    assert ran["off"] == [2] and ran["threshold"] == [2]  # c = 2 was not in the prior
+    assert data["env"]["focus"]["1"] == ["goodput", "always-2", "always-4"]
+    script = Path(__file__).resolve().parents[2] / "scripts" / "sweep_table.py"
+    table = subprocess.run([sys.executable, str(script), str(out)],
+                           capture_output=True, text=True, check=True).stdout
+    assert "| 1 | " in table and " - |" in table  # a gap where a policy did not run
+    for bad, message in ((str(tmp_path / "missing.json"), "cannot read sweep JSON"),
+                         (str(target / "config.json"), "is not a sweep JSON")):
+        with pytest.raises(SystemExit) as e:
+            main([*base, "--concurrency", "1", "--focus", bad])
+        assert e.value.code != 0 and message in capsys.readouterr().err
