@@ -117,6 +117,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
         engine.add_request(f"s{i}", p, params)
     periods: dict[str, list[float]] = {}  # step mode -> ms from the previous step's return
     device: dict[str, list[float]] = {}  # step mode -> device ms (CUDA events; none on CPU)
+    by_gear: dict[str, list] = {}  # VERIFY steps: gear -> [seconds, steps]
     slowest: list[list] = []  # [ms, mode, batch size, tokens] of the longest steps
     with GcPauses() as pauses, triton_compiles() as compiles:
         t0 = prev = time.perf_counter()
@@ -125,6 +126,10 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             now = time.perf_counter()
             step = engine.last_step
             periods.setdefault(step.get("mode", "none"), []).append((now - prev) * 1e3)
+            if step.get("mode") == "verify":  # where VERIFY time goes, by gear (K, tree)
+                g = by_gear.setdefault(str(step.get("gear")), [0.0, 0])
+                g[0] += now - prev
+                g[1] += 1
             if step.get("device_ms"):  # VERIFY: the target forward's; plain: one step late
                 device.setdefault(step.get("mode", "none"), []).append(step["device_ms"])
             slowest = sorted([*slowest, [round((now - prev) * 1e3, 2), step.get("mode"),
@@ -163,6 +168,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             # goodput: measured / predicted step time of the steps it observed, by mode
             "cost_model_ratio": _prediction_ratio(engine.scheduler.policy, predicted),
             "step_ms_median_by_mode": {m: statistics.median(v) for m, v in periods.items()},
+            "verify_s_by_gear": by_gear,  # e.g. goodput's tree probes at batch 64
             # the same steps' device time: wall varying where this does not is host time
             "device_ms_median_by_mode": {m: statistics.median(v) for m, v in device.items()},
             "graphs_captured": engine._num_graphs() - graphs_before,
@@ -215,6 +221,13 @@ def merge_passes(parts: list[dict]) -> dict:
     out["step_s_by_mode"] = {m: sum(p["step_s_by_mode"].get(m, 0.0) for p in parts)
                              for m in sorted(modes)}
     out["cost_model_ratio"] = [p.get("cost_model_ratio", {}) for p in parts]  # one per pass
+    gears: dict[str, list] = {}
+    for p in parts:
+        for g, (sec, n) in p.get("verify_s_by_gear", {}).items():
+            acc = gears.setdefault(g, [0.0, 0])
+            acc[0] += sec
+            acc[1] += n
+    out["verify_s_by_gear"] = dict(sorted(gears.items()))
     out["graph_keys_captured"] = [k for p in parts for k in p.get("graph_keys_captured", [])]
     out["triton_compiles"] = [p.get("triton_compiles") for p in parts]  # one list per pass
     out["slowest_steps"] = [p.get("slowest_steps", []) for p in parts]

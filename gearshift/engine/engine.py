@@ -256,7 +256,9 @@ class Engine:
         s["tokens_computed"] += plan.num_tokens
         self.last_step = {"mode": plan.mode.value, "batch_size": plan.batch_size,
                           "num_tokens": plan.num_tokens, "time_s": dt,
-                          "device_ms": device_ms}
+                          "device_ms": device_ms,
+                          # the cost model's key: 0 plain, K chains, max K + 1 the tree
+                          "gear": self.spec.gear(plan) if self.spec is not None else 0}
         s["tokens_generated"] += sum(len(o.new_token_ids) for o in outputs)
         s["step_time_s"] += dt
         log.debug("step %s bs=%d tokens=%d %.2fms", plan.mode.name, plan.batch_size,

@@ -47,6 +47,15 @@ def test_sweep_cli_writes_every_point(tmp_path):
             assert any("verify" in r for p in pts for r in p["cost_model_ratio"])
         else:
             assert all(r == {} for p in pts for r in p["cost_model_ratio"])
+        for p in pts:  # VERIFY time by gear adds up to the VERIFY time
+            gears = p["verify_s_by_gear"]
+            assert sum(g[0] for g in gears.values()) == pytest.approx(
+                p["step_s_by_mode"].get("verify", 0.0))
+            assert sum(g[1] for g in gears.values()) == p["verify_steps"]
+        if name == "always-2":
+            assert all(set(p["verify_s_by_gear"]) == {"2"} for p in pts)
+        if name.startswith("tree"):  # gear max K + 1 = 5
+            assert all(set(p["verify_s_by_gear"]) == {"5"} for p in pts)
         if name == "off":
             assert all(p["proposed"] == 0 for p in pts)
             assert all("verify" not in p["step_s_by_mode"] for p in pts)
@@ -93,6 +102,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
                 "verify_steps": 2, "extend_steps": 3, "request_steps_by_k": {2: 1},
                 "request_steps_tree": 1, "tree_accepted": 3, "tree_top1_accepted": 2,
                 "device_ms_median_by_mode": {"verify": 2.0 + c},
+                "verify_s_by_gear": {"4": [0.5, 2]},
                 "gear_switches": 0,
                 "graph_keys_captured": [["verify", str(c), "5"]] if c == 4 else [],
                 "gc_collections": [1, 0, 0], "gc_ms": 0.5}
@@ -115,6 +125,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
     assert point["graph_keys_captured"] == [["verify", "4", "5"]] * 2  # both passes'
     assert (point["tree_accepted"], point["tree_top1_accepted"]) == (6, 4)
     assert point["device_ms_median_by_mode"] == {"verify": [6.0, 6.0]}  # one per pass
+    assert point["verify_s_by_gear"] == {"4": [1.0, 4]}
     assert res["b"][0]["graph_keys_captured"] == []
 
 
