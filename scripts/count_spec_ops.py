@@ -238,8 +238,11 @@ def measure(args, name: str, batch: int, probe: Probe) -> dict:
                 hosts.append((dt - (probe.graph_s - g0)) * 1e3)
         llm.shutdown() if hasattr(llm, "shutdown") else None
     n, c = max(steps, 1), max(counted, 1)
-    stats = pstats.Stats(prof)
-    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[: args.profile_top]
+    try:
+        stats = pstats.Stats(prof).stats
+    except TypeError:  # --wall-only: nothing was profiled
+        stats = {}
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[: args.profile_top]
     kernels = {k: v for k, v in probe.ops.items() if k not in VIEW_OPS}
     return {
         "config": name, "batch": batch, "steps": steps,
