@@ -36,8 +36,15 @@ from gearshift.scheduler.plan import StepPlan
 from gearshift.scheduler.scheduler import Scheduler, StepOutput
 from gearshift.spec.draft_follow import DraftFollower
 from gearshift.spec.proposer import ProposeContext, Proposer
-from gearshift.spec.tree import DraftTree, ancestor_mask
-from gearshift.spec.verify import VerifyResult, verify, verify_greedy_ids
+from gearshift.spec.tree import ancestor_mask
+from gearshift.spec.verify import verify
+from gearshift.spec.verify_device import (
+    greedy_packed,
+    node_valid,
+    pack,
+    pad_greedy_inputs,
+    record_paths,
+)
 
 
 def create_proposer(config: EngineConfig, runner: ModelRunner) -> Proposer:
@@ -385,17 +392,16 @@ class SpecWorker:
             # current on trees; without it (sampled rows) the chain evidence ages
             rejected = 1.0 if accepted < min(k, proposed) else 0.0
             _decay_add(self._pop[topk > 1], accepted, rejected)
-            if topk > 1 and chain >= 0:
-                _decay_add(self._pop[2], chain, 1.0 if chain < k else 0.0)
-            elif topk > 1:
+            chain_ev = (accepted, rejected) if topk == 1 else \
+                (chain, 1.0 if chain < k else 0.0) if chain >= 0 else None
+            if chain_ev is None:
                 _age(req)
-            if topk == 1 or chain >= 0:
-                a = accepted if topk == 1 else chain
-                r = rejected if topk == 1 else 1.0 if chain < k else 0.0
-                req.spec_alpha_num = ALPHA_DECAY * req.spec_alpha_num + a
-                req.spec_alpha_den = ALPHA_DECAY * req.spec_alpha_den + a + r
-                if topk > 1:
-                    _decay_add(self._pop[0], a, r)
+            else:
+                req.spec_alpha_num = ALPHA_DECAY * req.spec_alpha_num + chain_ev[0]
+                req.spec_alpha_den = ALPHA_DECAY * req.spec_alpha_den + sum(chain_ev)
+                if topk > 1:  # the chain population, and the paired evidence of trees
+                    _decay_add(self._pop[0], *chain_ev)
+                    _decay_add(self._pop[2], *chain_ev)
         if k:
             self.stats["tree_steps" if topk > 1 else "chain_steps"] += 1
             self.stats["proposed"] += proposed
@@ -433,69 +439,3 @@ def _age(req: Request) -> None:
 def _uniform(n_nodes: list[int]) -> int:
     """Nodes per request when every request verifies the same number, else 1."""
     return n_nodes[0] if len(set(n_nodes)) == 1 else 1
-
-
-def pad_greedy_inputs(s: dict[str, torch.Tensor], b: int, pb: int, n: int, per_row: int) -> None:
-    """Pad greedy verification's inputs from b to pb requests in place: dummy requests with
-    K = 0 (only their root is valid, nothing is accepted), `per_row` flat nodes each read
-    from the target's padding tokens, and a recorded path on the dummy req_to_token row 0
-    at slot 0."""
-    extra = pb - b
-    dev = s["k"].device
-
-    def rows_like(t: torch.Tensor, value: int | None) -> torch.Tensor:
-        more = t[:1].expand(extra, *t.shape[1:]) if value is None else \
-            t.new_full((extra, *t.shape[1:]), value)
-        return torch.cat([t, more])
-
-    s["k"] = rows_like(s["k"], 0)
-    s["tokens"] = rows_like(s["tokens"], 0)
-    s["parents"], s["depths"] = rows_like(s["parents"], None), rows_like(s["depths"], None)
-    pad_nodes = (torch.arange(b, pb, device=dev)[:, None] * n
-                 + torch.arange(per_row, device=dev)).view(-1)  # node j of dummy request i
-    s["flat"] = torch.cat([s["flat"], pad_nodes.to(s["flat"].dtype)])
-    if "node_tok" in s:  # chains: the target's padding tokens follow the real ones
-        start = b * per_row
-        s["node_tok"] = torch.cat([s["node_tok"], torch.arange(
-            start, start + extra * per_row, device=dev, dtype=s["node_tok"].dtype)])
-    if "rows" in s:
-        s["rows"], s["prefix"], s["slots"] = (rows_like(s[x], 0) for x in ("rows", "prefix", "slots"))
-
-
-def node_valid(flat: torch.Tensor, k: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
-    """[B, N] bool: the node went through the target and is within its request's own K."""
-    b, n = depths.shape
-    valid = torch.zeros(b * n, dtype=torch.bool, device=flat.device).index_fill_(0, flat, True)
-    return valid.view(b, n) & (depths <= k[:, None])
-
-
-def pack(res: VerifyResult) -> torch.Tensor:
-    """-> [B, 2 * D + 4]: accepted count, path [D + 1], tokens [D + 1], what the top-1
-    chain alone would have accepted (-1: not computed) (one host copy)."""
-    chain = res.chain_accepted if res.chain_accepted is not None \
-        else torch.full_like(res.num_accepted, -1)
-    return torch.cat([res.num_accepted[:, None], res.path, res.tokens, chain[:, None]], 1)
-
-
-def record_paths(req_to_token: torch.Tensor, rows: torch.Tensor, prefix: torch.Tensor,
-                 slots: torch.Tensor, res: VerifyResult) -> None:
-    """req_to_token[row, L + j] = slot of the j-th accepted node, j <= accepted (columns
-    past it repeat the last write). rows, prefix: [B]; slots: [B, N] node slots."""
-    d1 = res.path.shape[1]
-    j = torch.minimum(torch.arange(d1, device=rows.device)[None, :], res.num_accepted[:, None])
-    slot = slots.gather(1, res.path.gather(1, j))  # [B, D + 1]
-    req_to_token[rows[:, None].expand(-1, d1), prefix[:, None] + j] = slot.to(req_to_token.dtype)
-
-
-def greedy_packed(s: dict[str, torch.Tensor], b: int, n: int, depth: int,
-                  req_to_token: torch.Tensor | None) -> torch.Tensor:
-    """Graph body of greedy verification over static inputs `s` (see _verify_greedy)."""
-    flat = s["flat"]
-    tgt = s["target"][s["node_tok"]] if "node_tok" in s else s["target"][: flat.shape[0]]
-    target = torch.zeros(b * n, dtype=tgt.dtype, device=tgt.device).index_copy_(0, flat, tgt)
-    tree = DraftTree(s["tokens"], s["parents"], s["depths"])
-    res = verify_greedy_ids(tree, node_valid(flat, s["k"], s["depths"]), target.view(b, n), depth)
-    if req_to_token is not None:
-        record_paths(req_to_token, s["rows"], s["prefix"], s["slots"], res)
-    return pack(res)
-
