@@ -106,7 +106,6 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     engine.scheduler.max_num_seqs = concurrency
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     before = dict(engine.spec.stats) if engine.spec else {}
-    graphs_before = engine._num_graphs()
     keys_before = set(_graph_keys(engine))
     switches = getattr(engine.scheduler.policy, "switches", 0)  # goodput's gear changes
     predicted = {m: list(v) for m, v in getattr(engine.scheduler.policy, "prediction_log",
@@ -124,17 +123,16 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
         while engine.has_unfinished_requests():
             outs = engine.step()
             now = time.perf_counter()
-            step = engine.last_step
-            periods.setdefault(step.get("mode", "none"), []).append((now - prev) * 1e3)
+            step, ms = engine.last_step, (now - prev) * 1e3
+            periods.setdefault(step.get("mode", "none"), []).append(ms)
             if step.get("mode") == "verify":  # where VERIFY time goes, by gear (K, tree)
                 g = by_gear.setdefault(str(step.get("gear")), [0.0, 0])
-                g[0] += now - prev
+                g[0] += ms / 1e3
                 g[1] += 1
             if step.get("device_ms"):  # VERIFY: the target forward's; plain: one step late
                 device.setdefault(step.get("mode", "none"), []).append(step["device_ms"])
-            slowest = sorted([*slowest, [round((now - prev) * 1e3, 2), step.get("mode"),
-                                         step.get("batch_size"), step.get("num_tokens")]],
-                             reverse=True)[:SLOWEST]
+            slowest = sorted([*slowest, [round(ms, 2), step.get("mode"), step.get("batch_size"),
+                                         step.get("num_tokens")]], reverse=True)[:SLOWEST]
             prev = now
             for o in outs:
                 first.setdefault(o.request_id, now)
@@ -142,6 +140,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
                 count[o.request_id] = count.get(o.request_id, 0) + len(o.new_token_ids)
         elapsed = time.perf_counter() - t0
     tpot = [(last[r] - first[r]) / (count[r] - 1) * 1e3 for r in count if count[r] > 1]
+    new_keys = [k for k in _graph_keys(engine) if k not in keys_before]
     stats = engine.spec.stats if engine.spec else {}
     proposed = stats.get("proposed", 0) - before.get("proposed", 0)
     accepted = stats.get("accepted", 0) - before.get("accepted", 0)
@@ -171,14 +170,13 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             "verify_s_by_gear": by_gear,  # e.g. goodput's tree probes at batch 64
             # the same steps' device time: wall varying where this does not is host time
             "device_ms_median_by_mode": {m: statistics.median(v) for m, v in device.items()},
-            "graphs_captured": engine._num_graphs() - graphs_before,
+            "graphs_captured": len(new_keys),
             # one-off costs inside the timed run: Triton compiles (None: not observable), and
             # the longest steps (a stall shows as a step far above its mode's median)
             "triton_compiles": list(compiles) if compiles.available else None,
             "slowest_steps": slowest,
             # which shapes a timed run captured (none, once the warm-ups cover what it meets)
-            "graph_keys_captured": [[str(x) for x in k] for k in _graph_keys(engine)
-                                    if k not in keys_before],
+            "graph_keys_captured": [[str(x) for x in k] for k in new_keys],
             **pauses.as_dict(),
             **{f"{m}_steps": engine.stats()[f"{m}_steps"] - steps_before[f"{m}_steps"]
                for m in ("decode", "verify", "extend")}}
@@ -231,13 +229,9 @@ def merge_passes(parts: list[dict]) -> dict:
     out["graph_keys_captured"] = [k for p in parts for k in p.get("graph_keys_captured", [])]
     out["triton_compiles"] = [p.get("triton_compiles") for p in parts]  # one list per pass
     out["slowest_steps"] = [p.get("slowest_steps", []) for p in parts]
-    out["step_ms_median_by_mode"] = {m: [p["step_ms_median_by_mode"][m] for p in parts
-                                         if m in p["step_ms_median_by_mode"]]
-                                     for m in sorted(modes)}  # one median per pass
-    out["device_ms_median_by_mode"] = {  # one median per pass, as step_ms_median_by_mode
-        m: [p["device_ms_median_by_mode"][m] for p in parts
-            if m in p.get("device_ms_median_by_mode", {})]
-        for m in sorted({m for p in parts for m in p.get("device_ms_median_by_mode", {})})}
+    for key in ("step_ms_median_by_mode", "device_ms_median_by_mode"):  # a median per pass
+        out[key] = {m: [p[key][m] for p in parts if m in p.get(key, {})]
+                    for m in sorted({m for p in parts for m in p.get(key, {})})}
     out["gc_collections"] = [sum(g) for g in zip(*(p["gc_collections"] for p in parts))]
     return out
 

@@ -49,8 +49,8 @@ class Stager:
         of a run whenever a batch's lengths flipped an alignment (H200, session 7)."""
         if not items:
             return {}
-        per = ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size()
         flat = array(code)
+        per = ALIGN_BYTES // flat.itemsize  # elements per aligned unit
         sizes = []
         for _, vals in items:
             flat.extend(vals)
