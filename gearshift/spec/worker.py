@@ -267,12 +267,16 @@ class SpecWorker:
         allocated.append(None)  # from here on the scheduler owns (or has freed) every slot
         outputs = scheduler.commit_spec(plan, new_tokens, kept, freed)
         live = [i for i, r in enumerate(reqs) if not r.is_finished and r.params.speculative]
-        for current in (True, False):  # the draft follows where it is current, else stores
-            group = [i for i in live if (reqs[i].draft_rows == prefix_cpu[i]) is current]
+        # the draft follows where it is current, else stores; both groups are split before
+        # either runs (extend moves draft_rows: split after it, every extended request
+        # would also be stored, ~0.2 ms of host time per VERIFY step on the H200)
+        current = [reqs[i].draft_rows == prefix_cpu[i] for i in live]
+        for follows in (True, False):
+            group = [i for i, cur in zip(live, current) if cur is follows]
             args = ([reqs[i] for i in group], [prefix_cpu[i] for i in group],
                     [len(rows_used[i]) for i in group], aux,
                     [offsets[i] + j for i in group for j in rows_used[i]])
-            (self.follow.extend if current else self.follow.store)(*args)
+            (self.follow.extend if follows else self.follow.store)(*args)
         return outputs
 
     def _chain_verify_batch(self, reqs, tree, node_slots, n_nodes, n_tree, ride):
