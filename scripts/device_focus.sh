@@ -4,7 +4,8 @@
 # C, D; session 7 A+B, C+D), with PASSES (8) passes: issue 4's per-point verdict from
 # more samples of the comparisons that decide it. CONC picks the half (one call each:
 # "1,2,4,8,16" ~4 min, "32,64,128,256" ~7 min).
-# Usage (device tool): CONC=1,2,4,8,16 bash scripts/device_focus.sh
+# Usage (device tool): CONC=1,2,4,8,16 bash scripts/device_focus.sh (END: the second of the
+# call by which the sweep must stop, default 585)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -16,8 +17,9 @@ date -u +%FT%TZ > "$OUT/log.txt"
 timeout 90 $G make-bench-model --shape llama-3.1-8b --out /tmp/big --device cuda \
   --head gearshift/default_model/eagle3 --head-out /tmp/bighead --head-draft-vocab 32000 \
   > "$OUT/make_bench.txt" 2>&1; tail -1 "$OUT/make_bench.txt" >> "$OUT/log.txt"
-echo "sweep budget: $((585 - SECONDS)) s" >> "$OUT/log.txt"
-timeout $((585 - SECONDS)) $G bench sweep --model /tmp/big --draft-model /tmp/bighead \
+END=${END:-585}
+echo "sweep budget: $((END - SECONDS)) s" >> "$OUT/log.txt"
+timeout $((END - SECONDS)) $G bench sweep --model /tmp/big --draft-model /tmp/bighead \
   --rounds 5 --passes "${PASSES:-8}" --concurrency "${CONC:-1,2,4,8,16}" \
   --focus "$PRIOR" --focus-top "${FOCUS_TOP:-3}" \
   --output-json "$OUT/sweep.json" --output-png "$OUT/sweep.png" > "$OUT/sweep.log" 2>&1

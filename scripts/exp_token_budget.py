@@ -1,0 +1,67 @@
+"""Experiment: offline throughput against the step token budget, on one engine.
+
+Issue 2's offline run (256 prompts, 512 in / 256 out, <= 64 running) spends its time in
+two kinds of step: ~6.4 ms decode steps of 64 rows (weight-bandwidth-bound) and ~9.1 ms
+mixed steps of 256 rows (compute-bound GEMMs). A smaller budget spreads each prompt's
+prefill over more, cheaper steps that keep the GEMMs nearer their bandwidth/compute knee.
+This script measures it: the engine is built once with the largest budget (so EXTEND
+graphs cover every step) and the scheduler's budget is set per run; budgets run in
+interleaved passes. Writes JSON (per run: tok/s, steps per mode, medians, rows per step).
+
+Usage: python scripts/exp_token_budget.py --budgets 160,192,256,2048 --passes 2 --out x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="llama-3.1-8b")
+    p.add_argument("--budgets", default="160,192,224,256,384,2048")
+    p.add_argument("--passes", type=int, default=2)
+    p.add_argument("--num-prompts", type=int, default=256)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--out", default="token_budget.json")
+    args = p.parse_args()
+    from gearshift import LLM
+    from gearshift.bench.offline import environment, run_offline
+
+    budgets = [int(b) for b in args.budgets.split(",")]
+    t0 = time.perf_counter()
+    llm = LLM(args.preset or None, load_format="dummy" if args.preset else "safetensors", max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=max(budgets))
+    result = {"env": environment(llm), "build_s": time.perf_counter() - t0, "runs": []}
+    sched = llm.engine.scheduler
+    for rnd in range(args.passes):
+        order = budgets if rnd % 2 == 0 else budgets[::-1]
+        for b in order:
+            sched.max_num_batched_tokens = b
+            r = run_offline(llm, num_prompts=args.num_prompts, input_len=args.input_len,
+                            output_len=args.output_len)
+            log = r.pop("step_log")
+            ext = [s["time_ms"] for s in log if s["mode"] == "extend"]
+            run = {"budget": b, "pass": rnd, **{k: r[k] for k in (
+                "elapsed_s", "output_tok_per_s", "steps", "decode_steps",
+                "decode_step_ms_median", "extend_step_ms_median", "preemptions", "graphs")},
+                "extend_steps": len(ext), "extend_s": sum(ext) / 1e3,
+                "decode_s": sum(s["time_ms"] for s in log if s["mode"] == "decode") / 1e3,
+                "mean_running": statistics.fmean(s["running_before"] for s in log)}
+            result["runs"].append(run)
+            print(f"budget {b:5d} pass {rnd}: {r['output_tok_per_s']:8.1f} tok/s, "
+                  f"{r['steps']} steps ({len(ext)} mixed, {run['extend_s']:.2f} s; "
+                  f"{r['decode_steps']} decode, {run['decode_s']:.2f} s), "
+                  f"mean running {run['mean_running']:.1f}", flush=True)
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
