@@ -35,8 +35,8 @@ def main() -> int:
 
     budgets = [int(b) for b in args.budgets.split(",")]
     t0 = time.perf_counter()
-    llm = LLM(args.preset or None, load_format="dummy" if args.preset else "safetensors", max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=max(budgets))
+    llm = LLM(args.preset or None, load_format="dummy" if args.preset else "safetensors",
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=max(budgets))
     result = {"env": environment(llm), "build_s": time.perf_counter() - t0, "runs": []}
     sched = llm.engine.scheduler
     for rnd in range(args.passes):
