@@ -2,7 +2,8 @@
 decode step, the queue) and returns a draft length K per request (0 = plain decode).
 The scheduler asks it BEFORE anything is allocated; the plan then fixes K for the step.
 
-Data flow: Scheduler.schedule() -> Policy.plan(view) -> StepPlan.draft_lens.
+Data flow: Scheduler.schedule() -> Policy.plan(view) -> StepPlan.draft_lens;
+SpecWorker (a VERIFY step, before its sync) -> Scheduler.prepare_next -> Policy.prepare(view).
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class Policy(ABC):
         """Tree width of the step just planned for `view` (asked right after plan(); 1 =
         chains). A step verifies either chains or trees, never both."""
         return view.topk if self.topk is None else min(self.topk, view.topk)
+
+    def prepare(self, view: PolicyView) -> None:
+        """Called while the device runs a VERIFY step, before the host waits for it, with
+        that step's decoding requests: work for the next plan() done here is off the step's
+        critical path (the host is idle until the sync). Default: nothing."""
 
     @abstractmethod
     def plan(self, view: PolicyView) -> list[int]:

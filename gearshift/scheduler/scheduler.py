@@ -132,8 +132,7 @@ class Scheduler:
         """Decide K for the decoding requests now, before allocation: the plan is final from
         here on. Prefill chunks in the same plan (`spec_mixed`) keep K = 0."""
         dec = [plan.reqs[i] for i in decoding]
-        view = PolicyView(dec, len(self.waiting), self.max_draft_len, self.population(),
-                          self.draft_topk, self.tree_population())
+        view = self._view(dec)
         room = self.max_model_len  # drafts may not run past the context limit
         ks = [0] * plan.batch_size
         # K is not cut to a request's remaining max_tokens: commit stops at the limit, and a
@@ -146,6 +145,20 @@ class Scheduler:
             return
         plan.draft_lens, plan.draft_topk = ks, topk
         plan.mode = ForwardMode.VERIFY
+
+    def _view(self, decoding: list[Request]) -> PolicyView:
+        return PolicyView(decoding, len(self.waiting), self.max_draft_len, self.population(),
+                          self.draft_topk, self.tree_population())
+
+    def prepare_next(self, plan: StepPlan) -> None:
+        """While the device runs `plan` (a VERIFY step) and before the host waits for it: the
+        policy may prepare the next plan for this step's decoding requests (goodput scores
+        its gears here, not on the next step's critical path)."""
+        if self.policy is None:
+            return
+        dec = [r for r, n, smp in zip(plan.reqs, plan.extend_lens, plan.sample) if n == 1 and smp]
+        if dec:
+            self.policy.prepare(self._view(dec))
 
     def _preempt(self, req: Request, plan: StepPlan) -> int:
         freed = len(req.slots)

@@ -249,6 +249,7 @@ class SpecWorker:
             if record is not None:
                 record_paths(self.runner.kv.req_to_token, *record, res)
             packed = pack(res)
+        scheduler.prepare_next(plan)  # host work for the next plan while the device runs
         packed = packed.tolist()  # the step's one host sync
         new_tokens, kept, freed, rows_used = [], [], [], []
         for i in range(b):

@@ -322,3 +322,25 @@ def test_goodput_logs_measured_against_predicted_step_times():
     assert pol.prediction_log["plain"] == [4.0, 4.0, 1]
     pol.observe(3, 1, 0, 6.0)  # the first observation replaced the prior: now predicted 6
     assert pol.prediction_log["verify"] == [12.0, 10.0, 2]
+
+
+def test_goodput_scores_the_next_plan_while_the_device_runs_a_verify_step():
+    """prepare(view) (a VERIFY step, before the host waits for the device) scores the gears;
+    the next plan() for as many requests uses those scores and scores nothing itself, and
+    picks what it would have picked. Scores are for that one plan: a plan for another
+    batch size, or a second plan, scores again."""
+    pol = GoodputPolicy(memory_bound_costs(), 5, margin=0.0)
+    ref = GoodputPolicy(memory_bound_costs(), 5, margin=0.0)
+    calls = []
+    scores = pol.scores
+    pol.scores = lambda v, top: calls.append(len(v.requests)) or scores(v, top)
+    view = PolicyView(reqs(8, 0.8), 0, 5)
+    pol.prepare(view)
+    assert calls == [8]
+    assert pol.plan(view) == ref.plan(view)
+    assert calls == [8]  # the plan scored nothing: prepare did
+    pol.plan(view)
+    assert calls == [8, 8]  # used once
+    pol.prepare(view)
+    pol.plan(PolicyView(reqs(7, 0.8), 0, 5))  # a request finished: scored afresh
+    assert calls == [8, 8, 8, 7]

@@ -1,0 +1,50 @@
+"""The engine lets the policy prepare the next plan during a VERIFY step: Policy.prepare is
+called once per VERIFY step, with that step's decoding requests, after the step is
+launched and before its result is read (on a GPU the host would otherwise wait idle for
+the device there; goodput scores its gears in that time)."""
+
+from __future__ import annotations
+
+from checkpoints import random_prompts
+from eagle3_checkpoints import make_eagle3_checkpoint
+
+from gearshift import SamplingParams
+from gearshift.policy.base import Policy, PolicyView
+
+
+class Recording(Policy):
+    """K = 2 every decode step; records what plan and prepare saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+
+    def plan(self, view: PolicyView) -> list[int]:
+        self.seen.append(("plan", [(r.request_id, len(r.output_token_ids))
+                                   for r in view.requests]))
+        return [2] * len(view.requests)
+
+    def prepare(self, view: PolicyView) -> None:
+        self.seen.append(("prepare", [(r.request_id, len(r.output_token_ids))
+                                      for r in view.requests]))
+
+
+def test_prepare_runs_inside_each_verify_step_before_its_commit(make_llm, tiny_llama_dir,
+                                                                tmp_path):
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = random_prompts([5, 19, 11], seed=4)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    plain = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, greedy)]
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=2, overlap_schedule=False)
+    eng = llm.engine
+    eng.scheduler.policy = pol = Recording()
+    verify_steps = []
+    step = eng.spec.verify_step
+    eng.spec.verify_step = lambda plan, s: verify_steps.append(plan) or step(plan, s)
+    assert [o.token_ids for o in llm.generate(prompts, greedy)] == plain
+    prepared = [seen for kind, seen in pol.seen if kind == "prepare"]
+    assert len(prepared) == len(verify_steps) > 0
+    # each prepare follows its step's plan and sees the same requests, nothing committed yet
+    for i, (kind, seen) in enumerate(pol.seen):
+        if kind == "prepare":
+            assert pol.seen[i - 1] == ("plan", seen)
