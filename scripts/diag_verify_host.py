@@ -41,7 +41,8 @@ def timed(name: str, fn):
     def wrapper(*a, **k):
         t0 = time.perf_counter()
         try:
-            return fn(*a, **k)
+            with torch.profiler.record_function(name):  # a range in --trace's timeline
+                return fn(*a, **k)
         finally:
             PHASES[name] += time.perf_counter() - t0
             CALLS[name] += 1
@@ -52,12 +53,13 @@ def install(eng) -> None:
     from gearshift.scheduler.batch import Stager
 
     spec = eng.spec
-    for obj, names in ((eng.scheduler, ["schedule", "commit_spec"]),
-                       (eng, ["_resolve_pending", "_account", "_observe"]),
-                       (spec, ["_chain_verify_batch", "_tree_verify_batch", "_verify_greedy",
-                               "_account"]),
+    for obj, names in ((eng.scheduler, ["schedule", "commit_spec", "prepare_next"]),
+                       (eng, ["step", "_resolve_pending", "_account", "_observe"]),
+                       (spec, ["verify_step", "_chain_verify_batch", "_tree_verify_batch",
+                               "_verify_greedy", "_account"]),
                        (spec.follow, ["catch_up", "extend", "store"]),
-                       (spec.proposer, ["propose"]), (eng.runner, ["forward_all"])):
+                       (spec.proposer, ["propose"]), (eng.runner, ["forward_all"]),
+                       *([(eng.runner.shape_graphs, ["run"])] if eng.runner.shape_graphs else [])):
         for n in names:
             label = f"{type(obj).__name__}.{n}"
             setattr(obj, n, timed(label, getattr(obj, n)))
@@ -106,15 +108,17 @@ def trace_point(eng, policy, prompts, c: int, steps: int, path: str) -> dict:
     eng.scheduler.max_num_seqs = c
     for i, p in enumerate(prompts[:c]):
         eng.add_request(f"t{time.monotonic_ns()}-{i}", p,
-                        SamplingParams(max_tokens=96, temperature=0.0, ignore_eos=True))
+                        SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
     for _ in range(20):  # past the prefill
         eng.step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    acts = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])]
+    with profile(activities=acts) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
             eng.step()
-        torch.cuda.synchronize()
+        sync()
         wall = time.perf_counter() - t0
     while eng.has_unfinished_requests():
         eng.step()
@@ -133,12 +137,40 @@ def trace_point(eng, policy, prompts, c: int, steps: int, path: str) -> dict:
             busy += e - end
             end = e
     span = (dev[-1][1] - dev[0][0]) if dev else 0.0
+    ranges = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in ev
+              if e.get("cat") == "user_annotation" and "dur" in e]
+    exposed = _attribute(_gap_intervals(dev), ranges)
     return {"steps": steps, "wall_ms_per_step": wall * 1e3 / steps,
             "device_busy_ms_per_step": busy / 1e3 / steps,
             "device_span_ms_per_step": span / 1e3 / steps,
             "idle_gaps_us_top": sorted((round(g, 1) for g in gaps), reverse=True)[:20],
             "idle_gaps_over_50us": sum(1 for g in gaps if g > 50) / steps,
-            "idle_ms_per_step": sum(gaps) / 1e3 / steps}
+            "idle_ms_per_step": sum(gaps) / 1e3 / steps,
+            # idle device time by the host phase running then (the innermost range)
+            "idle_us_per_step_by_phase": {k: round(v / steps, 1) for k, v in sorted(
+                exposed.items(), key=lambda kv: -kv[1])}}
+
+
+def _gap_intervals(dev: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out, end = [], None
+    for s, e in dev:
+        if end is not None and s > end:
+            out.append((end, s))
+        end = e if end is None else max(end, e)
+    return out
+
+
+def _attribute(gaps, ranges) -> dict[str, float]:
+    """µs of each gap under each host range, to the innermost (shortest) covering range."""
+    out: dict[str, float] = defaultdict(float)
+    for g0, g1 in gaps:
+        inside = [r for r in ranges if r[0] < g1 and r[1] > g0]
+        cuts = sorted({g0, g1, *(x for r in inside for x in r[:2] if g0 < x < g1)})
+        for a, b in zip(cuts, cuts[1:]):
+            cover = [r for r in inside if r[0] <= a and r[1] >= b]
+            name = min(cover, key=lambda r: r[1] - r[0])[2] if cover else "(outside a step)"
+            out[name] += b - a
+    return out
 
 
 def main() -> int:
