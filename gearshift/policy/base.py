@@ -40,6 +40,7 @@ class Policy(ABC):
         """Called while the device runs a VERIFY step, before the host waits for it, with
         that step's decoding requests: work for the next plan() done here is off the step's
         critical path (the host is idle until the sync). Default: nothing."""
+        return None
 
     @abstractmethod
     def plan(self, view: PolicyView) -> list[int]:

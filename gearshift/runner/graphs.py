@@ -119,12 +119,10 @@ class DecodeGraphRunner:
     def replay(self, fb: ForwardBatch):
         bs = fb.padded_batch_size
         b = self.buf
-        b.input_ids[:bs].copy_(fb.input_ids)
-        b.positions[:bs].copy_(fb.positions)
-        b.out_cache_loc[:bs].copy_(fb.out_cache_loc)
-        b.req_pool_indices[:bs].copy_(fb.req_pool_indices)
-        b.seq_lens[:bs].copy_(fb.seq_lens)
-        b.prefix_lens[:bs].copy_(fb.prefix_lens)
+        copy_into([b.input_ids[:bs], b.positions[:bs], b.out_cache_loc[:bs],
+                   b.req_pool_indices[:bs], b.seq_lens[:bs], b.prefix_lens[:bs]],
+                  [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices,
+                   fb.seq_lens, fb.prefix_lens])
         self.graphs[bs].replay()
         return self.outputs[bs]
 
@@ -206,17 +204,28 @@ class ExtendGraphRunner:
     def replay(self, fb: ForwardBatch):
         t = fb.num_tokens
         b = self.buf
-        b.input_ids[:t].copy_(fb.input_ids)
-        b.positions[:t].copy_(fb.positions)
-        b.out_cache_loc[:t].copy_(fb.out_cache_loc)
-        b.req_pool_indices.copy_(fb.req_pool_indices)
-        b.seq_lens.copy_(fb.seq_lens)
-        b.extend_lens.copy_(fb.extend_lens)
-        b.extend_start_loc.copy_(fb.extend_start_loc)
-        b.prefix_lens.copy_(fb.prefix_lens)
-        b.logits_indices.copy_(fb.logits_indices)
+        copy_into([b.input_ids[:t], b.positions[:t], b.out_cache_loc[:t], b.req_pool_indices,
+                   b.seq_lens, b.extend_lens, b.extend_start_loc, b.prefix_lens,
+                   b.logits_indices],
+                  [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices,
+                   fb.seq_lens, fb.extend_lens, fb.extend_start_loc, fb.prefix_lens,
+                   fb.logits_indices])
         self.graphs[t].replay()
         return self.outputs[t]
+
+
+def copy_into(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """dst.copy_(src) for every pair, as one multi-tensor launch per (dst, src) dtype pair
+    (torch._foreach_copy_) instead of a launch each: a VERIFY step copies ~35 graph inputs,
+    and on the H200 those launches were ~0.4-0.9 ms of host time per step with the device
+    idle (session 8). Shapes must match (no broadcasting)."""
+    groups: dict[tuple, tuple[list, list]] = {}
+    for d, s in zip(dsts, srcs, strict=True):
+        g = groups.setdefault((d.dtype, s.dtype), ([], []))
+        g[0].append(d)
+        g[1].append(s)
+    for ds, ss in groups.values():
+        torch._foreach_copy_(ds, ss)
 
 
 class ShapeGraphs:
@@ -245,7 +254,6 @@ class ShapeGraphs:
             torch.cuda.current_stream().wait_stream(stream)
             entry = self.entries[key] = (graph, static, out)
         graph, static, out = entry
-        for k, v in inputs.items():
-            static[k].copy_(v)
+        copy_into([static[k] for k in inputs], list(inputs.values()))
         graph.replay()
         return out

@@ -28,47 +28,48 @@ ALIGN_BYTES = 16  # staged parts start at multiples of this (Triton's pointer sp
 
 
 class Stager:
-    """Collects host lists, moves them to the device in one copy per dtype."""
+    """Collects host lists and moves them to the device in ONE copy: int64, int32 and float32
+    parts side by side in one byte buffer, each a typed view of the device copy. Each
+    host-to-device copy and each dtype conversion after it is a launch the host pays for
+    while a VERIFY step's device waits (H200, session 8)."""
+
+    _CODES = {torch.int64: "q", torch.int32: "i", torch.float32: "f"}
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.pin = device.type == "cuda"
-        self.ints: list[tuple[str, list[int]]] = []
-        self.floats: list[tuple[str, list[float]]] = []
+        self.parts: list[tuple[str, torch.dtype, list]] = []
 
     def add_ints(self, name: str, values: list[int]) -> None:
-        self.ints.append((name, values))
+        self.parts.append((name, torch.int64, values))
+
+    def add_int32(self, name: str, values: list[int]) -> None:
+        self.parts.append((name, torch.int32, values))
 
     def add_floats(self, name: str, values: list[float]) -> None:
-        self.floats.append((name, values))
+        self.parts.append((name, torch.float32, values))
 
-    def _move(self, items, code: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    def to_device(self) -> dict[str, torch.Tensor]:
         """One copy; every part starts 16-byte aligned. Triton specialises a kernel on
         whether each pointer is 16-byte aligned, so parts at offsets that depend on the
         lengths before them made kernels (rope, the sampler) compile again in the middle
         of a run whenever a batch's lengths flipped an alignment (H200, session 7)."""
-        if not items:
+        if not self.parts:
             return {}
-        flat = array(code)
-        per = ALIGN_BYTES // flat.itemsize  # elements per aligned unit
-        sizes = []
-        for _, vals in items:
-            flat.extend(vals)
-            pad = -len(vals) % per
-            flat.extend([0] * pad)
-            sizes.append(len(vals) + pad)
-        # array.array converts a list in one C loop; torch.tensor(list) is ~10x slower
-        t = torch.frombuffer(flat, dtype=dtype) if len(flat) else torch.empty(0, dtype=dtype)
+        buf = bytearray()
+        spans = []
+        for name, dtype, vals in self.parts:
+            # array.array converts a list in one C loop; torch.tensor(list) is ~10x slower
+            a = array(self._CODES[dtype], vals)
+            spans.append((name, dtype, len(buf), len(vals)))
+            buf += a.tobytes()
+            buf += bytes(-len(buf) % ALIGN_BYTES)
+        t = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
         if self.pin:
             t = t.pin_memory()
         t = t.to(self.device, non_blocking=True)
-        parts = t.split(sizes)
-        return {name: part[: len(v)] for (name, v), part in zip(items, parts)}
-
-    def to_device(self) -> dict[str, torch.Tensor]:
-        out = self._move(self.ints, "q", torch.int64)
-        out.update(self._move(self.floats, "f", torch.float32))
-        return out
+        return {name: t[off: off + n * dtype.itemsize].view(dtype)
+                for name, dtype, off, n in spans}
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,11 +137,12 @@ def stage_forward(st: Stager, rows: Sequence[int], prefix: list[int], extend: li
     st.add_ints("positions", positions)
     st.add_ints("out_cache_loc", out_loc)
     st.add_ints("token_rows", token_rows)
+    st.add_int32("out_cache_loc32", out_loc)  # req_to_token's dtype
     st.add_ints("req_pool_indices", list(rows))
-    st.add_ints("seq_lens", [p + n for p, n in zip(prefix, extend)])
-    st.add_ints("extend_lens", extend)
-    st.add_ints("extend_start_loc", start)
-    st.add_ints("prefix_lens", prefix)
+    st.add_int32("seq_lens", [p + n for p, n in zip(prefix, extend)])
+    st.add_int32("extend_lens", extend)
+    st.add_int32("extend_start_loc", start)
+    st.add_int32("prefix_lens", prefix)
     st.add_ints("logits_indices", logits_idx if logits_indices is None else logits_indices)
 
 
@@ -148,15 +150,15 @@ def forward_batch(d: dict[str, torch.Tensor], mode: ForwardMode, bs: int, prefix
                   extend: list[int], kv: KVCache | None) -> ForwardBatch:
     """ForwardBatch over staged tensors; with `kv`, records the tokens' slots in req_to_token."""
     if kv is not None:  # this step's tokens now live in these slots
-        kv.req_to_token[d["token_rows"], d["positions"]] = d["out_cache_loc"].to(torch.int32)
+        kv.req_to_token[d["token_rows"], d["positions"]] = d["out_cache_loc32"]
     seq = [p + n for p, n in zip(prefix, extend)]
     return ForwardBatch(
         mode=mode, batch_size=bs, padded_batch_size=len(extend),
         num_tokens=d["input_ids"].shape[0], input_ids=d["input_ids"], positions=d["positions"],
         out_cache_loc=d["out_cache_loc"], req_pool_indices=d["req_pool_indices"],
-        seq_lens=d["seq_lens"].to(torch.int32), extend_lens=d["extend_lens"].to(torch.int32),
-        extend_start_loc=d["extend_start_loc"].to(torch.int32),
-        prefix_lens=d["prefix_lens"].to(torch.int32), logits_indices=d["logits_indices"],
+        seq_lens=d["seq_lens"], extend_lens=d["extend_lens"],
+        extend_start_loc=d["extend_start_loc"], prefix_lens=d["prefix_lens"],
+        logits_indices=d["logits_indices"],
         seq_lens_cpu=seq, extend_lens_cpu=extend, prefix_lens_cpu=prefix,
         max_seq_len=max(seq, default=0), max_extend_len=max(extend, default=0),
     )

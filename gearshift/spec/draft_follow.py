@@ -115,11 +115,12 @@ class DraftFollower:
             feats = None if aux is None else aux.index_select(0, _device_index(token_idx, aux))
             self.proposer.draft_extend(fb, feats)
         else:
-            fb, ids, idx = self._padded_extend(reqs, prefix, extend, token_idx, width, shift)
+            fb, ids, feat_idx = self._padded_extend(reqs, prefix, extend, token_idx, width,
+                                                    shift)
             self._resolve(fb, ids)
             inputs = graph_inputs(fb)
             if aux is not None:
-                inputs["feats"] = aux.index_select(0, _device_index(idx, aux))
+                inputs["feats"] = aux.index_select(0, feat_idx)
             self.runner.shape_graphs.run(
                 ("draft_extend", fb.batch_size, width, None if aux is None else aux.shape[-1]),
                 lambda s: self.proposer.draft_extend(rebuild_batch(fb, s), s.get("feats")), inputs)
@@ -144,7 +145,8 @@ class DraftFollower:
     def _padded_extend(self, reqs, prefix, extend, token_idx, width: int, shift: int):
         """Every request padded to `width` tokens (input 0, KV slot 0: only padding queries,
         which come after the real ones, see them), the batch padded to a graph size with
-        dummy requests on row 0; each request's logits row is its last REAL token."""
+        dummy requests on row 0; each request's logits row is its last REAL token.
+        -> (batch, input ids, device rows of the features to feed)."""
         rows_pad = self.runner.decode_pad(len(reqs))
         ids, out_loc, idx, last = [], [], [], []
         it = iter(token_idx)
@@ -162,8 +164,10 @@ class DraftFollower:
         rows = [r.req_pool_index for r in reqs] + [0] * dummy
         prefix, ext = list(prefix) + [0] * dummy, [width] * rows_pad
         stage_forward(st, rows, prefix, ext, ids, out_loc, logits_indices=last)
-        fb = forward_batch(st.to_device(), ForwardMode.DRAFT_EXTEND, rows_pad, prefix, ext, None)
-        return fb, ids, idx
+        st.add_ints("feat_idx", idx)  # the features' rows, in the same copy
+        d = st.to_device()
+        fb = forward_batch(d, ForwardMode.DRAFT_EXTEND, rows_pad, prefix, ext, None)
+        return fb, ids, d["feat_idx"]
 
     def _resolve(self, fb: ForwardBatch, ids: list[int]) -> None:
         if self.feed is not None and min(ids) < 0:  # tokens still on the device (overlap)

@@ -68,6 +68,9 @@ def test_spec_greedy_equals_plain(make_llm, tiny_llama_dir, draft_dir, head_dir,
     stats = llm.spec_stats()
     assert stats["proposed"] > 0 and sum(stats["steps_by_k"].values()) > 0
     assert all(o.spec is not None and o.spec.accepted <= o.spec.proposed for o in outs)
+    # each output's counters include its last VERIFY step (counted before that step commits)
+    assert sum(o.spec.proposed for o in outs) == stats["proposed"]
+    assert sum(o.spec.accepted for o in outs) == stats["accepted"]
     if variant == "self-draft-chain":  # the target drafting for itself is always right
         assert stats["acceptance_rate"] == 1.0
     if engine == "preempt":
