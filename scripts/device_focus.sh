@@ -14,9 +14,11 @@ D=docs/benchmarks
 PRIOR=$D/2026-11-30-h200-session6/c/sweep.json,$D/2026-11-30-h200-session6/d/sweep.json
 PRIOR=$PRIOR,$D/2026-11-30-h200-session7/combined_ba.json,$D/2026-11-30-h200-session7/combined_dc.json
 date -u +%FT%TZ > "$OUT/log.txt"
-timeout 90 $G make-bench-model --shape llama-3.1-8b --out /tmp/big --device cuda \
-  --head gearshift/default_model/eagle3 --head-out /tmp/bighead --head-draft-vocab 32000 \
-  > "$OUT/make_bench.txt" 2>&1; tail -1 "$OUT/make_bench.txt" >> "$OUT/log.txt"
+if [ ! -f /tmp/bighead/config.json ]; then  # an earlier script of this call may have built it
+  timeout 90 $G make-bench-model --shape llama-3.1-8b --out /tmp/big --device cuda \
+    --head gearshift/default_model/eagle3 --head-out /tmp/bighead --head-draft-vocab 32000 \
+    > "$OUT/make_bench.txt" 2>&1; tail -1 "$OUT/make_bench.txt" >> "$OUT/log.txt"
+fi
 END=${END:-585}
 echo "sweep budget: $((END - SECONDS)) s" >> "$OUT/log.txt"
 timeout $((END - SECONDS)) $G bench sweep --model /tmp/big --draft-model /tmp/bighead \
