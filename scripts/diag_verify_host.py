@@ -76,6 +76,7 @@ def run_point(eng, policy, prompts, c: int, steps_cap: int) -> dict:
         eng.add_request(f"d{time.monotonic_ns()}-{i}", p,
                         SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True))
     per_step, walls, devs = defaultdict(list), [], []
+    by_gear = defaultdict(lambda: defaultdict(list))  # gear -> phase -> ms per step
     n = 0
     while eng.has_unfinished_requests():
         PHASES.clear()
@@ -87,15 +88,22 @@ def run_point(eng, policy, prompts, c: int, steps_cap: int) -> dict:
         n += 1
         walls.append(dt * 1e3)
         devs.append(eng.last_step.get("device_ms") or 0.0)
+        gear = str(eng.last_step.get("gear"))
+        by_gear[gear]["wall"].append(dt * 1e3)
         for k, v in PHASES.items():
             per_step[k].append(v * 1e3)
+            by_gear[gear][k].append(v * 1e3)
     if not walls:
         return {}
+    gears = {g: {"steps": len(ph["wall"]), **{k: round(statistics.median(v), 3)
+                                              for k, v in sorted(ph.items())}}
+             for g, ph in by_gear.items()}
     med = {k: round(statistics.median(v + [0.0] * (len(walls) - len(v))), 3)
            for k, v in per_step.items()}
     return {"verify_steps": len(walls), "wall_ms_median": statistics.median(walls),
             "target_device_ms_median": statistics.median(devs),
-            "phase_ms_median": dict(sorted(med.items(), key=lambda kv: -kv[1]))}
+            "phase_ms_median": dict(sorted(med.items(), key=lambda kv: -kv[1])),
+            "by_gear": gears}
 
 
 def trace_point(eng, policy, prompts, c: int, steps: int, path: str) -> dict:
