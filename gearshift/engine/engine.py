@@ -78,6 +78,7 @@ class Engine:
             self.scheduler.population = self.spec.population
             self.scheduler.tree_population = self.spec.tree_population
             self.scheduler.draft_topk = config.draft_topk
+            self.scheduler.draft_catches_up = self.spec.proposer.keeps_state
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
         if self.spec is not None:
             # prefill chunks ride in a chain's causal verify pass (riders need causal
@@ -234,7 +235,11 @@ class Engine:
                 and captured == self._graphs_seen and timed:
             ms = self.last_step["time_s"] * 1e3
             if plan.mode is ForwardMode.VERIFY:  # the draft's catch-up over earlier plain
-                ms -= self.spec.follow.catch_up_ms()  # steps is their cost, not this K's
+                catch_up = self.spec.follow.catch_up_ms()  # steps is their cost, not this K's
+                ms -= catch_up
+                observe = getattr(self.scheduler.policy, "observe_catch_up", None)
+                if observe is not None and catch_up > 0:  # what leaving K = 0 costs per row
+                    observe(self.spec.follow.catch_up_rows, catch_up)
             self._observe_cost(plan, self.spec.gear(plan), ms)
 
     def _num_graphs(self) -> int:

@@ -7,7 +7,10 @@ per request.
                                              (per-token acceptance a_i, EMA with a prior)
     E_i(tree) = 1 + (E_i(max_k) - 1) * g     g: the population's extra tokens per tree
                                              step over a max_k chain step (`tree_gain`)
-    G(g)   = sum_i E_i(g) / t(g, padded bs, context)      t from the CostModel
+    G(g)   = sum_i E_i(g) / (t(g, padded bs, context) + c(g))
+                                             t from the CostModel; c (g > 0): the draft's
+                                             catch-up over rows committed at K = 0, spread
+                                             over the steps each request has left
 
 Requests that opted out count 1 token at any gear. Hysteresis: the current K is kept unless
 another K is predicted to be better by more than `margin` (2%: no flapping on noise, and
@@ -46,7 +49,7 @@ class GoodputPolicy(Policy):
                  explore_every: int = 64, explore_ratio: float = 0.8, max_backoff: int = 8,
                  fresh_obs: int = 2, fresh_gap: int = 4, quiet_ratio: float = 0.9,
                  quiet_steps: int = 7, tree_evidence: float = 20.0,
-                 fresh_ratio: float = 0.5) -> None:
+                 fresh_ratio: float = 0.5, catch_up_ms_per_row: float = 1e-3) -> None:
         self.cost = cost
         self.max_k = max_k
         # a request's prior: the population's acceptance (evidence over recent requests),
@@ -108,6 +111,18 @@ class GoodputPolicy(Policy):
         self.quiet_ratio, self.quiet_steps = quiet_ratio, quiet_steps
         self._quiet: tuple[int, int] | None = None  # (padded bs, plans left)
         self._prepared: tuple | None = None  # ((requests, top gear), scores) from prepare()
+        # Leaving K = 0 has a price the step-time model does not see: the draft first catches
+        # up over every row the requests committed plainly (measured apart, the price of
+        # those plain steps). Speculative gears are scored with that catch-up spread over
+        # the steps each request has left to speculate (its remaining max_tokens over its
+        # expected tokens per step), and a probe from K = 0 is skipped while the whole
+        # catch-up costs more than a plain step: a probe goes back to K = 0 and pays again at
+        # the next one (H200, session 8: at c = 256 probes after long plain stretches took
+        # 47-53 ms, the draft re-reading ~64 rows of every request). ms per row: a prior
+        # (~1 us on the H200 for the 8B bench pair's head), then measured (observe_catch_up).
+        self.catch_up_ms_per_row = catch_up_ms_per_row
+        self._catch_up_obs = 0
+        self._catch_up_full = 0.0  # the whole catch-up of the requests scored last, ms
 
     def scores(self, view: PolicyView, top: int) -> dict[int, tuple[float, float, float]]:
         """(expected tokens, predicted ms, tokens per ms) for every uniform gear in 0..top.
@@ -121,6 +136,8 @@ class GoodputPolicy(Policy):
         ctx = sum(r.num_tokens for r in reqs)
         depth = min(top, self.max_k)
         tokens = [float(n)] * (top + 1)  # every request commits one token
+        catch = [0.0] * (top + 1)  # amortised catch-up ms per step, per gear
+        self._catch_up_full = 0.0
         prior = self.population_prior(view)
         elig = [r for r in reqs if r.params.speculative]
         if elig and depth:
@@ -133,13 +150,43 @@ class GoodputPolicy(Policy):
             extra = np.cumsum(powers.sum(axis=0))
             for k in range(1, depth + 1):
                 tokens[k] += float(extra[k - 1])
+            if view.draft_catches_up:
+                self._amortised_catch_up(elig, powers, catch)
         if top > self.max_k:
             tokens[top] = n + (tokens[self.max_k] - n) * self.tree_gain(view, prior)
+            catch[top] = catch[self.max_k]
         out = {}
         for k, t in enumerate(tokens):
             ms = self.cost.predict(k, bs, ctx)
-            out[k] = (t, ms, t / ms)
+            out[k] = (t, ms, t / (ms + catch[k]))
         return out
+
+    def _amortised_catch_up(self, elig: list, powers: np.ndarray, catch: list) -> None:
+        """catch[k] += the draft's catch-up over each request's rows behind, spread over the
+        steps it has left at gear k (remaining tokens / E_i(k), at least one step)."""
+        behind = np.fromiter((r.num_computed_tokens - r.draft_rows for r in elig), np.float64,
+                             len(elig))
+        rows_ms = np.maximum(behind, 0.0) * self.catch_up_ms_per_row
+        self._catch_up_full = float(rows_ms.sum())
+        if self._catch_up_full <= 0.0:
+            return
+        left = np.fromiter((r.params.max_tokens - len(r.output_token_ids) for r in elig),
+                           np.float64, len(elig))
+        per_step = 1.0 + np.cumsum(powers, axis=1)  # [requests, K]: E_i(k)
+        share = np.minimum(per_step / np.maximum(left, 1.0)[:, None], 1.0)
+        spread = (rows_ms[:, None] * share).sum(axis=0)
+        for k in range(1, powers.shape[1] + 1):
+            catch[k] += float(spread[k - 1])
+
+    def observe_catch_up(self, rows: int, ms: float) -> None:
+        """A VERIFY step's catch-up: `rows` draft rows in `ms` (the first replaces the prior,
+        then an EMA)."""
+        if rows <= 0 or ms <= 0:
+            return
+        per_row = ms / rows
+        rate = 1.0 if self._catch_up_obs == 0 else 0.2
+        self.catch_up_ms_per_row += rate * (per_row - self.catch_up_ms_per_row)
+        self._catch_up_obs += 1
 
     def population_prior(self, view: PolicyView) -> float:
         num, den = view.population or (0.0, 0.0)
@@ -230,7 +277,7 @@ class GoodputPolicy(Policy):
             runner_up = max(range(1, top + 1), key=lambda k: scores[k][2], default=0)
             if not runner_up or scores[runner_up][2] < self.quiet_ratio * scores[0][2]:
                 self._quiet = (bs, self.quiet_steps)
-            if (runner_up and probe
+            if (runner_up and probe and self._catch_up_full <= scores[0][1]
                     and scores[runner_up][2] >= self.explore_ratio * scores[0][2]):
                 self._last_probe, self._probe_error = (runner_up, bs, scores[runner_up][1]), None
                 return runner_up

@@ -51,6 +51,7 @@ class Scheduler:
         self.population = lambda: None  # SpecWorker's acceptance evidence over recent requests
         self.tree_population = lambda: None  # ... from its tree steps
         self.draft_topk = 1  # the engine's tree width (1: chains only)
+        self.draft_catches_up = False  # the proposer keeps state that catches up (PolicyView)
         self.spec_mixed = False  # prefill chunks may ride along in VERIFY steps (chains)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -148,7 +149,7 @@ class Scheduler:
 
     def _view(self, decoding: list[Request]) -> PolicyView:
         return PolicyView(decoding, len(self.waiting), self.max_draft_len, self.population(),
-                          self.draft_topk, self.tree_population())
+                          self.draft_topk, self.tree_population(), self.draft_catches_up)
 
     def prepare_next(self, plan: StepPlan) -> None:
         """While the device runs `plan` (a VERIFY step) and before the host waits for it: the

@@ -40,6 +40,7 @@ class DraftFollower:
         self.max_k = max_k
         self.feed = None  # Engine's TokenFeed: resolves placeholders of overlapped steps
         self._timing: tuple[float, tuple | None] | None = None  # latest catch_up: host ms, events
+        self.catch_up_rows = 0  # rows the latest catch_up ran the draft over
 
     def after_plain(self, plan: StepPlan, aux: torch.Tensor | None) -> None:
         """After an EXTEND / DECODE step: keep what the draft will need for these tokens."""
@@ -68,7 +69,7 @@ class DraftFollower:
         """Extend the draft over every row it is behind on, for these requests (before they
         speculate). Rounds of at most `max_tokens` tokens in all. Timed (`catch_up_ms`): it
         is the price of the plain steps before, not of this step's K."""
-        self._timing = None
+        self._timing, self.catch_up_rows = None, 0
         if not self.proposer.keeps_state or all(r.draft_rows >= r.num_computed_tokens
                                                 for r in reqs):
             return
@@ -87,6 +88,7 @@ class DraftFollower:
             extend = [min(r.num_computed_tokens - r.draft_rows, cap) for r in behind]
             slots = [s for r, p, n in zip(behind, prefix, extend) for s in r.slots[p:p + n]]
             self.extend(behind, prefix, extend, store, slots)  # store rows are slot ids
+            self.catch_up_rows += len(slots)
         if events is not None:
             events[1].record()
         self._timing = ((time.perf_counter() - t0) * 1e3, events)

@@ -141,6 +141,11 @@ def test_catch_up_is_timed_and_not_charged_to_the_verify_steps_k(
         def observe(self, k, bs, ctx, ms):
             self.observed.append((k, ms))
 
+        def observe_catch_up(self, rows, ms):  # what leaving K = 0 cost, per row
+            self.caught_up.append((rows, ms))
+
+    Scripted.caught_up = []
+
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    num_draft_tokens=2, overlap_schedule=False)
@@ -166,13 +171,15 @@ def test_catch_up_is_timed_and_not_charged_to_the_verify_steps_k(
         eng.step()
     assert all(abs(r.spec_alpha_den - 10.0 * 0.9 ** 3) < 1e-9 for r in reqs)
     follow.extend = slow_extend
+    behind = sum(r.num_computed_tokens - r.draft_rows for r in reqs)
     eng.step()  # the first VERIFY step: catch-up over every stored row
     assert eng.last_step["mode"] == "verify"
     assert follow.catch_up_ms() >= 50.0
     k, ms = pol.observed[-1]
     assert k == 2 and ms == eng.last_step["time_s"] * 1e3 - follow.catch_up_ms()
+    assert pol.caught_up == [(behind, follow.catch_up_ms())] and behind >= 3 * len(reqs)
     eng.step()  # nothing behind now: nothing subtracted
-    assert follow.catch_up_ms() == 0.0
+    assert follow.catch_up_ms() == 0.0 and len(pol.caught_up) == 1
     while eng.has_unfinished_requests():
         eng.step()
     assert eng.spec.population()[1] > 0  # acceptance evidence over all requests

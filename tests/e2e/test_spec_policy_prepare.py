@@ -19,6 +19,7 @@ class Recording(Policy):
         self.seen: list[tuple] = []
 
     def plan(self, view: PolicyView) -> list[int]:
+        assert view.draft_catches_up  # EAGLE-3 keeps draft KV: goodput prices its catch-up
         self.seen.append(("plan", [(r.request_id, len(r.output_token_ids))
                                    for r in view.requests]))
         return [2] * len(view.requests)

@@ -344,3 +344,57 @@ def test_goodput_scores_the_next_plan_while_the_device_runs_a_verify_step():
     pol.prepare(view)
     pol.plan(PolicyView(reqs(7, 0.8), 0, 5))  # a request finished: scored afresh
     assert calls == [8, 8, 8, 7]
+
+
+def _behind(rs, rows: int, left: int):
+    """Requests whose draft is `rows` behind (plain steps since their last VERIFY step),
+    with `left` tokens to go."""
+    for r in rs:
+        r.num_computed_tokens = r.num_tokens
+        r.draft_rows = r.num_tokens - rows
+        r.params.max_tokens = len(r.output_token_ids) + left
+    return rs
+
+
+def test_goodput_prices_the_drafts_catch_up_over_the_steps_left():
+    """Leaving K = 0 first runs the draft over every row committed plainly. Spread over
+    many steps left it does not matter; requests about to finish would pay it for a step
+    or two: they stay plain. Without a draft that catches up (n-gram), no price."""
+    def plan(rows, left, catches_up=True):
+        pol = GoodputPolicy(memory_bound_costs(), 5, catch_up_ms_per_row=0.01)
+        view = PolicyView(_behind(reqs(8, 0.8), rows, left), 0, 5, draft_catches_up=catches_up)
+        return pol.plan(view)[0]
+
+    assert plan(0, 3) == 5  # nothing behind
+    assert plan(400, 1000) == 5  # 4 ms per request, over ~270 steps
+    assert plan(400, 3) == 0  # 4 ms per request for its last step
+    assert plan(400, 3, catches_up=False) == 5
+
+
+def test_goodput_skips_probes_whose_catch_up_costs_more_than_a_plain_step():
+    """At K = 0 a probe VERIFY step would catch the draft up over every plain row, then go
+    back to K = 0 and pay again at the next probe: skipped while that costs more than a
+    plain step, taken when it does not."""
+    cost = memory_bound_costs()
+    for k in range(1, 6):  # drafting costs: a VERIFY step 6 ms, a plain one 4 ms
+        cost.base[k] = [[bs, 6.0] for bs, _ in cost.base[k]]
+
+    def probes(rows):
+        pol = GoodputPolicy(cost, 5, explore_every=4, explore_ratio=0.0,
+                            quiet_ratio=0.0, catch_up_ms_per_row=0.01)
+        view = PolicyView(_behind(reqs(8, 0.05), rows, 10_000), 0, 5, draft_catches_up=True)
+        return sum(pol.plan(view)[0] > 0 for _ in range(32))
+
+    assert probes(0) >= 6  # one in explore_every
+    assert probes(10) >= 6  # 0.8 ms of catch-up < a 4 ms plain step
+    assert probes(100) == 0  # 8 ms > 4 ms
+
+
+def test_goodput_learns_the_catch_up_cost_per_row():
+    pol = GoodputPolicy(memory_bound_costs(), 5, catch_up_ms_per_row=1.0)
+    pol.observe_catch_up(500, 2.0)  # the first measurement replaces the prior
+    assert pol.catch_up_ms_per_row == pytest.approx(0.004)
+    pol.observe_catch_up(100, 1.4)  # then an EMA
+    assert pol.catch_up_ms_per_row == pytest.approx(0.004 + 0.2 * (0.014 - 0.004))
+    pol.observe_catch_up(0, 1.0)  # nothing caught up: ignored
+    assert pol.catch_up_ms_per_row == pytest.approx(0.006)
