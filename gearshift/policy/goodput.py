@@ -49,7 +49,8 @@ class GoodputPolicy(Policy):
                  explore_every: int = 64, explore_ratio: float = 0.8, max_backoff: int = 8,
                  fresh_obs: int = 2, fresh_gap: int = 4, quiet_ratio: float = 0.9,
                  quiet_steps: int = 7, tree_evidence: float = 20.0,
-                 fresh_ratio: float = 0.5, catch_up_ms_per_row: float = 1e-3) -> None:
+                 fresh_ratio: float = 0.5, catch_up_ms_per_row: float = 1e-3,
+                 catch_up_min_rows: int = 1024) -> None:
         self.cost = cost
         self.max_k = max_k
         # a request's prior: the population's acceptance (evidence over recent requests),
@@ -119,8 +120,13 @@ class GoodputPolicy(Policy):
         # catch-up costs more than a plain step: a probe goes back to K = 0 and pays again at
         # the next one (H200, session 8: at c = 256 probes after long plain stretches took
         # 47-53 ms, the draft re-reading ~64 rows of every request). ms per row: a prior
-        # (~1 us on the H200 for the 8B bench pair's head), then measured (observe_catch_up).
+        # (~1 us on the H200 for the 8B bench pair's head), then measured (observe_catch_up)
+        # on catch-ups of at least `catch_up_min_rows` rows: a small one is mostly its fixed
+        # cost (a graphed draft-extend over one row per request), and its ms / rows, fed
+        # from c = 2 on, priced rows at ~100x their cost and kept goodput at K = 0 at c = 128
+        # (H200, session 8 call F).
         self.catch_up_ms_per_row = catch_up_ms_per_row
+        self.catch_up_min_rows = catch_up_min_rows
         self._catch_up_obs = 0
         self._catch_up_full = 0.0  # the whole catch-up of the requests scored last, ms
 
@@ -179,9 +185,9 @@ class GoodputPolicy(Policy):
             catch[k] += float(spread[k - 1])
 
     def observe_catch_up(self, rows: int, ms: float) -> None:
-        """A VERIFY step's catch-up: `rows` draft rows in `ms` (the first replaces the prior,
-        then an EMA)."""
-        if rows <= 0 or ms <= 0:
+        """A VERIFY step's catch-up: `rows` draft rows in `ms`. Only large ones measure the
+        cost per row (see catch_up_min_rows): the first replaces the prior, then an EMA."""
+        if rows < max(self.catch_up_min_rows, 1) or ms <= 0:
             return
         per_row = ms / rows
         rate = 1.0 if self._catch_up_obs == 0 else 0.2

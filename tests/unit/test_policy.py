@@ -390,8 +390,12 @@ def test_goodput_skips_probes_whose_catch_up_costs_more_than_a_plain_step():
     assert probes(100) == 0  # 8 ms > 4 ms
 
 
-def test_goodput_learns_the_catch_up_cost_per_row():
-    pol = GoodputPolicy(memory_bound_costs(), 5, catch_up_ms_per_row=1.0)
+def test_goodput_learns_the_catch_up_cost_per_row_from_large_catch_ups():
+    """A catch-up over one row per request is mostly its fixed cost (ms / rows would price
+    rows ~100x too high): only catch-ups of catch_up_min_rows rows or more count."""
+    pol = GoodputPolicy(memory_bound_costs(), 5, catch_up_ms_per_row=1.0, catch_up_min_rows=100)
+    pol.observe_catch_up(8, 1.0)  # small: ignored
+    assert pol.catch_up_ms_per_row == 1.0
     pol.observe_catch_up(500, 2.0)  # the first measurement replaces the prior
     assert pol.catch_up_ms_per_row == pytest.approx(0.004)
     pol.observe_catch_up(100, 1.4)  # then an EMA
