@@ -4,4 +4,4 @@
 # long plain stretches took 47-53 ms) and its c <= 4 points in call D.
 # Usage (device tool): bash scripts/device_s8_f.sh
 set -uo pipefail
-END=585 CONC=${CONC:-2,4,128,256} PASSES=${PASSES:-8} bash scripts/device_focus.sh
+END=${END:-420} CONC=${CONC:-2,4,128,256} PASSES=${PASSES:-8} bash scripts/device_focus.sh
