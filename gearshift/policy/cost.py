@@ -33,6 +33,9 @@ class CostModel:
     # K -> (the points list, its batch sizes): the planner predicts every K every step, and
     # rebuilding the x list was half of plan()'s host time (CPU profile, session 5)
     _xs: dict[int, tuple[list, list[float]]] = field(default_factory=dict, repr=False)
+    # the draft's catch-up over rows the requests committed at K = 0, ms per row (a prior:
+    # the draft's share of the target's per-token cost in its longest profiled forward)
+    catch_up_ms_per_row: float | None = None
 
     @classmethod
     def roofline(cls, weight_bytes: float, flops_per_token: float, kv_bytes_per_token: float,
@@ -52,6 +55,7 @@ class CostModel:
                 pts.append([float(bs), t + overhead_ms])
             m.base[k] = pts
             m.attn_ms_per_token[k] = kv_bytes_per_token / bandwidth * 1e3
+        m.catch_up_ms_per_row = draft_frac * flops_per_token / flops * 1e3
         return m
 
     def set_measured(self, k: int, points: list[list[float]]) -> None:

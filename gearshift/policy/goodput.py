@@ -49,7 +49,7 @@ class GoodputPolicy(Policy):
                  explore_every: int = 64, explore_ratio: float = 0.8, max_backoff: int = 8,
                  fresh_obs: int = 2, fresh_gap: int = 4, quiet_ratio: float = 0.9,
                  quiet_steps: int = 7, tree_evidence: float = 20.0,
-                 fresh_ratio: float = 0.5, catch_up_ms_per_row: float = 1e-3,
+                 fresh_ratio: float = 0.5, catch_up_ms_per_row: float | None = None,
                  catch_up_min_rows: int = 1024) -> None:
         self.cost = cost
         self.max_k = max_k
@@ -120,12 +120,15 @@ class GoodputPolicy(Policy):
         # catch-up costs more than a plain step: a probe goes back to K = 0 and pays again at
         # the next one (H200, session 8: at c = 256 probes after long plain stretches took
         # 47-53 ms, the draft re-reading ~64 rows of every request). ms per row: a prior
-        # (~1 us on the H200 for the 8B bench pair's head), then measured (observe_catch_up)
+        # (the cost model's: the draft's share of the target's per-token cost in its longest
+        # profiled forward, ~1 us on the H200 for the 8B bench pair), then measured
         # on catch-ups of at least `catch_up_min_rows` rows: a small one is mostly its fixed
         # cost (a graphed draft-extend over one row per request), and its ms / rows, fed
         # from c = 2 on, priced rows at ~100x their cost and kept goodput at K = 0 at c = 128
         # (H200, session 8 call F).
-        self.catch_up_ms_per_row = catch_up_ms_per_row
+        if catch_up_ms_per_row is None:
+            catch_up_ms_per_row = cost.catch_up_ms_per_row
+        self.catch_up_ms_per_row = 1e-3 if catch_up_ms_per_row is None else catch_up_ms_per_row
         self.catch_up_min_rows = catch_up_min_rows
         self._catch_up_obs = 0
         self._catch_up_full = 0.0  # the whole catch-up of the requests scored last, ms

@@ -66,6 +66,9 @@ def build_cost_model(runner, max_k: int, max_num_seqs: int, draft_frac: float,
             pts.append([float(bs), ms])
         model.base[k] = pts
         model.attn_ms_per_token[k] = kv_per_token / 4.2e12 * 1e3
+    if cache:  # the draft over many rows: its share of the target's per-token cost there
+        longest = max(cache)
+        model.catch_up_ms_per_row = draft_frac * cache[longest] / longest
     return model
 
 

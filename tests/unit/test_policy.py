@@ -402,3 +402,13 @@ def test_goodput_learns_the_catch_up_cost_per_row_from_large_catch_ups():
     assert pol.catch_up_ms_per_row == pytest.approx(0.004 + 0.2 * (0.014 - 0.004))
     pol.observe_catch_up(0, 1.0)  # nothing caught up: ignored
     assert pol.catch_up_ms_per_row == pytest.approx(0.006)
+
+
+def test_goodputs_catch_up_prior_comes_from_the_cost_model():
+    """The price per caught-up row starts from the cost model (the draft's share of the
+    target's per-token compute), not from a constant; a measured one replaces it."""
+    cost = CostModel.roofline(16e9, 16e9, 1.3e5, 4, [1, 8, 64], flops=8e14, draft_frac=0.05)
+    assert cost.catch_up_ms_per_row == pytest.approx(0.05 * 16e9 / 8e14 * 1e3)  # 1 us
+    assert GoodputPolicy(cost, 4).catch_up_ms_per_row == cost.catch_up_ms_per_row
+    assert GoodputPolicy(memory_bound_costs(), 5).catch_up_ms_per_row == 1e-3  # none known
+    assert GoodputPolicy(cost, 4, catch_up_ms_per_row=0.5).catch_up_ms_per_row == 0.5
