@@ -147,8 +147,9 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     steps_by_k = {int(k.split(".")[1]): v - before.get(k, 0) for k, v in stats.items()
                   if k.startswith("steps_by_k.") and v > before.get(k, 0)}  # request-steps
     tree_steps = stats.get("tree_steps", 0) - before.get("tree_steps", 0)  # of which trees
-    tree_acc, top1_acc = (stats.get(k, 0) - before.get(k, 0)
-                          for k in ("tree_accepted", "tree_top1_accepted"))
+    tree_acc, top1_acc, catch_rows, catch_ms = (
+        stats.get(k, 0) - before.get(k, 0)
+        for k in ("tree_accepted", "tree_top1_accepted", "catch_up_rows", "catch_up_ms"))
     return {"concurrency": concurrency, "requests": len(prompts),
             "output_tokens": sum(count.values()),
             "output_tok_per_s": sum(count.values()) / elapsed,
@@ -160,6 +161,9 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             # on tree request-steps: drafts accepted, and what their top-1 chains alone
             # accepted (tokens per step 1 + x / request_steps_tree: the trees' real gain)
             "tree_accepted": tree_acc, "tree_top1_accepted": top1_acc,
+            # the draft's catch-ups over rows committed at K = 0: rows and ms (inside the
+            # VERIFY steps' time, not charged to their gears)
+            "catch_up_rows": catch_rows, "catch_up_ms": catch_ms,
             "gear_switches": getattr(engine.scheduler.policy, "switches", 0) - switches,
             # where the point's time went, by step mode (host work included): total seconds
             # and median step period, e.g. goodput's VERIFY steps against always-4's
@@ -203,7 +207,8 @@ def merge_passes(parts: list[dict]) -> dict:
     out = {"concurrency": parts[0]["concurrency"]}
     for key in ("requests", "output_tokens", "elapsed_s", "proposed", "accepted", "gc_ms",
                 "graphs_captured", "decode_steps", "verify_steps", "extend_steps",
-                "request_steps_tree", "tree_accepted", "tree_top1_accepted", "gear_switches"):
+                "request_steps_tree", "tree_accepted", "tree_top1_accepted", "gear_switches",
+                "catch_up_rows", "catch_up_ms"):
         out[key] = sum(p[key] for p in parts)
     out["output_tok_per_s"] = out["output_tokens"] / out["elapsed_s"]
     out["pass_tok_per_s"] = [round(p["output_tok_per_s"], 1) for p in parts]

@@ -300,6 +300,8 @@ class Engine:
             "tree_accepted": s["tree_accepted"], "tree_top1_accepted": s["tree_top1_accepted"],
             "proposed": proposed, "accepted": accepted,
             "acceptance_rate": accepted / proposed if proposed else 0.0,
+            # the draft's catch-ups over rows committed at K = 0 (the price of leaving K = 0)
+            "catch_up_rows": s["catch_up_rows"], "catch_up_ms": s["catch_up_ms"],
             "accept_len_hist": {int(k.split(".")[1]): v for k, v in s.items()
                                 if k.startswith("accept_len.")},
             "controller": dict(getattr(self.scheduler.policy, "last_prediction", {}) or {},

@@ -258,6 +258,9 @@ class SpecWorker:
             packed = pack(res)
         scheduler.prepare_next(plan)  # host work for the next plan while the device runs
         packed = packed.tolist()  # the step's one host sync
+        if self.follow.catch_up_rows:  # what leaving K = 0 cost (its events are done now)
+            self.stats["catch_up_rows"] += self.follow.catch_up_rows
+            self.stats["catch_up_ms"] += self.follow.catch_up_ms()
         new_tokens, kept, freed, rows_used = [], [], [], []
         for i in range(b):
             if ride[i]:  # the whole chunk stays; its last token's sample only if it ends the prompt

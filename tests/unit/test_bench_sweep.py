@@ -56,8 +56,12 @@ def test_sweep_cli_writes_every_point(tmp_path):
             assert all(set(p["verify_s_by_gear"]) == {"2"} for p in pts)
         if name.startswith("tree"):  # gear max K + 1 = 5
             assert all(set(p["verify_s_by_gear"]) == {"5"} for p in pts)
+        # every point reports the draft's catch-ups (requests start behind by their prompt)
+        assert all(p["catch_up_rows"] >= 0 and p["catch_up_ms"] >= 0 for p in pts)
+        if name.startswith("always"):
+            assert all(p["catch_up_rows"] > 0 for p in pts)
         if name == "off":
-            assert all(p["proposed"] == 0 for p in pts)
+            assert all(p["proposed"] == 0 and p["catch_up_rows"] == 0 for p in pts)
             assert all("verify" not in p["step_s_by_mode"] for p in pts)
         if name.startswith("always") or name.startswith("tree"):
             assert all(p["proposed"] > 0 for p in pts)
@@ -101,6 +105,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
                 "proposed": 4, "accepted": 1, "graphs_captured": 0, "decode_steps": 1,
                 "verify_steps": 2, "extend_steps": 3, "request_steps_by_k": {2: 1},
                 "request_steps_tree": 1, "tree_accepted": 3, "tree_top1_accepted": 2,
+                "catch_up_rows": 7, "catch_up_ms": 0.25,
                 "device_ms_median_by_mode": {"verify": 2.0 + c},
                 "verify_s_by_gear": {"4": [0.5, 2]},
                 "gear_switches": 0,
@@ -124,6 +129,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
     assert point["gc_collections"] == [2, 0, 0] and point["verify_steps"] == 4
     assert point["graph_keys_captured"] == [["verify", "4", "5"]] * 2  # both passes'
     assert (point["tree_accepted"], point["tree_top1_accepted"]) == (6, 4)
+    assert (point["catch_up_rows"], point["catch_up_ms"]) == (14, 0.5)  # summed over passes
     assert point["device_ms_median_by_mode"] == {"verify": [6.0, 6.0]}  # one per pass
     assert point["verify_s_by_gear"] == {"4": [1.0, 4]}
     assert res["b"][0]["graph_keys_captured"] == []
