@@ -14,6 +14,7 @@ reports per VERIFY step:
 
     python scripts/diag_verify_host.py --model /tmp/big --draft-model /tmp/bighead \
         --points always-4:1,goodput:1,always-4:8,goodput:8 --out diag.json [--trace]
+        [--rounds 3]   (JSON: per point, one result per round, `run` = its place in the run)
 """
 
 from __future__ import annotations
@@ -188,6 +189,9 @@ def main() -> int:
     p.add_argument("--points", default="always-4:1,goodput:1,tree:1,always-4:8,goodput:8")
     p.add_argument("--steps", type=int, default=200, help="VERIFY steps timed per point")
     p.add_argument("--trace", action="store_true")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the points this many times, every other round in reverse order "
+                        "(separates a policy's cost from its place in the run)")
     p.add_argument("--out", default="diag_verify_host.json")
     args = p.parse_args()
     from gearshift import LLM
@@ -202,10 +206,13 @@ def main() -> int:
     prompts = make_prompts(llm.tokenizer, eng.model_config.vocab_size, 64, 128, 0)
     policies = {name: policy_object(name, eng, 4) for name in {n for n, _ in points}}
     out = {"warmup_s": warm_s, "points": {}}
-    for name, c in points:  # once untimed (graphs, compiles), then timed
+    for name, c in points:  # once untimed each (graphs, compiles)
         run_point(eng, policies[name], prompts, c, 0)
-        install_once(eng)
-        out["points"][f"{name}:{c}"] = r = run_point(eng, policies[name], prompts, c, args.steps)
+    install_once(eng)
+    order = [pt for rnd in range(args.rounds) for pt in (points if rnd % 2 == 0 else points[::-1])]
+    for i, (name, c) in enumerate(order):
+        r = dict(run_point(eng, policies[name], prompts, c, args.steps), run=i)
+        out["points"].setdefault(f"{name}:{c}", []).append(r)
         print(name, c, json.dumps(r), flush=True)
         if args.trace:
             with tempfile.TemporaryDirectory() as tmp:
