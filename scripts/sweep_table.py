@@ -1,6 +1,8 @@
 """Markdown table and issue-4 verdicts from a `gearshift bench sweep` JSON: output tok/s
 (acceptance) per policy and concurrency, goodput / best other per point, geometric means
-(of policies measured at every c), goodput's K mix; optionally the sweep's PNG (`--png`).
+(of policies measured at every c), goodput's K mix, and goodput / best other paired per pass
+(same prompts: median and min over passes, a view of the noise); optionally the sweep's PNG
+(`--png`).
 A `--focus` run (not every policy at every c) shows "-" where a policy did not run.
 
 Usage: python scripts/sweep_table.py sweep.json [--png sweep.png]
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 
 
 def main() -> None:
@@ -24,8 +27,9 @@ def main() -> None:
     # a --focus run has not every policy at every c: points are matched by concurrency
     at = {q: {pt["concurrency"]: pt for pt in res[q]} for q in pols}
     concs = sorted({c for q in pols for c in at[q]})
-    print("| c | " + " | ".join(pols) + " | best other | goodput / best | goodput K mix |")
-    print("|---:|" + "---:|" * len(pols) + "---|---:|---|")
+    print("| c | " + " | ".join(pols)
+          + " | best other | goodput / best | per pass: median, min | goodput K mix |")
+    print("|---:|" + "---:|" * len(pols) + "---|---:|---|---|")
     ratios = []
     for c in concs:
         row = {q: at[q][c] for q in pols if c in at[q]}
@@ -44,8 +48,11 @@ def main() -> None:
         mix = dict(g.get("request_steps_by_k", {})) if g else {}
         if g and g.get("request_steps_tree"):  # request-steps that verified the tree
             mix["tree"] = g["request_steps_tree"]
+        paired = _paired(row)
         print(f"| {c} | " + " | ".join(cells) + f" | {best} | "
-              + (f"**{ratio:.3f}**" if ratio is not None else "-") + f" | {mix} |")
+              + (f"**{ratio:.3f}**" if ratio is not None else "-") + " | "
+              + (f"{statistics.median(paired):.3f}, {min(paired):.3f}" if paired else "-")
+              + f" | {mix} |")
     geo = {q: math.exp(sum(math.log(pt["output_tok_per_s"]) for pt in res[q]) / len(res[q]))
            for q in pols if len(res[q]) == len(concs)}
     print("| geomean | " + " | ".join(f"{geo[q]:,.0f}" if q in geo else "-" for q in pols) + " | | | |")
@@ -63,6 +70,17 @@ def main() -> None:
         from gearshift.bench.sweep import plot
 
         plot(res, args.png)
+
+
+def _paired(row: dict) -> list[float]:
+    """Per pass: goodput's tok/s over the best other policy's in the same pass (the same
+    prompts); [] without goodput or per-pass figures."""
+    g = row.get("goodput")
+    others = [pt["pass_tok_per_s"] for q, pt in row.items() if q != "goodput"]
+    if not g or not others or not g.get("pass_tok_per_s"):
+        return []
+    return [x / max(o[i] for o in others) for i, x in enumerate(g["pass_tok_per_s"])
+            if all(i < len(o) for o in others) and max(o[i] for o in others) > 0]
 
 
 if __name__ == "__main__":

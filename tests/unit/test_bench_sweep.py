@@ -183,6 +183,7 @@ def test_focus_run_measures_only_the_kept_policies(tmp_path, capsys):
     table = subprocess.run([sys.executable, str(script), str(out)],
                            capture_output=True, text=True, check=True).stdout
     assert "| 1 | " in table and " - |" in table  # a gap where a policy did not run
+    assert "per pass: median, min" in table  # goodput / the best other, paired per pass
     for bad, message in ((str(tmp_path / "missing.json"), "cannot read sweep JSON"),
                          (str(target / "config.json"), "is not a sweep JSON")):
         with pytest.raises(SystemExit) as e:
