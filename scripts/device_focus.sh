@@ -2,7 +2,8 @@
 # A confirmation sweep (`bench sweep --focus`): at each concurrency, goodput and only the
 # FOCUS_TOP (3) policies closest to the best in the earlier H200 sweeps (session 6 calls
 # C, D; session 7 A+B, C+D), with PASSES (8) passes: issue 4's per-point verdict from
-# more samples of the comparisons that decide it. CONC picks the half (one call each:
+# more samples of the comparisons that decide it; a pass runs c * ROUNDS (1) requests
+# (sessions 8-9 call B: 5c/8, see sweep.per_pass). CONC picks the half (one call each:
 # "1,2,4,8,16" ~4 min, "32,64,128,256" ~7 min).
 # Usage (device tool): CONC=1,2,4,8,16 bash scripts/device_focus.sh (END: the second of the
 # call by which the sweep must stop, default 585)
@@ -22,7 +23,7 @@ fi
 END=${END:-585}
 echo "sweep budget: $((END - SECONDS)) s" >> "$OUT/log.txt"
 timeout $((END - SECONDS)) $G bench sweep --model /tmp/big --draft-model /tmp/bighead \
-  --rounds 5 --passes "${PASSES:-8}" --concurrency "${CONC:-1,2,4,8,16}" \
+  --rounds "${ROUNDS:-1}" --passes "${PASSES:-8}" --concurrency "${CONC:-1,2,4,8,16}" \
   --focus "$PRIOR" --focus-top "${FOCUS_TOP:-3}" \
   --output-json "$OUT/sweep.json" --output-png "$OUT/sweep.png" > "$OUT/sweep.log" 2>&1
 echo "sweep rc $?" >> "$OUT/log.txt"

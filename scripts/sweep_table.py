@@ -2,10 +2,12 @@
 (acceptance) per policy and concurrency, goodput / best other per point, geometric means
 (of policies measured at every c), goodput's K mix, and goodput / best other paired per pass
 (same prompts: median and min over passes, a view of the noise); optionally the sweep's PNG
-(`--png`).
+(`--png`). Several JSONs (the halves of one sweep, run in two device calls) are merged
+first: each policy's points from every file, by concurrency (`--merged` writes them out).
 A `--focus` run (not every policy at every c) shows "-" where a policy did not run.
 
-Usage: python scripts/sweep_table.py sweep.json [--png sweep.png]
+Usage: python scripts/sweep_table.py sweep.json [more.json ...] [--png sweep.png]
+       [--merged all.json]
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ import statistics
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("json")
+    p.add_argument("json", nargs="+")
     p.add_argument("--png")
+    p.add_argument("--merged", help="write the merged sweep JSON here")
     args = p.parse_args()
-    res = json.load(open(args.json))["results"]
+    res = merge([json.load(open(f))["results"] for f in args.json])
+    if args.merged:
+        with open(args.merged, "w") as f:
+            json.dump({"results": res, "sources": args.json}, f, indent=1)
     pols = list(res)
     others = [q for q in pols if q != "goodput"]
     # a --focus run has not every policy at every c: points are matched by concurrency
@@ -70,6 +76,20 @@ def main() -> None:
         from gearshift.bench.sweep import plot
 
         plot(res, args.png)
+
+
+def merge(parts: list[dict]) -> dict:
+    """{policy: points} of several sweeps, each policy's points sorted by concurrency; a
+    concurrency measured in more than one file is an error (which one would stand?)."""
+    out: dict[str, dict] = {}
+    for res in parts:
+        for q, pts in res.items():
+            for pt in pts:
+                c = pt["concurrency"]
+                if c in out.setdefault(q, {}):
+                    raise SystemExit(f"{q} at c = {c} is in more than one file")
+                out[q][c] = pt
+    return {q: [pts[c] for c in sorted(pts)] for q, pts in out.items()}
 
 
 def _paired(row: dict) -> list[float]:

@@ -4,8 +4,9 @@ concurrency (1, 2, 4, ... 256) for each speculation policy, on one target + draf
     off | always K=2 | always K=4 | tree | threshold (SGLang-like: off at >= 64)
         | threshold-vllm (K=3 <= 64, K=1 <= 128, off above) | goodput (default)
 
-Concurrency c = at most c requests running (closed loop over max(c * rounds, min_requests)
-requests; 4 and 16 by default), split into `passes` (2) runs. Every policy runs on one
+Concurrency c = at most c requests running: a pass is a closed loop over c * rounds requests
+(each of the c slots serves `rounds` (2) requests in turn; at least min_requests / passes),
+and a point runs `passes` (2) of them. Every policy runs on one
 engine (max K = 4; tree width --tree-topk, --tree-tokens nodes): chain policies plan
 chains, `tree` plans the tree, goodput picks among both. Policies are interleaved: for
 each c, pass 1 runs every policy in turn, pass 2 runs them in reverse order on the next
@@ -242,8 +243,12 @@ def merge_passes(parts: list[dict]) -> dict:
 
 
 def per_pass(c: int, args) -> int:
-    """Requests of one pass at concurrency c: max(c * rounds, min_requests) over the passes."""
-    return max(-(-c * args.rounds // args.passes), -(-args.min_requests // args.passes))
+    """Requests of one pass at concurrency c: c * rounds (at least min_requests over the
+    passes). Every pass reaches c running requests and refills their slots as they finish.
+    (Until session 9 a point's c * rounds requests were split over its passes: with 5 rounds
+    and 8 passes a pass at "c = 128" was one wave of 80 requests, and the drain of its
+    slowest requests, not c running requests, decided the point.)"""
+    return max(c * max(args.rounds, 1), -(-args.min_requests // args.passes))
 
 
 def sweep(engine, policies: dict, prompts: list[list[int]], args, bar, done=None,
@@ -416,9 +421,10 @@ def add_args(p) -> None:
     add_engine_args(p)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                    default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
-    # 2 rounds / 8 requests gave ~1 s points whose throughput varied up to 9% between two
-    # identical policies on the H200 (docs/benchmarks/2026-11-29-h200-session3.md)
-    p.add_argument("--rounds", type=int, default=4, help="requests per point = c * rounds")
+    # a point of 2 rounds in all / 8 requests (one pass) took ~1 s, and its throughput varied
+    # up to 9% between two identical policies on the H200 (2026-11-29-h200-session3.md)
+    p.add_argument("--rounds", type=_at_least_one, default=2,
+                   help="requests per pass = c * rounds (closed loop: each slot serves `rounds`)")
     p.add_argument("--min-requests", type=int, default=16,
                    help="at least this many requests per point (short points are noisy)")
     p.add_argument("--passes", type=_at_least_one, default=2,

@@ -26,8 +26,8 @@ def test_sweep_cli_writes_every_point(tmp_path):
     assert set(CHAIN_POLICIES) < set(results) and any(k.startswith("tree-") for k in results)
     for name, pts in results.items():
         assert [p["concurrency"] for p in pts] == [1, 3]
-        # two passes (interleaved policies) of max(ceil(c / 2), 1) requests each
-        assert [p["requests"] for p in pts] == [2, 4]
+        # two passes (interleaved policies) of c * rounds requests each
+        assert [p["requests"] for p in pts] == [2, 6]
         assert all(p["output_tok_per_s"] > 0 and len(p["pass_tok_per_s"]) == 2 for p in pts)
         assert all(len(p["gc_collections"]) == 3 and p["gc_ms"] >= 0 for p in pts)
         assert all(p["graph_keys_captured"] == [] for p in pts)  # CPU: no graphs
@@ -114,7 +114,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
 
     monkeypatch.setattr(sw, "run_point", fake_point)
     engine = SimpleNamespace(scheduler=SimpleNamespace(policy=None))
-    args = SimpleNamespace(concurrency=[1, 4], rounds=2, passes=2, min_requests=2, output_len=8)
+    args = SimpleNamespace(concurrency=[1, 4], rounds=1, passes=2, min_requests=2, output_len=8)
     bar = SimpleNamespace(update=lambda n: None)
     prompts = [[i] for i in range(8)]
     res = sw.sweep(engine, {"a": "A", "b": "B", "c": "C"}, prompts, args, bar)
@@ -141,6 +141,21 @@ def _prior(path, table: dict) -> str:
         name: [{"concurrency": c, "output_tok_per_s": v} for c, v in pts.items()]
         for name, pts in table.items()}}))
     return str(path)
+
+
+def test_every_pass_reaches_the_concurrency_and_refills_it():
+    """A pass runs c * rounds requests however many passes there are: a point at c = 128 with
+    5 rounds and 8 passes was one wave of 80 requests per pass (never 128 running)."""
+    from types import SimpleNamespace
+
+    from gearshift.bench.sweep import per_pass
+
+    for rounds, passes in ((5, 8), (2, 4), (1, 2), (3, 1)):
+        args = SimpleNamespace(rounds=rounds, passes=passes, min_requests=16)
+        for c in (1, 2, 16, 128, 256):
+            assert per_pass(c, args) >= c * rounds
+    # a short point still gets min_requests in all
+    assert per_pass(1, SimpleNamespace(rounds=1, passes=2, min_requests=16)) == 8
 
 
 def test_focus_keeps_goodput_and_the_closest_policies_per_concurrency(tmp_path):
@@ -189,3 +204,31 @@ def test_focus_run_measures_only_the_kept_policies(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             main([*base, "--concurrency", "1", "--focus", bad])
         assert e.value.code != 0 and message in capsys.readouterr().err
+
+
+def test_sweep_table_merges_the_halves_of_a_sweep(tmp_path):
+    """Two device calls measure c <= 16 and c >= 32: the table (geomeans against every
+    policy) comes from both; a concurrency in both files is refused."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def point(c, v):
+        return {"concurrency": c, "output_tok_per_s": v, "acceptance_rate": 0.5,
+                "pass_tok_per_s": [v, v]}
+
+    low, high = tmp_path / "low.json", tmp_path / "high.json"
+    low.write_text(json.dumps({"results": {"goodput": [point(1, 4.0)], "off": [point(1, 2.0)]}}))
+    high.write_text(json.dumps({"results": {"goodput": [point(32, 9.0)],
+                                            "off": [point(32, 10.0)]}}))
+    script = Path(__file__).resolve().parents[2] / "scripts" / "sweep_table.py"
+    merged = tmp_path / "all.json"
+    table = subprocess.run([sys.executable, str(script), str(high), str(low), "--merged",
+                            str(merged)], capture_output=True, text=True, check=True).stdout
+    assert "| 1 | 4 (0.50) | 2 (0.50) |" in table and "| 32 | 9 (0.50) | 10 (0.50) |" in table
+    assert "goodput geomean / other policies: off 1.342" in table  # sqrt(4 * 9 / (2 * 10))
+    res = json.loads(merged.read_text())["results"]
+    assert [p["concurrency"] for p in res["goodput"]] == [1, 32]
+    dup = subprocess.run([sys.executable, str(script), str(low), str(low)], capture_output=True,
+                         text=True)
+    assert dup.returncode != 0 and "in more than one file" in dup.stderr
