@@ -36,6 +36,14 @@ class CostModel:
     # the draft's catch-up over rows the requests committed at K = 0, ms per row (a prior:
     # the draft's share of the target's per-token cost in its longest profiled forward)
     catch_up_ms_per_row: float | None = None
+    # observe(..., share=True) (the policy's running gear): the step's relative error also
+    # moves the other speculative gears' points at the same batch sizes, by this share of
+    # the EMA step. What moves one gear's wall time (longer contexts, the host's state)
+    # moves its neighbours', so a neighbour priced minutes ago must not look cheaper because
+    # the running gear's price followed the drift (simulated, session 9: a 25% drift
+    # tripled goodput's steps at a gear 5% worse). A neighbour's own observations (probes,
+    # explorations) move only its own points: they learn its gap to the running gear.
+    shared: float = 1.0
 
     @classmethod
     def roofline(cls, weight_bytes: float, flops_per_token: float, kv_bytes_per_token: float,
@@ -92,8 +100,9 @@ class CostModel:
             self._xs[k] = cached
         return cached[1]
 
-    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float) -> None:
-        """Move the two table points around `bs` towards the measured step time."""
+    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float, share: bool = False) -> None:
+        """Move the two table points around `bs` towards the measured step time (`share`:
+        and, by `shared` of the EMA step, the other speculative gears' points there)."""
         pts = self.base.get(k)
         if not pts or ms <= 0:
             return
@@ -109,7 +118,19 @@ class CostModel:
             rate = max(self.ema, 1.0 / (counts[j] + 1))  # the first observation replaces the prior
             pts[j][1] = max(pts[j][1] + rate * w * err, 1e-3)
             counts[j] += 1
+            if share and k and self.shared:
+                self._share(k, pts[j][0], self.shared * self.ema * w * err / pred)
         self.observations += 1
+
+    def _share(self, k: int, bs: float, rel: float) -> None:
+        """Scale the other speculative gears' points at batch size `bs` by 1 + rel."""
+        for g, pts in self.base.items():
+            if g == 0 or g == k:
+                continue
+            xs = self._batch_sizes(g, pts)
+            i = bisect.bisect_left(xs, bs)
+            if i < len(pts) and xs[i] == bs:
+                pts[i][1] = max(pts[i][1] * (1.0 + rel), 1e-3)
 
 
 def _interp(pts: list[list[float]], x: float, xs: list[float]) -> float:

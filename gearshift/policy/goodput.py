@@ -50,7 +50,7 @@ class GoodputPolicy(Policy):
                  fresh_obs: int = 2, fresh_gap: int = 4, quiet_ratio: float = 0.9,
                  quiet_steps: int = 7, tree_evidence: float = 20.0,
                  fresh_ratio: float = 0.5, catch_up_ms_per_row: float | None = None,
-                 catch_up_min_rows: int = 1024) -> None:
+                 catch_up_min_rows: int = 1024, share_after: int = 16) -> None:
         self.cost = cost
         self.max_k = max_k
         # a request's prior: the population's acceptance (evidence over recent requests),
@@ -61,6 +61,7 @@ class GoodputPolicy(Policy):
         self.pad = pad  # batch size -> padded (graph) batch size
         self.current_k = max_k
         self.last_prediction: dict = {}
+        self.last_scores: dict = {}  # gear -> (tokens, ms, tokens / ms) of the last scoring
         # Exploration keeps the estimates of the gears not in use fresh: while in K = 0, a K
         # whose predicted goodput is at least `explore_ratio` of the best is tried once every
         # `explore_every` steps (acceptance and its cost; a bounded loss: under heavy load a
@@ -132,6 +133,8 @@ class GoodputPolicy(Policy):
         self.catch_up_min_rows = catch_up_min_rows
         self._catch_up_obs = 0
         self._catch_up_full = 0.0  # the whole catch-up of the requests scored last, ms
+        self.share_after = share_after
+        self._steady = 0  # observations of the current gear since it became current
 
     def scores(self, view: PolicyView, top: int) -> dict[int, tuple[float, float, float]]:
         """(expected tokens, predicted ms, tokens per ms) for every uniform gear in 0..top.
@@ -267,11 +270,13 @@ class GoodputPolicy(Policy):
             return 0
         self._quiet = None
         scores = scores or self.scores(view, top)
+        self.last_scores = scores  # for diagnostics (scripts/diag_goodput_steps.py)
         best = max(scores, key=lambda k: scores[k][2])
         cur = min(self.current_k, top)
         if scores[best][2] <= scores[cur][2] * (1 + self.margin):
             best = cur  # hysteresis: not clearly better, keep the gear we are in
         if best != self.current_k:  # a new gear: its estimates are new everywhere
+            self._steady = 0
             self._periods.clear()
             self._last_probe = None
             self.switches += 1
@@ -367,4 +372,10 @@ class GoodputPolicy(Policy):
             log_[0] += ms
             log_[1] += pred
             log_[2] += 1
-        self.cost.observe(k, bs, ctx_tokens, ms)
+        # the running gear's drift moves its neighbours too (CostModel.shared), once it has
+        # run `share_after` steps: its first steps correct its own price (chosen when noise
+        # made it look best), which is not drift. A probe's or an exploration's step prices
+        # only its own gear.
+        steady = k == self.current_k
+        self._steady = self._steady + 1 if steady else self._steady
+        self.cost.observe(k, bs, ctx_tokens, ms, share=steady and self._steady > self.share_after)
