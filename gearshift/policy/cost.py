@@ -100,12 +100,14 @@ class CostModel:
             self._xs[k] = cached
         return cached[1]
 
-    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float, share: bool = False) -> None:
+    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float,
+                share: bool = False) -> float | None:
         """Move the two table points around `bs` towards the measured step time (`share`:
-        and, by `shared` of the EMA step, the other speculative gears' points there)."""
+        and, by `shared` of the EMA step, the other speculative gears' points there).
+        -> what was predicted for the step (None: K not modelled, or no time measured)."""
         pts = self.base.get(k)
         if not pts or ms <= 0:
-            return
+            return None
         pred = self.predict(k, bs, ctx_tokens)
         ms = min(max(ms, 0.5 * pred), 2.0 * pred)  # one sample moves a point at most 2x
         err = ms - pred
@@ -121,6 +123,7 @@ class CostModel:
             if share and k and self.shared:
                 self._share(k, pts[j][0], self.shared * self.ema * w * err / pred)
         self.observations += 1
+        return pred
 
     def _share(self, k: int, bs: float, rel: float) -> None:
         """Scale the other speculative gears' points at batch size `bs` by 1 + rel."""

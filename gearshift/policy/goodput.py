@@ -135,6 +135,7 @@ class GoodputPolicy(Policy):
         self._catch_up_full = 0.0  # the whole catch-up of the requests scored last, ms
         self.share_after = share_after
         self._steady = 0  # observations of the current gear since it became current
+        self._plain_ok: dict[int, bool] = {}  # padded bs -> the last K = 0 probe confirmed
 
     def scores(self, view: PolicyView, top: int) -> dict[int, tuple[float, float, float]]:
         """(expected tokens, predicted ms, tokens per ms) for every uniform gear in 0..top.
@@ -284,6 +285,8 @@ class GoodputPolicy(Policy):
         self._since_probe += 1
         period = self._periods.get(bs, self.explore_every)
         probe = self._since_probe >= period
+        if probe and best and self._plain_settled(scores, best, bs):
+            probe = False  # nothing to learn at K = 0 here; the count runs on for other sizes
         if probe:
             self._since_probe = 0
             self._back_off()
@@ -300,7 +303,7 @@ class GoodputPolicy(Policy):
             if probe:
                 self._last_probe, self._probe_error = (0, bs, scores[0][1]), None
                 return 0
-            if self._since_probe == period // 2:
+            if self._since_probe % period == period // 2:
                 return self._neighbour(best, top, scores)
             if self._steps_speculating - self._last_fresh >= self.fresh_gap:
                 k = self._unmeasured_neighbour(best, top, scores, bs, view)
@@ -316,6 +319,16 @@ class GoodputPolicy(Policy):
                       " ".join(f"{self.gear_name(k)}:{t:.1f}tok/{ms:.2f}ms"
                                for k, (t, ms, _) in scores.items()))
         return best
+
+    def _plain_settled(self, scores: dict, best: int, bs: int) -> bool:
+        """While speculating, a probe at K = 0 is skipped when the last one at this batch size
+        confirmed plain decode's price (within 10%: its device time, which varies little) and
+        plain decode is predicted under explore_ratio of the best gear. Such a probe cost ~1%
+        of the throughput at c = 2..16 on the H200 (session 9, call E: its plain step gave c
+        tokens where a VERIFY step gave ~3.4c, and the next VERIFY step waited for it) to
+        confirm what was known. Unconfirmed (a prior that may be wrong) or close to the best
+        (load rising), the probe runs."""
+        return self._plain_ok.get(bs, False) and scores[0][2] < self.explore_ratio * scores[best][2]
 
     def _back_off(self) -> None:
         """At a probe: if the previous probe's measured step time was within 10% of what
@@ -366,16 +379,18 @@ class GoodputPolicy(Policy):
         probe = self._last_probe
         if probe is not None and self._probe_error is None and (k, bs) == probe[:2]:
             self._probe_error = abs(ms - probe[2]) / probe[2]
-        if k in self.cost.base and ms > 0:  # how well the model predicted this step
-            log_ = self.prediction_log.setdefault("verify" if k else "plain", [0.0, 0.0, 0])
-            pred = self.cost.predict(k, bs, ctx_tokens)
-            log_[0] += ms
-            log_[1] += pred
-            log_[2] += 1
+            if k == 0:
+                self._plain_ok[bs] = self._probe_error <= 0.1
         # the running gear's drift moves its neighbours too (CostModel.shared), once it has
         # run `share_after` steps: its first steps correct its own price (chosen when noise
         # made it look best), which is not drift. A probe's or an exploration's step prices
         # only its own gear.
         steady = k == self.current_k
         self._steady = self._steady + 1 if steady else self._steady
-        self.cost.observe(k, bs, ctx_tokens, ms, share=steady and self._steady > self.share_after)
+        pred = self.cost.observe(k, bs, ctx_tokens, ms,
+                                 share=steady and self._steady > self.share_after)
+        if pred is not None:  # how well the model predicted this step
+            log_ = self.prediction_log.setdefault("verify" if k else "plain", [0.0, 0.0, 0])
+            log_[0] += ms
+            log_[1] += pred
+            log_[2] += 1

@@ -249,9 +249,10 @@ def test_goodput_prior_is_the_population_acceptance_when_measured():
 def test_goodput_probes_back_off_while_they_confirm_the_estimate():
     """A probe whose measured step time matches the prediction (within 10%) doubles the wait
     for the next, up to max_backoff x explore_every; a probe that finds the machine changed
-    brings the period back to explore_every, and the policy follows the change."""
+    brings the period back to explore_every, and the policy follows the change. (Plain
+    decode within explore_ratio of the best: a load where it may soon win.)"""
     cost = memory_bound_costs(max_k=4)
-    actual = {0: 4.0, 1: 4.4, 2: 4.8, 3: 5.2, 4: 5.6}
+    actual = {0: 2.0, 1: 4.4, 2: 4.8, 3: 5.2, 4: 5.6}
     for k, ms in actual.items():
         cost.set_measured(k, [[8.0, ms]])
     pol = GoodputPolicy(cost, 4, explore_every=16, max_backoff=8)
@@ -260,7 +261,7 @@ def test_goodput_probes_back_off_while_they_confirm_the_estimate():
     assert chosen[:3] == [4] * 3
     assert 1 <= chosen[1000:2000].count(0) <= 1000 // 128 + 1  # one probe per 128 steps
     assert pol._periods[8] == 128
-    actual[0] = 1.0  # plain decode got 4x cheaper: the next probe is a surprise
+    actual[0] = 0.5  # plain decode got 4x cheaper: the next probe is a surprise
     chosen = drive(pol, rs, actual, 800)
     assert chosen[200:400].count(0) >= 200 // 16  # probing at explore_every again
     assert chosen[-50:].count(0) == 50 and pol.current_k == 0
@@ -272,8 +273,8 @@ def test_goodput_probes_back_off_per_batch_size_under_churn():
     every change, never backed off: session 5 saw 24 VERIFY probes at c = 128), and probes
     still come: the count towards the next one is not reset by the churn."""
     cost = memory_bound_costs(max_k=4)
-    actual = {0: 4.0, 1: 4.4, 2: 4.8, 3: 5.2, 4: 5.6}
-    pol = GoodputPolicy(cost, 4, explore_every=16, max_backoff=8)
+    actual = {0: 2.0, 1: 4.4, 2: 4.8, 3: 5.2, 4: 5.6}  # plain decode within explore_ratio
+    pol = GoodputPolicy(cost, 4, explore_every=16, max_backoff=8, explore_ratio=0.6)
     chosen = []
     for step in range(2000):
         rs = reqs(2 if (step // 10) % 2 == 0 else 1, 0.8)
@@ -283,6 +284,28 @@ def test_goodput_probes_back_off_per_batch_size_under_churn():
     assert 1 <= chosen[1000:].count(0) <= 1000 // 128 + 1  # backed off to one in 128
     assert pol._periods == {1: 128, 2: 128}
     assert chosen[:200].count(0) >= 3  # it probed while the estimates were new
+
+
+def test_goodput_stops_probing_plain_decode_where_it_is_confirmed_far_behind():
+    """At low load a K = 0 probe gives c tokens where a VERIFY step gives ~3c, and the next
+    VERIFY step waits for it: once a probe at a batch size confirmed plain decode's price
+    and it scores under explore_ratio of the best, no more probes there. A batch size where
+    no probe confirmed it yet is probed, and a plain decode that becomes competitive (load)
+    is probed again."""
+    cost = memory_bound_costs(max_k=4)
+    actual = {0: 4.0, 1: 4.4, 2: 4.8, 3: 5.2, 4: 5.6}  # K = 4 gives 2.4x plain decode
+    for k, ms in actual.items():
+        cost.set_measured(k, [[1.0, ms], [8.0, ms]])
+    pol = GoodputPolicy(cost, 4, explore_every=16, max_backoff=8)
+    chosen = drive(pol, reqs(8, 0.8), actual, 1000)
+    assert chosen[:40].count(0) == 1  # probed once: confirmed
+    assert chosen[40:].count(0) == 0
+    assert chosen[40:].count(4) >= 900
+    chosen = drive(pol, reqs(1, 0.8), actual, 100)  # a batch size not confirmed yet
+    assert chosen.count(0) == 1
+    actual[0] = cost.base[0][1][1] = 2.0  # plain decode within explore_ratio of K = 4
+    chosen = drive(pol, reqs(8, 0.8), actual, 300)
+    assert chosen.count(0) >= 2
 
 
 def test_goodput_skips_scoring_while_plain_decode_leads_by_far():
