@@ -4,7 +4,8 @@
 # C, D; session 7 A+B, C+D), with PASSES (8) passes: issue 4's per-point verdict from
 # more samples of the comparisons that decide it; a pass runs c * ROUNDS (1) requests
 # (sessions 8-9 call B: 5c/8, see sweep.per_pass). CONC picks the half (one call each:
-# "1,2,4,8,16" ~4 min, "32,64,128,256" ~7 min).
+# with 5c requests per point, as then, "1,2,4,8,16" took ~3 min and "32,64,128,256" ~4 min;
+# the default 8c per point takes ~1.6x as long).
 # Usage (device tool): CONC=1,2,4,8,16 bash scripts/device_focus.sh (END: the second of the
 # call by which the sweep must stop, default 585)
 set -uo pipefail

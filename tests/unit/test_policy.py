@@ -173,6 +173,49 @@ def test_cost_model_follows_a_replaced_curve():
     assert m.observed(0, 32) == 1
 
 
+def test_cost_model_shares_the_running_gears_drift_with_its_neighbours():
+    """observe(share=True): the step's relative error also scales the other speculative
+    gears' points at that batch size (by `shared` of the EMA step); plain decode (device
+    time, another mode), other batch sizes and share=False observations stay."""
+    m = CostModel(base={k: [[1.0, 4.0 + k], [8.0, 6.0 + k]] for k in range(4)}, ema=0.1)
+    m.counts = {k: [50, 50] for k in range(4)}  # established points: the EMA rate
+    pred = m.observe(2, 8, 0, 8.0 * 1.5, share=True)  # K = 2 at bs 8 is 50% slower
+    assert pred == 8.0
+    assert m.base[2][1][1] == pytest.approx(8.0 + 0.1 * 4.0)
+    assert m.base[1][1][1] == pytest.approx(7.0 * (1 + 0.1 * 0.5))  # same relative move
+    assert m.base[3][1][1] == pytest.approx(9.0 * (1 + 0.1 * 0.5))
+    assert m.base[0][1][1] == 6.0 and m.base[1][0][1] == 5.0  # plain; batch size 1
+    m.observe(3, 8, 0, 20.0)  # an exploration: its own gear only
+    assert m.base[1][1][1] == pytest.approx(7.0 * 1.05)
+
+
+def test_goodput_keeps_its_gear_when_every_gears_cost_drifts():
+    """Step times drift up together (contexts grow, the host's state changes): the running
+    gear's price follows, and so must its neighbours', priced only when last explored.
+    Without the shared drift a neighbour 5% worse looks better once the drift passes that,
+    and goodput runs it until its own price catches up (the simulation behind this test:
+    3x as many steps at the worse gear under a 25% drift)."""
+    def run(shared: float) -> list[int]:
+        cost = CostModel()
+        actual = {0: 4.0, 1: 6.9, 2: 7.1, 3: 7.2, 4: 7.8}  # at a = 0.8, K = 4 leads by 5%
+        for k, ms in actual.items():
+            cost.set_measured(k, [[8.0, ms]])
+            cost.attn_ms_per_token[k] = 0.0
+        cost.shared = shared
+        pol = GoodputPolicy(cost, 4, explore_every=64)
+        rs, chosen = reqs(8, 0.8), []
+        for step in range(400):
+            drift = 1.0 + 0.3 * min(step / 200, 1.0)  # speculative steps 30% slower
+            k = pol.plan(PolicyView(rs, 0, 4))[0]
+            chosen.append(k)
+            pol.observe(k, 8, 0, actual[k] * (drift if k else 1.0))
+        return chosen
+
+    shared, alone = run(1.0), run(0.0)
+    assert shared.count(3) <= 12 < alone.count(3)  # a few explorations; not a second gear
+    assert shared[-50:].count(4) >= 48
+
+
 def test_roofline_prior_turns_compute_bound_with_tokens():
     m = CostModel.roofline(weight_bytes=16e9, flops_per_token=16e9, kv_bytes_per_token=0,
                            max_k=4, batch_sizes=[1, 64, 256], overhead_ms=0.0, draft_frac=0.0)
