@@ -52,6 +52,7 @@ class Scheduler:
         self.tree_population = lambda: None  # ... from its tree steps
         self.draft_topk = 1  # the engine's tree width (1: chains only)
         self.draft_catches_up = False  # the proposer keeps state that catches up (PolicyView)
+        self.on_prepare = None  # called first in prepare_next (Engine: deferred observations)
         self.spec_mixed = False  # prefill chunks may ride along in VERIFY steps (chains)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -154,7 +155,10 @@ class Scheduler:
     def prepare_next(self, plan: StepPlan) -> None:
         """While the device runs `plan` (a VERIFY step) and before the host waits for it: the
         policy may prepare the next plan for this step's decoding requests (goodput scores
-        its gears here, not on the next step's critical path)."""
+        its gears here, not on the next step's critical path). `on_prepare` first: the
+        engine's deferred observation of the VERIFY step before."""
+        if self.on_prepare is not None:
+            self.on_prepare()
         if self.policy is None:
             return
         dec = [r for r, n, smp in zip(plan.reqs, plan.extend_lens, plan.sample) if n == 1 and smp]

@@ -49,3 +49,48 @@ def test_prepare_runs_inside_each_verify_step_before_its_commit(make_llm, tiny_l
     for i, (kind, seen) in enumerate(pol.seen):
         if kind == "prepare":
             assert pol.seen[i - 1] == ("plan", seen)
+
+
+class Observing(Recording):
+    """Recording, plus the steps it observes: (K, batch size, ms)."""
+
+    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float) -> None:
+        self.seen.append(("observe", (k, bs, round(ms, 6))))
+
+
+def test_a_verify_steps_cost_is_observed_inside_the_next_step_before_its_sync(
+        make_llm, tiny_llama_dir, tmp_path):
+    """Observing a VERIFY step's cost (goodput: its cost model's update) waits for the next
+    step: a VERIFY step observes it in its prepare window (the device busy, the host
+    otherwise waiting), just before prepare(); a plain step or an idle engine, before it
+    runs. Nothing is lost, and it reaches the policy that ran the step."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = random_prompts([5, 19, 11], seed=4)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=2, overlap_schedule=False)
+    eng = llm.engine
+    eng.scheduler.policy = pol = Observing()
+    walls = []
+    step = eng.step
+
+    def timed_step():
+        out = step()
+        if eng.last_step.get("mode") == "verify":
+            ms = eng.last_step["time_s"] * 1e3 - eng.spec.follow.catch_up_ms()
+            walls.append((2, eng.last_step["batch_size"], round(ms, 6)))
+        return out
+
+    eng.step = timed_step
+    llm.generate(prompts, greedy)
+    observed = [seen for kind, seen in pol.seen if kind == "observe" and seen[0] == 2]
+    assert len(walls) > 2 and observed == walls[:-1]  # the last one waits for a next step
+    kinds = [kind for kind, _ in pol.seen]
+    for i, (kind, seen) in enumerate(pol.seen):
+        if kind == "observe" and seen[0] == 2 and kinds[i + 1:i + 2] == ["prepare"]:
+            assert kinds[i - 1] == "plan"  # between the next step's plan and its prepare
+    later = Observing()
+    eng.scheduler.policy, eng.step = later, step
+    eng.step()  # idle: the last step's cost goes to the policy that ran it
+    assert [s for kind, s in pol.seen if kind == "observe" and s[0] == 2] == walls
+    assert later.seen == []
