@@ -101,9 +101,10 @@ class CostModel:
         return cached[1]
 
     def observe(self, k: int, bs: int, ctx_tokens: int, ms: float,
-                share: bool = False) -> float | None:
-        """Move the two table points around `bs` towards the measured step time (`share`:
-        and, by `shared` of the EMA step, the other speculative gears' points there).
+                share: bool = False, min_rate: float = 0.0) -> float | None:
+        """Move the two table points around `bs` towards the measured step time, by at least
+        `min_rate` of the error (`share`: and, by `shared` of the EMA step, the other
+        speculative gears' points there).
         -> what was predicted for the step (None: K not modelled, or no time measured)."""
         pts = self.base.get(k)
         if not pts or ms <= 0:
@@ -117,7 +118,8 @@ class CostModel:
         exact = i < len(pts) and xs[i] == bs
         for j in {i} if exact else {max(i - 1, 0), min(i, len(pts) - 1)}:
             w = 1.0 if exact or len(pts) == 1 else 0.5
-            rate = max(self.ema, 1.0 / (counts[j] + 1))  # the first observation replaces the prior
+            # the first observation replaces the prior
+            rate = max(self.ema, 1.0 / (counts[j] + 1), min_rate)
             pts[j][1] = max(pts[j][1] + rate * w * err, 1e-3)
             counts[j] += 1
             if share and k and self.shared:

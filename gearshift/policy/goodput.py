@@ -50,7 +50,8 @@ class GoodputPolicy(Policy):
                  fresh_obs: int = 2, fresh_gap: int = 4, quiet_ratio: float = 0.9,
                  quiet_steps: int = 7, tree_evidence: float = 20.0,
                  fresh_ratio: float = 0.5, catch_up_ms_per_row: float | None = None,
-                 catch_up_min_rows: int = 1024, share_after: int = 16) -> None:
+                 catch_up_min_rows: int = 1024, share_after: int = 16,
+                 explore_rate: float = 0.5) -> None:
         self.cost = cost
         self.max_k = max_k
         # a request's prior: the population's acceptance (evidence over recent requests),
@@ -136,6 +137,17 @@ class GoodputPolicy(Policy):
         self.share_after = share_after
         self._steady = 0  # observations of the current gear since it became current
         self._plain_ok: dict[int, bool] = {}  # padded bs -> the last K = 0 probe confirmed
+        # After a switch between speculative gears, the gear left is re-measured `fresh_obs`
+        # times, one step in `fresh_gap`; every step at a gear other than the running one
+        # (a probe, an exploration, such a recheck) moves its price by at least
+        # `explore_rate`. A gear is left because another looked better, often because its
+        # own price was stale: on the H200 (session 9, call E, c = 4) K = 4 carried a price
+        # 11% over its real steps into a pass, goodput ran the tree and K = 3 instead, and
+        # the neighbour explorations (K = 4 once in 128 steps, each moving its price by the
+        # EMA's 10%) never corrected it within the pass.
+        self.explore_rate = explore_rate
+        self._recheck: list | None = None  # [gear left, rechecks left]
+        self._recheck_next = 0  # _steps_speculating at which the next recheck may run
 
     def scores(self, view: PolicyView, top: int) -> dict[int, tuple[float, float, float]]:
         """(expected tokens, predicted ms, tokens per ms) for every uniform gear in 0..top.
@@ -278,6 +290,8 @@ class GoodputPolicy(Policy):
             best = cur  # hysteresis: not clearly better, keep the gear we are in
         if best != self.current_k:  # a new gear: its estimates are new everywhere
             self._steady = 0
+            self._recheck = [self.current_k, self.fresh_obs] if best and self.current_k else None
+            self._recheck_next = self._steps_speculating + 1 + self.fresh_gap
             self._periods.clear()
             self._last_probe = None
             self.switches += 1
@@ -303,6 +317,9 @@ class GoodputPolicy(Policy):
             if probe:
                 self._last_probe, self._probe_error = (0, bs, scores[0][1]), None
                 return 0
+            k = self._recheck_step(best, top)
+            if k:
+                return k
             if self._since_probe % period == period // 2:
                 return self._neighbour(best, top, scores)
             if self._steps_speculating - self._last_fresh >= self.fresh_gap:
@@ -319,6 +336,21 @@ class GoodputPolicy(Policy):
                       " ".join(f"{self.gear_name(k)}:{t:.1f}tok/{ms:.2f}ms"
                                for k, (t, ms, _) in scores.items()))
         return best
+
+    def _recheck_step(self, best: int, top: int) -> int:
+        """The speculative gear just left, if a recheck of it is due (see explore_rate);
+        else 0."""
+        if self._recheck is None:
+            return 0
+        gear, left = self._recheck
+        if gear == best or not 0 < gear <= top:
+            self._recheck = None
+            return 0
+        if self._steps_speculating < self._recheck_next:
+            return 0
+        self._recheck = [gear, left - 1] if left > 1 else None
+        self._recheck_next = self._steps_speculating + self.fresh_gap
+        return gear
 
     def _plain_settled(self, scores: dict, best: int, bs: int) -> bool:
         """While speculating, a probe at K = 0 is skipped when the last one at this batch size
@@ -388,7 +420,8 @@ class GoodputPolicy(Policy):
         steady = k == self.current_k
         self._steady = self._steady + 1 if steady else self._steady
         pred = self.cost.observe(k, bs, ctx_tokens, ms,
-                                 share=steady and self._steady > self.share_after)
+                                 share=steady and self._steady > self.share_after,
+                                 min_rate=0.0 if steady else self.explore_rate)
         if pred is not None:  # how well the model predicted this step
             log_ = self.prediction_log.setdefault("verify" if k else "plain", [0.0, 0.0, 0])
             log_[0] += ms

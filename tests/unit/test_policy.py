@@ -329,6 +329,27 @@ def test_goodput_probes_back_off_per_batch_size_under_churn():
     assert chosen[:200].count(0) >= 3  # it probed while the estimates were new
 
 
+def test_goodput_rechecks_the_gear_it_left_and_returns_when_its_price_was_stale():
+    """A pass starts with K = 4 priced 12% over its real steps (a stale point): K = 3 looks
+    better and goodput switches. The gear it left is re-measured within fresh_gap steps,
+    each such step moving its price by at least explore_rate: goodput is back at K = 4
+    within a few steps, not after the pass (H200, session 9, call E: a whole pass at c = 4
+    ran the tree and K = 3 while K = 4 was best)."""
+    actual = {0: 4.0, 1: 6.9, 2: 7.1, 3: 7.2, 4: 7.8}  # at a = 0.8, K = 4 leads by 5%
+    cost = CostModel()
+    for k, ms in actual.items():
+        cost.set_measured(k, [[8.0, ms * (1.12 if k == 4 else 1.0)]])
+        cost.attn_ms_per_token[k] = 0.0
+    cost.counts = {k: [50] for k in actual}  # long established: EMA-rate updates
+    pol = GoodputPolicy(cost, 4, explore_every=64)
+    chosen = drive(pol, reqs(8, 0.8), actual, 2 * pol.fresh_gap + 2)
+    assert chosen[0] == 3  # the stale price made K = 3 look better
+    assert chosen[:2 * pol.fresh_gap + 1].count(4) == pol.fresh_obs  # two rechecks
+    assert pol.current_k == 4  # and back
+    chosen = drive(pol, reqs(8, 0.8), actual, 300)
+    assert chosen.count(4) >= 285  # and it stays (explorations aside)
+
+
 def test_goodput_stops_probing_plain_decode_where_it_is_confirmed_far_behind():
     """At low load a K = 0 probe gives c tokens where a VERIFY step gives ~3c, and the next
     VERIFY step waits for it: once a probe at a batch size confirmed plain decode's price
