@@ -14,7 +14,10 @@ per request.
 
 Requests that opted out count 1 token at any gear. Hysteresis: the current K is kept unless
 another K is predicted to be better by more than `margin` (2%: no flapping on noise, and
-at most 2% lost to a gear that is better by less).
+at most 2% lost to a gear that is better by less). Prices of gears not running stay fresh
+by exploration: K = 0 probes (skipped where plain decode is confirmed far behind), the
+neighbours K +- 1, and the gear just left (rechecks); the running gear's drift moves its
+neighbours' prices too (CostModel.shared).
 As batches grow, t(K) rises faster than E(K) (verification turns compute-bound), and the
 argmax falls to K = 0: plain decode.
 
