@@ -13,8 +13,12 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 G="python -m gearshift.cli"
 D=docs/benchmarks
-PRIOR=$D/2026-11-30-h200-session6/c/sweep.json,$D/2026-11-30-h200-session6/d/sweep.json
-PRIOR=$PRIOR,$D/2026-11-30-h200-session7/combined_ba.json,$D/2026-11-30-h200-session7/combined_dc.json
+# PRIOR: the screening sweeps (comma-separated). Session 10: the sweeps at real concurrency
+# (session 9 C + D, session 10 A + B), not sessions 6-7's (their passes never reached c)
+if [ -z "${PRIOR:-}" ]; then
+  PRIOR=$D/2026-11-30-h200-session6/c/sweep.json,$D/2026-11-30-h200-session6/d/sweep.json
+  PRIOR=$PRIOR,$D/2026-11-30-h200-session7/combined_ba.json,$D/2026-11-30-h200-session7/combined_dc.json
+fi
 date -u +%FT%TZ > "$OUT/log.txt"
 if [ ! -f /tmp/bighead/config.json ]; then  # an earlier script of this call may have built it
   timeout 90 $G make-bench-model --shape llama-3.1-8b --out /tmp/big --device cuda \

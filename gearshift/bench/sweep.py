@@ -262,8 +262,13 @@ def sweep(engine, policies: dict, prompts: list[list[int]], args, bar, done=None
         n = per_pass(c, args)
         parts: dict[str, list[dict]] = {name: [] for name in names}
         # the policy that starts a concurrency meets its one-off costs first (a kernel
-        # specialised for a new shape, an allocation): rotate which one that is
-        first = names[j % len(names):] + names[:j % len(names)]
+        # specialised for a new shape, an allocation): rotate which one that is, by log2(c),
+        # so a sweep split over two processes rotates as one does (with the index in the
+        # list, goodput started c = 32 in both halves' second process: H200, sessions 9-10)
+        r = (c.bit_length() - 1) % len(names)
+        first = names[r:] + names[:r]
+        if j == 0:
+            settle(engine, policies, first, prompts[:n], c, args)
         for i in range(args.passes):
             order = first if i % 2 == 0 else first[::-1]
             for name in order:
@@ -276,6 +281,19 @@ def sweep(engine, policies: dict, prompts: list[list[int]], args, bar, done=None
         if done is not None:
             done(results)  # partial results survive a time limit
     return results
+
+
+def settle(engine, policies: dict, names: list[str], prompts: list[list[int]], c: int,
+           args) -> None:
+    """Untimed: `args.settle` passes of every policy at the sweep's first concurrency, before
+    any timed one. A fresh process's first closed loop ran slower than the same loop later
+    (H200: goodput's first pass at c = 32, the first point of its process, gave 6,578 and
+    6,575 tok/s in sessions 9 and 10, its second pass 6,984 and 7,883): whichever policy
+    came first paid for the process's start, not for its choices."""
+    for _ in range(args.settle):
+        for name in names:
+            engine.scheduler.policy = policies[name]
+            run_point(engine, prompts, c, args.output_len)
 
 
 def plot(results: dict, path: str) -> None:
@@ -429,6 +447,8 @@ def add_args(p) -> None:
                    help="at least this many requests per point (short points are noisy)")
     p.add_argument("--passes", type=_at_least_one, default=2,
                    help="runs per point, policies interleaved, alternate passes in reverse order")
+    p.add_argument("--settle", type=int, default=1,
+                   help="untimed passes of every policy at the first concurrency, first")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--policies", type=_policy_list, default=[*CHAIN_POLICIES, "tree"],

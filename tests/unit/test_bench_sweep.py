@@ -20,6 +20,7 @@ def test_sweep_cli_writes_every_point(tmp_path):
     rc = main(["bench", "sweep", "--model", str(target), "--draft-model", str(head),
                "--device", "cpu", "--concurrency", "1,3", "--rounds", "1", "--input-len", "6",
                "--output-len", "6", "--min-requests", "2", "--tree-topk", "2", "--tree-tokens", "4",
+               "--settle", "0",  # goodput settled on the CPU speculates no more: keep its VERIFYs
                "--output-json", str(out), "--output-png", str(png)])
     assert rc == 0 and png.stat().st_size > 0
     results = json.loads(out.read_text())["results"]
@@ -90,7 +91,8 @@ def test_sweep_policies_subset(tmp_path, capsys):
 
 def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
     """Each concurrency runs every policy once per pass (pass 2 in reverse order, on the next
-    prompts; the first policy rotates per concurrency), and a point sums its passes."""
+    prompts; the first policy rotates with log2(c), as in any split of the sweep), a point
+    sums its passes, and untimed settle passes at the first concurrency come first."""
     from types import SimpleNamespace
 
     from gearshift.bench import sweep as sw
@@ -114,14 +116,23 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
 
     monkeypatch.setattr(sw, "run_point", fake_point)
     engine = SimpleNamespace(scheduler=SimpleNamespace(policy=None))
-    args = SimpleNamespace(concurrency=[1, 4], rounds=1, passes=2, min_requests=2, output_len=8)
+    args = SimpleNamespace(concurrency=[1, 4], rounds=1, passes=2, min_requests=2, output_len=8,
+                           settle=1)
     bar = SimpleNamespace(update=lambda n: None)
     prompts = [[i] for i in range(8)]
     res = sw.sweep(engine, {"a": "A", "b": "B", "c": "C"}, prompts, args, bar)
     assert [(p, c) for p, c, _ in calls] == [
+        ("A", 1), ("B", 1), ("C", 1),  # settle: untimed, not in any point
         ("A", 1), ("B", 1), ("C", 1), ("C", 1), ("B", 1), ("A", 1),
-        ("B", 4), ("C", 4), ("A", 4), ("A", 4), ("C", 4), ("B", 4)]  # the first one rotates
-    assert [ids for p, c, ids in calls if p == "A"] == [(0,), (1,), (0, 1, 2, 3), (4, 5, 6, 7)]
+        ("C", 4), ("A", 4), ("B", 4), ("B", 4), ("A", 4), ("C", 4)]  # rotated by log2(4)
+    assert [ids for p, c, ids in calls if p == "A"] == [(0,), (0,), (1,), (0, 1, 2, 3),
+                                                        (4, 5, 6, 7)]
+    assert all(len(pts) == 2 and len(pts[0]["pass_tok_per_s"]) == 2 for pts in res.values())
+    # the half of a sweep that starts at c = 4 starts it as the whole sweep does
+    calls.clear()
+    sw.sweep(engine, {"a": "A", "b": "B", "c": "C"}, prompts,
+             SimpleNamespace(**{**vars(args), "concurrency": [4], "settle": 0}), bar)
+    assert [p for p, c, _ in calls] == ["C", "A", "B", "B", "A", "C"]
     point = res["b"][1]
     assert point["requests"] == 8 and point["elapsed_s"] == 16.0
     assert point["output_tok_per_s"] == 80 / 16.0 and point["pass_tok_per_s"] == [5.0, 5.0]
