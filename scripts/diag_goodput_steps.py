@@ -60,6 +60,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--passes", type=int, default=4)
     p.add_argument("--out", default="diag_goodput_steps.json")
+    p.add_argument("--policies", default="goodput,goodput-noshare,always-4,tree",
+                   help="of: goodput, goodput-noshare, goodput-shadow, always-4, tree")
     args = p.parse_args()
     from gearshift import LLM
     from gearshift.bench import sweep as sw
@@ -70,11 +72,7 @@ def main() -> int:
               max_num_seqs=max(concs))
     eng = llm.engine
     warm_s = sw._warm_up(eng)
-    policies = {"goodput": sw.policy_object("goodput", eng, 4),
-                "goodput-noshare": sw.policy_object("goodput", eng, 4),
-                "always-4": sw.policy_object("always-4", eng, 4),
-                "tree": sw.policy_object("tree", eng, 4)}
-    policies["goodput-noshare"].cost.shared = 0.0
+    policies = {name: make_policy(name, eng) for name in args.policies.split(",")}
     names = {id(v): k for k, v in policies.items()}
     record(eng, names)
     run_point, warm_up = sw.run_point, sw.warm_up
@@ -92,7 +90,7 @@ def main() -> int:
 
     sw.run_point, sw.warm_up = timed_point, quiet_warm_up
     sargs = SimpleNamespace(concurrency=concs, rounds=args.rounds, passes=args.passes,
-                            min_requests=16, output_len=128)
+                            min_requests=16, output_len=128, settle=1)
     n = args.passes * max(sw.per_pass(c, sargs) for c in concs)
     prompts = sw.make_prompts(llm.tokenizer, eng.model_config.vocab_size, n, 128, 0)
     bar = SimpleNamespace(update=lambda x: None)
@@ -117,6 +115,33 @@ def main() -> int:
         save(out["points"])
         summarize(c, res)
     return 0
+
+
+def make_policy(name: str, eng):
+    """The sweep's policies, and two variants of goodput: `goodput-noshare` (no shared drift:
+    the code before session 9) and `goodput-shadow`, which does all of goodput's host work
+    (scores in prepare, plan, observations) and then runs K = 4 chains whatever it chose:
+    against always-4 it prices goodput's host work apart from its choices (session 10: at
+    c = 8 goodput's median K = 4 step took ~0.1 ms longer than always-4's, at equal device
+    time, and goodput trailed always-4 by 3.5% in two sweeps)."""
+    from gearshift.bench import sweep as sw
+
+    if name == "goodput-noshare":
+        pol = sw.policy_object("goodput", eng, 4)
+        pol.cost.shared = 0.0
+        return pol
+    if name != "goodput-shadow":
+        return sw.policy_object(name, eng, 4)
+    pol = sw.policy_object("goodput", eng, 4)
+    plan = pol.plan
+
+    def shadow_plan(view):
+        plan(view)
+        pol._topk = 1
+        return [min(4, view.max_k) if pol.eligible(r) else 0 for r in view.requests]
+
+    pol.plan = shadow_plan
+    return pol
 
 
 def summarize(c: int, res: dict) -> None:
