@@ -151,6 +151,12 @@ class GoodputPolicy(Policy):
         self.explore_rate = explore_rate
         self._recheck: list | None = None  # [gear left, rechecks left]
         self._recheck_next = 0  # _steps_speculating at which the next recheck may run
+        # Up to this many eligible requests (and none behind: no catch-up to amortise),
+        # the chains' expected tokens are summed in plain Python: at batch 8 numpy's per-call
+        # costs made scoring ~4x slower (18 vs 5 us on a CPU), and on the H200 (session 10,
+        # c = 8) goodput's host work, its choices aside, cost ~0.1 ms per ~7.3 ms VERIFY step
+        # (scripts/diag_goodput_steps.py, goodput-shadow against always-4)
+        self.python_max = 32
 
     def scores(self, view: PolicyView, top: int) -> dict[int, tuple[float, float, float]]:
         """(expected tokens, predicted ms, tokens per ms) for every uniform gear in 0..top.
@@ -169,17 +175,22 @@ class GoodputPolicy(Policy):
         prior = self.population_prior(view)
         elig = [r for r in reqs if r.params.speculative]
         if elig and depth:
-            w = self.prior_weight
-            num = np.fromiter((r.spec_alpha_num for r in elig), np.float64, len(elig))
-            den = np.fromiter((r.spec_alpha_den for r in elig), np.float64, len(elig))
-            # per-token acceptance: accepted / (accepted + rejections), around the prior
-            a = np.minimum((num + prior * w) / (den + w), 0.999)  # num, den >= 0
-            powers = a[:, None] ** np.arange(1, depth + 1)  # [requests, K]: a_i^j
-            extra = np.cumsum(powers.sum(axis=0))
+            behind = view.draft_catches_up and any(
+                r.num_computed_tokens > r.draft_rows for r in elig)
+            if len(elig) <= self.python_max and not behind:
+                extra = self._chain_sums(elig, prior, depth)
+            else:
+                w = self.prior_weight
+                num = np.fromiter((r.spec_alpha_num for r in elig), np.float64, len(elig))
+                den = np.fromiter((r.spec_alpha_den for r in elig), np.float64, len(elig))
+                # per-token acceptance: accepted / (accepted + rejections), around the prior
+                a = np.minimum((num + prior * w) / (den + w), 0.999)  # num, den >= 0
+                powers = a[:, None] ** np.arange(1, depth + 1)  # [requests, K]: a_i^j
+                extra = np.cumsum(powers.sum(axis=0)).tolist()
+                if behind:
+                    self._amortised_catch_up(elig, powers, catch)
             for k in range(1, depth + 1):
-                tokens[k] += float(extra[k - 1])
-            if view.draft_catches_up:
-                self._amortised_catch_up(elig, powers, catch)
+                tokens[k] += extra[k - 1]
         if top > self.max_k:
             tokens[top] = n + (tokens[self.max_k] - n) * self.tree_gain(view, prior)
             catch[top] = catch[self.max_k]
@@ -187,6 +198,24 @@ class GoodputPolicy(Policy):
         for k, t in enumerate(tokens):
             ms = self.cost.predict(k, bs, ctx)
             out[k] = (t, ms, t / (ms + catch[k]))
+        return out
+
+    def _chain_sums(self, elig: list, prior: float, depth: int) -> list[float]:
+        """sum_i sum_{j <= K} a_i^j for K = 1..depth, in plain Python: what the arrays compute,
+        for the small batches where numpy's per-call cost dominated (`python_max`)."""
+        w = self.prior_weight
+        pw = prior * w
+        sums = [0.0] * depth
+        for r in elig:
+            a = min((r.spec_alpha_num + pw) / (r.spec_alpha_den + w), 0.999)
+            p = 1.0
+            for j in range(depth):
+                p *= a
+                sums[j] += p
+        acc, out = 0.0, []
+        for x in sums:
+            acc += x
+            out.append(acc)
         return out
 
     def _amortised_catch_up(self, elig: list, powers: np.ndarray, catch: list) -> None:

@@ -441,3 +441,25 @@ def test_goodputs_catch_up_prior_comes_from_the_cost_model():
     assert GoodputPolicy(cost, 4).catch_up_ms_per_row == cost.catch_up_ms_per_row
     assert GoodputPolicy(memory_bound_costs(), 5).catch_up_ms_per_row == 1e-3  # none known
     assert GoodputPolicy(cost, 4, catch_up_ms_per_row=0.5).catch_up_ms_per_row == 0.5
+
+
+@pytest.mark.parametrize("n", [1, 5, 32])
+def test_goodput_scores_small_batches_in_python_as_the_arrays_do(n):
+    """Up to `python_max` requests (none behind) the chains' expected tokens are summed in
+    plain Python; the numpy path (python_max = 0) gives the same scores for every gear."""
+    rng = random.Random(n)
+    rs = []
+    for i in range(n):
+        r = Request(str(i), [1] * 50, SamplingParams(speculative=i % 4 != 3), 0)
+        r.spec_alpha_num = rng.uniform(0, 30)
+        r.spec_alpha_den = r.spec_alpha_num + rng.uniform(0, 30)
+        rs.append(r)
+    cost = CostModel.roofline(16e9, 16e9, 131072, 4, [1, 8, 64], tree_nodes=16)
+    view = PolicyView(rs, 0, 4, population=(30.0, 50.0), topk=4,
+                      tree_population=(12.0, 30.0, 10.0, 30.0), draft_catches_up=True)
+    fast, arrays = GoodputPolicy(cost, 4), GoodputPolicy(cost, 4)
+    arrays.python_max = 0
+    a, b = fast.scores(view, 5), arrays.scores(view, 5)
+    assert a.keys() == b.keys() == set(range(6))
+    for k in a:
+        assert a[k] == pytest.approx(b[k], rel=1e-12)
