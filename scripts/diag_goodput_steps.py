@@ -61,7 +61,8 @@ def main() -> int:
     p.add_argument("--passes", type=int, default=4)
     p.add_argument("--out", default="diag_goodput_steps.json")
     p.add_argument("--policies", default="goodput,goodput-noshare,always-4,tree",
-                   help="of: goodput, goodput-noshare, goodput-shadow, always-4, tree")
+                   help="of: goodput, goodput-noshare, goodput-shadow, always-4, tree, "
+                        "always-4-spin-N (a busy wait of N us in the prepare window)")
     args = p.parse_args()
     from gearshift import LLM
     from gearshift.bench import sweep as sw
@@ -130,6 +131,8 @@ def make_policy(name: str, eng):
         pol = sw.policy_object("goodput", eng, 4)
         pol.cost.shared = 0.0
         return pol
+    if name.startswith("always-4-spin"):  # always-4 + a busy wait in prepare() (window)
+        return _spinning(sw.policy_object("always-4", eng, 4), float(name.split("-")[-1]))
     if name != "goodput-shadow":
         return sw.policy_object(name, eng, 4)
     pol = sw.policy_object("goodput", eng, 4)
@@ -141,6 +144,20 @@ def make_policy(name: str, eng):
         return [min(4, view.max_k) if pol.eligible(r) else 0 for r in view.requests]
 
     pol.plan = shadow_plan
+    return pol
+
+
+def _spinning(pol, us: float):
+    """`always-4-spin-N`: always-4 whose prepare() (called while the device runs the VERIFY
+    step, before its sync) busy-waits N us without touching memory. If the window is idle
+    host time, its steps cost what always-4's do; if goodput-shadow's still cost ~0.1 ms
+    more, what its work does to the host (its caches), not its time, is the price."""
+    def prepare(view):
+        end = time.perf_counter() + us * 1e-6
+        while time.perf_counter() < end:
+            pass
+
+    pol.prepare = prepare
     return pol
 
 
