@@ -109,6 +109,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     before = dict(engine.spec.stats) if engine.spec else {}
     keys_before = set(_graph_keys(engine))
     switches = getattr(engine.scheduler.policy, "switches", 0)  # goodput's gear changes
+    reused = getattr(engine.scheduler.policy, "reused", 0)  # and its unscored plans
     predicted = {m: list(v) for m, v in getattr(engine.scheduler.policy, "prediction_log",
                                                   {}).items()}
     steps_before = engine.stats()
@@ -166,6 +167,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             # VERIFY steps' time, not charged to their gears)
             "catch_up_rows": catch_rows, "catch_up_ms": catch_ms,
             "gear_switches": getattr(engine.scheduler.policy, "switches", 0) - switches,
+            "unscored_plans": getattr(engine.scheduler.policy, "reused", 0) - reused,
             # where the point's time went, by step mode (host work included): total seconds
             # and median step period, e.g. goodput's VERIFY steps against always-4's
             "step_s_by_mode": {m: sum(v) / 1e3 for m, v in periods.items()},

@@ -17,7 +17,7 @@ another K is predicted to be better by more than `margin` (2%: no flapping on no
 at most 2% lost to a gear that is better by less). Prices of gears not running stay fresh
 by exploration: K = 0 probes (skipped where plain decode is confirmed far behind), the
 neighbours K +- 1, and the gear just left (rechecks); the running gear's drift moves its
-neighbours' prices too (CostModel.shared).
+neighbours' prices too (CostModel.shared). A steady gear is rescored one plan in 4.
 As batches grow, t(K) rises faster than E(K) (verification turns compute-bound), and the
 argmax falls to K = 0: plain decode.
 
@@ -157,6 +157,15 @@ class GoodputPolicy(Policy):
         # c = 8) goodput's host work, its choices aside, cost ~0.1 ms per ~7.3 ms VERIFY step
         # (scripts/diag_goodput_steps.py, goodput-shadow against always-4)
         self.python_max = 32
+        # A scored speculative gear is kept unscored for up to `rescore_every` - 1 plans at
+        # the same batch size and top gear, unless a probe, exploration or recheck is due, or
+        # a step lands over `rescore_error` off its price. Scoring was ~3/4 of goodput's
+        # host work at batch 8 (CPU: prepare 26, plan 10, observe 6 us), which cost ~0.1 ms
+        # per ~7.3 ms VERIFY step against always-4 at c = 8 on the H200 (session 10).
+        self.rescore_every, self.rescore_error = 4, 0.1
+        # (requests, top gear, plans left, a due K = 0 probe was skipped: plain is settled)
+        self._reuse: tuple[int, int, int, bool] | None = None
+        self.reused = 0  # plans that kept the gear without scoring (benches report it)
 
     def scores(self, view: PolicyView, top: int) -> dict[int, tuple[float, float, float]]:
         """(expected tokens, predicted ms, tokens per ms) for every uniform gear in 0..top.
@@ -278,13 +287,24 @@ class GoodputPolicy(Policy):
         return self._topk
 
     def prepare(self, view: PolicyView) -> None:
-        """Score the gears for these requests now (the device is running their VERIFY step):
-        the next plan() uses the scores if it sees as many requests and the same top gear.
-        They then lag one step of acceptance evidence and cost observations, which move by
-        EMA steps of ~10%; scoring took ~0.1 ms of a ~7 ms VERIFY step on the H200's host
-        (session 8), the step's whole margin over always-4 when both pick the same gear."""
+        """Score the gears for these requests while the device runs their VERIFY step (unless
+        the next plan keeps its gear unscored): the next plan() uses the scores if it sees as
+        many requests and the same top gear. They lag one step of evidence (EMA steps ~10%)."""
         top = self.top_gear(view)
-        self._prepared = ((len(view.requests), top), self.scores(view, top))
+        n = len(view.requests)
+        self._prepared = None if self._reuse_due(n, top) else ((n, top), self.scores(view, top))
+
+    def _reuse_due(self, n: int, top: int) -> bool:
+        """Does the next plan, for `n` requests with top gear `top`, keep the running gear
+        without scoring (see rescore_every)? Counters only: the same answer in prepare() and
+        in the plan() after it."""
+        r, nxt = self._reuse, self._since_probe + 1
+        if r is None or r[2] <= 0 or (r[0], r[1]) != (n, top) or not self.current_k:
+            return False
+        period = self._periods.get(self.pad(n), self.explore_every)
+        if (nxt >= period and not r[3]) or nxt % period == period // 2:
+            return False  # a probe or an exploration
+        return self._recheck is None or self._steps_speculating + 1 < self._recheck_next
 
     def plan(self, view: PolicyView) -> list[int]:
         self._topk = 1
@@ -314,6 +334,16 @@ class GoodputPolicy(Policy):
             self._since_probe += 1
             return 0
         self._quiet = None
+        n = len(view.requests)
+        if scores is None and self._reuse_due(n, top):
+            self._reuse = (n, top, self._reuse[2] - 1, self._reuse[3])
+            self._since_probe += 1
+            self._steps_speculating += 1
+            self.reused += 1
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("goodput bs=%d -> %s (kept, unscored)", n, self.gear_name(self.current_k))
+            return self.current_k
+        self._reuse = None
         scores = scores or self.scores(view, top)
         self.last_scores = scores  # for diagnostics (scripts/diag_goodput_steps.py)
         best = max(scores, key=lambda k: scores[k][2])
@@ -331,8 +361,10 @@ class GoodputPolicy(Policy):
         self._since_probe += 1
         period = self._periods.get(bs, self.explore_every)
         probe = self._since_probe >= period
+        settled = False
         if probe and best and self._plain_settled(scores, best, bs):
             probe = False  # nothing to learn at K = 0 here; the count runs on for other sizes
+            settled = True
         if probe:
             self._since_probe = 0
             self._back_off()
@@ -359,6 +391,10 @@ class GoodputPolicy(Policy):
                 if k:
                     self._last_fresh = self._steps_speculating
                     return k
+        if best and not self._unmeasured_neighbour(best, top, scores, bs, view):
+            # a scored speculative choice with no fresh exploration pending: the next plans
+            # may keep it unscored
+            self._reuse = (n, top, self.rescore_every - 1, settled)
         self.last_prediction = {"k": min(best, self.max_k), "gear": self.gear_name(best),
                                 "tokens": scores[best][0], "ms": scores[best][1],
                                 "bs": len(view.requests),
@@ -454,6 +490,8 @@ class GoodputPolicy(Policy):
         pred = self.cost.observe(k, bs, ctx_tokens, ms,
                                  share=steady and self._steady > self.share_after,
                                  min_rate=0.0 if steady else self.explore_rate)
+        if pred is not None and abs(ms - pred) > self.rescore_error * pred:
+            self._reuse = None  # a step far off its price: score the next plan
         if pred is not None:  # how well the model predicted this step
             log_ = self.prediction_log.setdefault("verify" if k else "plain", [0.0, 0.0, 0])
             log_[0] += ms

@@ -359,6 +359,7 @@ def test_goodput_scores_the_next_plan_while_the_device_runs_a_verify_step():
     picks what it would have picked. Scores are for that one plan: a plan for another
     batch size, or a second plan, scores again."""
     pol = GoodputPolicy(memory_bound_costs(), 5, margin=0.0)
+    pol.rescore_every = 1  # every plan scores (see the test of rescore_every below)
     ref = GoodputPolicy(memory_bound_costs(), 5, margin=0.0)
     calls = []
     scores = pol.scores
@@ -463,3 +464,74 @@ def test_goodput_scores_small_batches_in_python_as_the_arrays_do(n):
     assert a.keys() == b.keys() == set(range(6))
     for k in a:
         assert a[k] == pytest.approx(b[k], rel=1e-12)
+
+
+def test_goodput_keeps_a_steady_gear_unscored_between_full_scorings():
+    """Between full scorings the running gear is kept without scoring (`rescore_every`), and
+    the kept plans are the ones scoring would have made: with the same prices and acceptance,
+    the plans (probes, explorations and rechecks included) equal a policy that scores every
+    plan, while ~3 in 4 steady plans score nothing. A change of batch size scores at once,
+    and so does the plan after a step far off its price."""
+    actual = {0: 4.7, 1: 6.0, 2: 6.3, 3: 6.8, 4: 7.0}
+
+    def policy(rescore_every):
+        cost = CostModel()
+        for k, ms in actual.items():  # warm-up prices: K = 4 overstated at batch 8
+            cost.set_measured(k, [[1.0, ms], [8.0, 8.25 if k == 4 else ms]])
+            cost.attn_ms_per_token[k] = 0.0
+        pol = GoodputPolicy(cost, 4, explore_every=16)
+        pol.rescore_every = rescore_every
+        calls = []
+        scores = pol.scores
+        pol.scores = lambda v, top: calls.append(len(v.requests)) or scores(v, top)
+        return pol, calls
+
+    (pol, calls), (ref, _) = policy(4), policy(1)
+    rs = reqs(8, 0.7)
+    sizes = [8] * 300 + [7] * 50 + [8] * 200
+    chosen, want = [], []
+    for n in sizes:
+        view = PolicyView(rs[:n], 0, 4)
+        for p, out in ((pol, chosen), (ref, want)):
+            p.prepare(view)  # as a VERIFY step does for the next plan
+            k = p.plan(view)[0]
+            out.append(k)
+            p.observe(k, n, 0, actual[k])
+    assert chosen == want
+    assert 4 in chosen[:10] and chosen[-100:].count(4) >= 80  # K = 4, once measured
+    assert 0 in chosen and 3 in chosen[20:]  # probes and explorations still run
+    assert len(calls) < 0.4 * len(sizes)  # most plans scored nothing
+    assert pol.reused > 0.6 * len(sizes)
+    n_calls = len(calls)
+    pol.plan(PolicyView(rs[:7], 0, 4))  # another batch size: scored at once
+    assert len(calls) == n_calls + 1
+    pol.plan(PolicyView(rs, 0, 4))  # and back
+    assert len(calls) == n_calls + 2
+    pol.plan(PolicyView(rs, 0, 4))
+    assert len(calls) == n_calls + 2  # kept
+    pol.observe(pol.current_k, 8, 0, 2 * actual[pol.current_k])  # far off its price
+    pol.plan(PolicyView(rs, 0, 4))
+    assert len(calls) == n_calls + 3
+
+
+def test_goodput_leaves_a_kept_gear_within_rescore_every_plans():
+    """Acceptance collapses while the gear is kept unscored: the policy leaves K = 4 within
+    rescore_every plans of one that scores every plan."""
+    cost = CostModel()
+    for k, ms in {0: 4.7, 1: 6.0, 2: 6.3, 3: 6.8, 4: 7.0}.items():
+        cost.set_measured(k, [[1.0, ms], [8.0, ms]])
+        cost.attn_ms_per_token[k] = 0.0
+    pol, ref = (GoodputPolicy(cost, 4, explore_every=10**6, fresh_obs=0) for _ in range(2))
+    ref.rescore_every = 1
+    rs = reqs(8, 0.9)
+    first = {}
+    for step in range(40):
+        if step == 20:
+            for r in rs:
+                r.spec_alpha_num, r.spec_alpha_den = 10.0, 1000.0  # acceptance 0.01
+        for name, p in (("pol", pol), ("ref", ref)):
+            k = p.plan(PolicyView(rs, 0, 4))[0]
+            if k != 4:
+                first.setdefault(name, step)
+    assert first["ref"] == 20
+    assert 20 <= first["pol"] < 20 + pol.rescore_every
