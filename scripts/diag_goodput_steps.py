@@ -43,13 +43,24 @@ def record(eng, names: dict) -> None:
             STEPS.append([STATE["c"], names[id(pol)], STATE["pass"][names[id(pol)]],
                           s.get("mode"), s.get("gear"), s.get("batch_size"),
                           round((now - prev[0]) * 1e3, 3), round(s.get("device_ms") or 0.0, 3),
-                          {str(g): [round(t, 2), round(ms, 3)] for g, (t, ms, _) in scores.items()}])
+                          {str(g): [round(t, 2), round(ms, 3)] for g, (t, ms, _) in scores.items()},
+                          _why(pol, s.get("batch_size"))])
             if scores:
                 pol.last_scores = {}
         prev[0] = now
         return out
 
     eng.step = wrapped
+
+
+def _why(pol, bs) -> list:
+    """goodput's running gear, why the plan took its gear, and the online observations of
+    gears max K and the tree at this batch size ([] for other policies)."""
+    if not hasattr(pol, "last_reason") or not bs:
+        return []
+    b = pol.pad(bs)
+    return [pol.current_k, pol.last_reason, pol.cost.observed(pol.max_k, b),
+            pol.cost.observed(pol.max_k + 1, b)]
 
 
 def main() -> int:
@@ -102,7 +113,8 @@ def main() -> int:
             for pt in pts:
                 pt.pop("tpot_ms", None)
         out["results"], out["steps_columns"] = results, [
-            "c", "policy", "pass", "mode", "gear", "bs", "wall_ms", "device_ms", "scores"]
+            "c", "policy", "pass", "mode", "gear", "bs", "wall_ms", "device_ms", "scores",
+            "goodput: [current gear, reason, observed(max K), observed(tree)]"]
         out["steps"] = STEPS
         with open(args.out, "w") as f:
             json.dump(out, f)
@@ -171,6 +183,13 @@ def summarize(c: int, res: dict) -> None:
     for st in STEPS:
         if st[0] == c and st[3] == "verify":
             cells[(st[1], st[4], st[5])].append(st[6])
+    why = defaultdict(int)  # goodput: (running gear, reason, gear taken) -> VERIFY steps
+    for st in STEPS:
+        if st[0] == c and st[3] == "verify" and len(st) > 9 and st[9]:
+            why[(st[9][0], st[9][1], st[4])] += 1
+    if why:
+        print("    goodput (running gear, reason, gear taken): steps",
+              dict(sorted(why.items(), key=lambda kv: -kv[1])))
     for key in sorted(cells, key=lambda k: (k[2], k[1], k[0])):
         v = cells[key]
         if len(v) >= 5:

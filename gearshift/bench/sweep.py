@@ -211,7 +211,7 @@ def merge_passes(parts: list[dict]) -> dict:
     for key in ("requests", "output_tokens", "elapsed_s", "proposed", "accepted", "gc_ms",
                 "graphs_captured", "decode_steps", "verify_steps", "extend_steps",
                 "request_steps_tree", "tree_accepted", "tree_top1_accepted", "gear_switches",
-                "catch_up_rows", "catch_up_ms"):
+                "unscored_plans", "catch_up_rows", "catch_up_ms"):
         out[key] = sum(p[key] for p in parts)
     out["output_tok_per_s"] = out["output_tokens"] / out["elapsed_s"]
     out["pass_tok_per_s"] = [round(p["output_tok_per_s"], 1) for p in parts]

@@ -51,7 +51,7 @@ class GoodputPolicy(Policy):
                  margin: float = 0.02, pad=lambda bs: bs,
                  explore_every: int = 64, explore_ratio: float = 0.8, max_backoff: int = 8,
                  fresh_obs: int = 2, fresh_gap: int = 4, quiet_ratio: float = 0.9,
-                 quiet_steps: int = 7, tree_evidence: float = 20.0,
+                 quiet_steps: int = 7, tree_evidence: float = 100.0,
                  fresh_ratio: float = 0.5, catch_up_ms_per_row: float | None = None,
                  catch_up_min_rows: int = 1024, share_after: int = 16,
                  explore_rate: float = 0.5) -> None:
@@ -66,23 +66,18 @@ class GoodputPolicy(Policy):
         self.current_k = max_k
         self.last_prediction: dict = {}
         self.last_scores: dict = {}  # gear -> (tokens, ms, tokens / ms) of the last scoring
-        # Exploration keeps the estimates of the gears not in use fresh: while in K = 0, a K
-        # whose predicted goodput is at least `explore_ratio` of the best is tried once every
-        # `explore_every` steps (acceptance and its cost; a bounded loss: under heavy load a
-        # VERIFY step costs several plain steps, so clearly worse gears are not tried);
-        # while speculating, one step in `explore_every` runs at K = 0 (cheap: what plain
-        # decode costs now), and another, half way, a neighbour K + 1 or K - 1 predicted
-        # within `explore_ratio` (a misjudged neighbour would otherwise never be measured
-        # again: the start-up profile's error would stand). A neighbour gear whose cost at
-        # this batch size has had fewer than `fresh_obs` online observations (only the
-        # start-up warm-up's, or none) is tried sooner: one step in `fresh_gap`, so a new
-        # load level is measured within its first steps, not after a hundred.
-        # Probes back off, per padded batch size: a probe at batch b that confirms its
-        # gear's predicted cost doubles the wait for the next probe at b (up to `max_backoff`
-        # x explore_every); one that did not brings b back to explore_every; a new gear
-        # resets every batch size. (One shared period, reset whenever the padded batch
-        # changed, never backed off under a closed loop's churn: goodput still ran 24
-        # VERIFY steps at c = 128 on the H200, ~2 plain steps each; session 5.)
+        # Exploration keeps the prices of gears not in use fresh: at K = 0, a K predicted
+        # within `explore_ratio` of the best is tried once in `explore_every` steps (under
+        # heavy load a VERIFY step costs several plain ones: clearly worse gears are not
+        # tried); while speculating, one step in `explore_every` runs at K = 0, and one, half
+        # way, a neighbour K +- 1 predicted within explore_ratio (else the start-up profile's
+        # error would stand). A neighbour with fewer than `fresh_obs` online observations at
+        # this batch size is tried one step in `fresh_gap`: a new load level is measured
+        # within its first steps. Probes back off per padded batch size: one that confirms
+        # its predicted cost doubles the wait there (up to `max_backoff` x explore_every),
+        # one that does not resets it; a new gear resets every size. (One shared period,
+        # reset at every padded batch change, never backed off under a closed loop's churn:
+        # 24 VERIFY steps at c = 128 on the H200, ~2 plain steps each; session 5.)
         self.explore_every, self.explore_ratio = explore_every, explore_ratio
         self.max_backoff = max_backoff
         self.fresh_obs, self.fresh_gap = fresh_obs, fresh_gap
@@ -93,11 +88,13 @@ class GoodputPolicy(Policy):
         # best (a one-off step per gear and batch size); measured ones need explore_ratio.
         self.fresh_ratio = fresh_ratio
         # The tree's gain starts at 1 (its prior: what the chain accepts) and moves with tree
-        # steps only: until its evidence weighs `tree_evidence` (accepted + rejections, ~5
+        # steps only: until its evidence weighs `tree_evidence` (accepted + rejections, ~30
         # tree steps at batch 1), the tree is a fresh neighbour of the longest chain, tried
         # one step in fresh_gap. Without this, on the H200 (session 6, call D) goodput ran
         # 59 tree request-steps of 707 at c = 1, where the tree alone was 3.4% faster than
-        # the chain it kept to: its few tree steps barely moved the prior.
+        # the chain it kept to: its few tree steps barely moved the prior. At 20 (~7 tree
+        # steps) the gain stayed 1.00 for 500 steps at c = 1 (session 11, call C: its first
+        # trees accepted what their top-1 chains did), where trees gave 1.2x the extra tokens.
         self.tree_evidence = tree_evidence
         self._since_probe = 0
         self._periods: dict[int, int] = {}  # padded batch size -> steps between probes
@@ -124,13 +121,10 @@ class GoodputPolicy(Policy):
         # expected tokens per step), and a probe from K = 0 is skipped while the whole
         # catch-up costs more than a plain step: a probe goes back to K = 0 and pays again at
         # the next one (H200, session 8: at c = 256 probes after long plain stretches took
-        # 47-53 ms, the draft re-reading ~64 rows of every request). ms per row: a prior
-        # (the cost model's: the draft's share of the target's per-token cost in its longest
-        # profiled forward, ~1 us on the H200 for the 8B bench pair), then measured
-        # on catch-ups of at least `catch_up_min_rows` rows: a small one is mostly its fixed
-        # cost (a graphed draft-extend over one row per request), and its ms / rows, fed
-        # from c = 2 on, priced rows at ~100x their cost and kept goodput at K = 0 at c = 128
-        # (H200, session 8 call F).
+        # 47-53 ms, the draft re-reading ~64 rows of every request). ms per row: the cost
+        # model's prior (~1 us on the H200 for the 8B bench pair), then measured on
+        # catch-ups of >= `catch_up_min_rows` rows: a small one is mostly fixed cost, and fed
+        # from c = 2 on it priced rows at ~100x and kept K = 0 at c = 128 (session 8, F).
         if catch_up_ms_per_row is None:
             catch_up_ms_per_row = cost.catch_up_ms_per_row
         self.catch_up_ms_per_row = 1e-3 if catch_up_ms_per_row is None else catch_up_ms_per_row
@@ -151,11 +145,9 @@ class GoodputPolicy(Policy):
         self.explore_rate = explore_rate
         self._recheck: list | None = None  # [gear left, rechecks left]
         self._recheck_next = 0  # _steps_speculating at which the next recheck may run
-        # Up to this many eligible requests (and none behind: no catch-up to amortise),
-        # the chains' expected tokens are summed in plain Python: at batch 8 numpy's per-call
-        # costs made scoring ~4x slower (18 vs 5 us on a CPU), and on the H200 (session 10,
-        # c = 8) goodput's host work, its choices aside, cost ~0.1 ms per ~7.3 ms VERIFY step
-        # (scripts/diag_goodput_steps.py, goodput-shadow against always-4)
+        # Up to this many eligible requests (none behind: no catch-up to amortise) the
+        # chains' expected tokens are summed in plain Python: numpy's per-call costs made
+        # scoring at batch 8 ~4x slower (18 vs 5 us on a CPU)
         self.python_max = 32
         # A scored speculative gear is kept unscored for up to `rescore_every` - 1 plans at
         # the same batch size and top gear, unless a probe, exploration or recheck is due, or
@@ -166,6 +158,7 @@ class GoodputPolicy(Policy):
         # (requests, top gear, plans left, a due K = 0 probe was skipped: plain is settled)
         self._reuse: tuple[int, int, int, bool] | None = None
         self.reused = 0  # plans that kept the gear without scoring (benches report it)
+        self.last_reason = ""  # why the last plan took its gear (diagnostics)
 
     def scores(self, view: PolicyView, top: int) -> dict[int, tuple[float, float, float]]:
         """(expected tokens, predicted ms, tokens per ms) for every uniform gear in 0..top.
@@ -332,6 +325,7 @@ class GoodputPolicy(Policy):
             # scores (their host time is a plain step's, every step, under the heaviest load)
             self._quiet = (bs, self._quiet[1] - 1) if self._quiet[1] > 1 else None
             self._since_probe += 1
+            self.last_reason = "quiet"
             return 0
         self._quiet = None
         n = len(view.requests)
@@ -342,6 +336,7 @@ class GoodputPolicy(Policy):
             self.reused += 1
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("goodput bs=%d -> %s (kept, unscored)", n, self.gear_name(self.current_k))
+            self.last_reason = "kept"
             return self.current_k
         self._reuse = None
         scores = scores or self.scores(view, top)
@@ -375,21 +370,26 @@ class GoodputPolicy(Policy):
             if (runner_up and probe and self._catch_up_full <= scores[0][1]
                     and scores[runner_up][2] >= self.explore_ratio * scores[0][2]):
                 self._last_probe, self._probe_error = (runner_up, bs, scores[runner_up][1]), None
+                self.last_reason = "probe"
                 return runner_up
         else:
             self._steps_speculating += 1
             if probe:
                 self._last_probe, self._probe_error = (0, bs, scores[0][1]), None
+                self.last_reason = "probe"
                 return 0
             k = self._recheck_step(best, top)
             if k:
+                self.last_reason = "recheck"
                 return k
             if self._since_probe % period == period // 2:
+                self.last_reason = "neighbour"
                 return self._neighbour(best, top, scores)
             if self._steps_speculating - self._last_fresh >= self.fresh_gap:
                 k = self._unmeasured_neighbour(best, top, scores, bs, view)
                 if k:
                     self._last_fresh = self._steps_speculating
+                    self.last_reason = "fresh"
                     return k
         if best and not self._unmeasured_neighbour(best, top, scores, bs, view):
             # a scored speculative choice with no fresh exploration pending: the next plans
@@ -403,6 +403,7 @@ class GoodputPolicy(Policy):
             log.debug("goodput bs=%d -> %s | %s", len(view.requests), self.gear_name(best),
                       " ".join(f"{self.gear_name(k)}:{t:.1f}tok/{ms:.2f}ms"
                                for k, (t, ms, _) in scores.items()))
+        self.last_reason = "scored"
         return best
 
     def _recheck_step(self, best: int, top: int) -> int:

@@ -110,7 +110,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
                 "catch_up_rows": 7, "catch_up_ms": 0.25,
                 "device_ms_median_by_mode": {"verify": 2.0 + c},
                 "verify_s_by_gear": {"4": [0.5, 2]},
-                "gear_switches": 0,
+                "gear_switches": 0, "unscored_plans": 3,
                 "graph_keys_captured": [["verify", str(c), "5"]] if c == 4 else [],
                 "gc_collections": [1, 0, 0], "gc_ms": 0.5}
 
@@ -141,6 +141,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
     assert point["graph_keys_captured"] == [["verify", "4", "5"]] * 2  # both passes'
     assert (point["tree_accepted"], point["tree_top1_accepted"]) == (6, 4)
     assert (point["catch_up_rows"], point["catch_up_ms"]) == (14, 0.5)  # summed over passes
+    assert point["unscored_plans"] == 6
     assert point["device_ms_median_by_mode"] == {"verify": [6.0, 6.0]}  # one per pass
     assert point["verify_s_by_gear"] == {"4": [1.0, 4]}
     assert res["b"][0]["graph_keys_captured"] == []

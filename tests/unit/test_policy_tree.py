@@ -212,3 +212,22 @@ def test_paired_tree_gain_follows_the_same_steps_top_1_chains():
     no_evidence = PolicyView(reqs(1), 0, MAX_K, None, WIDTH, (0.0, 0.0, 0.0, 0.0))
     assert pol.tree_gain(no_evidence, 0.6) == pytest.approx(1.0)
 
+
+
+def test_the_tree_is_judged_on_enough_tree_steps():
+    """The H200 case of session 11 (call C, c = 1): the first trees accepted what their top-1
+    chains did, the gain stayed 1.00 and goodput kept to the chain for ~500 steps, where
+    trees gave 1.2x the chain's extra tokens. The tree stays a fresh neighbour until its
+    evidence weighs `tree_evidence` (~30 tree steps at batch 1), so an unlucky start is
+    outweighed and goodput moves to the tree."""
+    cost = costs()
+    cost.base[MAX_K + 1][0][1] = 4.2  # the tree costs 5% more than a chain
+    actual = {g: cost.predict(g, 1, 0) for g in range(MAX_K + 2)}
+
+    def true(i):  # the first 30 steps (~7 trees): no gain; then 3.37 vs 3.05 tokens
+        return {1: 0.75, WIDTH: 0.75 if i < 30 else 0.81}
+
+    gears = simulate(cost, actual, true, 400, paired=True)
+    assert gears[-100:].count(MAX_K + 1) >= 90
+    gears = simulate(cost, actual, true, 400, paired=True, tree_evidence=20.0)
+    assert gears[-100:].count(MAX_K + 1) <= 10  # judged on its first trees: the chain
