@@ -17,9 +17,8 @@ another K is predicted to be better by more than `margin` (2%: no flapping on no
 at most 2% lost to a gear that is better by less). Prices of gears not running stay fresh
 by exploration: K = 0 probes (skipped where plain decode is confirmed far behind), the
 neighbours K +- 1, and the gear just left (rechecks); the running gear's drift moves its
-neighbours' prices too (CostModel.shared). A steady gear is rescored one plan in 4.
-As batches grow, t(K) rises faster than E(K) (verification turns compute-bound), and the
-argmax falls to K = 0: plain decode.
+neighbours' prices too (CostModel.shared). A steady gear is rescored one plan in 4. As
+batches grow, t(K) rises faster than E(K) (verification turns compute-bound): K = 0.
 
 Data flow: Scheduler -> plan(view) -> K; Engine -> observe(...) -> CostModel; a VERIFY step,
 before its sync -> prepare(view) -> the next plan's scores.
@@ -150,12 +149,13 @@ class GoodputPolicy(Policy):
         # scoring at batch 8 ~4x slower (18 vs 5 us on a CPU)
         self.python_max = 32
         # A scored speculative gear is kept unscored for up to `rescore_every` - 1 plans at
-        # the same batch size and top gear, unless a probe, exploration or recheck is due, or
-        # a step lands over `rescore_error` off its price. Scoring was ~3/4 of goodput's
-        # host work at batch 8 (CPU: prepare 26, plan 10, observe 6 us), which cost ~0.1 ms
-        # per ~7.3 ms VERIFY step against always-4 at c = 8 on the H200 (session 10).
+        # the same padded batch size (churn changes the count, rarely the graph) and top
+        # gear, unless a probe, exploration or recheck is due, or a step lands over
+        # `rescore_error` off its price. Scoring was ~3/4 of goodput's host work at batch 8
+        # (CPU: prepare 26, plan 10, observe 6 us): ~0.1 ms per ~7.3 ms VERIFY step
+        # against always-4 at c = 8 on the H200 (session 10).
         self.rescore_every, self.rescore_error = 4, 0.1
-        # (requests, top gear, plans left, a due K = 0 probe was skipped: plain is settled)
+        # (padded bs, top gear, plans left, a due K = 0 probe was skipped: plain is settled)
         self._reuse: tuple[int, int, int, bool] | None = None
         self.reused = 0  # plans that kept the gear without scoring (benches report it)
         self.last_reason = ""  # why the last plan took its gear (diagnostics)
@@ -253,20 +253,20 @@ class GoodputPolicy(Policy):
 
     def tree_gain(self, view: PolicyView, chain_prior: float) -> float:
         """Extra tokens of a tree step over a max_k chain step, from the population's tree
-        steps: their per-depth acceptance against what their own top-1 chains accepted (the
-        same steps, the same text), each around `chain_prior` (no evidence: gain 1, a tree
-        accepts what its top-1 chain would). A population ratio, not a per-request one, and
-        paired: chain and tree evidence from different stretches of text made goodput flap
-        between the two (H200, session 6: 610 chain and 377 tree request-steps at c = 1,
-        where the tree alone was best), then settle on whichever the text favoured when it
-        last ran (session 7: 606 chain and 524 tree request-steps at c = 1). Without the
-        paired chain evidence (a 2-tuple), the chain side is `chain_prior`."""
+        steps: the drafts they accepted over what their own top-1 chains accepted (the same
+        steps, the same text), both with `population_weight` x `chain_prior` accepted drafts
+        of prior (no evidence: gain 1, a tree accepts what its top-1 chain would). A
+        population ratio, paired: evidence from different stretches of text made goodput
+        flap (H200, sessions 6-7). Per-depth rates through E(a, max_k) understated the
+        ratio (session 11 call C, c = 4: 1.11 where trees accepted 1.15x their top-1 chains
+        and the tree policy 1.18x always-4's chains). Without the paired chain evidence (a
+        2-tuple), per-depth acceptance against `chain_prior`."""
         num, den, *pair = view.tree_population or (0.0, 0.0)
         w, c = self.population_weight, min(chain_prior, 0.999)
+        if pair:
+            return (num + c * w) / max(pair[0] + c * w, 1e-9)
         tree = min((num + c * w) / (den + w), 0.999)
-        chain = min((pair[0] + c * w) / (pair[1] + w), 0.999) if pair else c
-        return (expected_tokens(tree, self.max_k) - 1.0) \
-            / max(expected_tokens(chain, self.max_k) - 1.0, 1e-9)
+        return (expected_tokens(tree, self.max_k) - 1.0) / max(expected_tokens(c, self.max_k) - 1.0, 1e-9)
 
     def top_gear(self, view: PolicyView) -> int:
         """The highest gear this step may take: max K, or max K + 1 (the draft tree) when the
@@ -281,20 +281,19 @@ class GoodputPolicy(Policy):
 
     def prepare(self, view: PolicyView) -> None:
         """Score the gears for these requests while the device runs their VERIFY step (unless
-        the next plan keeps its gear unscored): the next plan() uses the scores if it sees as
-        many requests and the same top gear. They lag one step of evidence (EMA steps ~10%)."""
-        top = self.top_gear(view)
-        n = len(view.requests)
-        self._prepared = None if self._reuse_due(n, top) else ((n, top), self.scores(view, top))
+        the next plan keeps its gear unscored): the next plan() uses the scores at the same
+        padded batch size and top gear. They lag one step of evidence (EMA steps ~10%)."""
+        top, bs = self.top_gear(view), self.pad(len(view.requests))
+        self._prepared = None if self._reuse_due(bs, top) else ((bs, top), self.scores(view, top))
 
-    def _reuse_due(self, n: int, top: int) -> bool:
-        """Does the next plan, for `n` requests with top gear `top`, keep the running gear
-        without scoring (see rescore_every)? Counters only: the same answer in prepare() and
-        in the plan() after it."""
+    def _reuse_due(self, bs: int, top: int) -> bool:
+        """Does the next plan, at padded batch size `bs` with top gear `top`, keep the running
+        gear without scoring (see rescore_every)? Counters only: the same answer in prepare()
+        and in the plan() after it."""
         r, nxt = self._reuse, self._since_probe + 1
-        if r is None or r[2] <= 0 or (r[0], r[1]) != (n, top) or not self.current_k:
+        if r is None or r[2] <= 0 or (r[0], r[1]) != (bs, top) or not self.current_k:
             return False
-        period = self._periods.get(self.pad(n), self.explore_every)
+        period = self._periods.get(bs, self.explore_every)
         if (nxt >= period and not r[3]) or nxt % period == period // 2:
             return False  # a probe or an exploration
         return self._recheck is None or self._steps_speculating + 1 < self._recheck_next
@@ -305,7 +304,8 @@ class GoodputPolicy(Policy):
         if not any(self.eligible(r) for r in view.requests):
             return [0] * len(view.requests)
         top = self.top_gear(view)
-        scores = prepared[1] if prepared and prepared[0] == (len(view.requests), top) else None
+        scores = prepared[1] if prepared and prepared[0] == (self.pad(len(view.requests)), top) \
+            else None
         gear = self._choose(view, top, scores)
         if gear > self.max_k:
             self._topk = view.topk
@@ -329,8 +329,8 @@ class GoodputPolicy(Policy):
             return 0
         self._quiet = None
         n = len(view.requests)
-        if scores is None and self._reuse_due(n, top):
-            self._reuse = (n, top, self._reuse[2] - 1, self._reuse[3])
+        if scores is None and self._reuse_due(bs, top):
+            self._reuse = (bs, top, self._reuse[2] - 1, self._reuse[3])
             self._since_probe += 1
             self._steps_speculating += 1
             self.reused += 1
@@ -394,7 +394,7 @@ class GoodputPolicy(Policy):
         if best and not self._unmeasured_neighbour(best, top, scores, bs, view):
             # a scored speculative choice with no fresh exploration pending: the next plans
             # may keep it unscored
-            self._reuse = (n, top, self.rescore_every - 1, settled)
+            self._reuse = (bs, top, self.rescore_every - 1, settled)
         self.last_prediction = {"k": min(best, self.max_k), "gear": self.gear_name(best),
                                 "tokens": scores[best][0], "ms": scores[best][1],
                                 "bs": len(view.requests),

@@ -535,3 +535,24 @@ def test_goodput_leaves_a_kept_gear_within_rescore_every_plans():
                 first.setdefault(name, step)
     assert first["ref"] == 20
     assert 20 <= first["pol"] < 20 + pol.rescore_every
+
+
+def test_goodput_keeps_its_gear_unscored_across_counts_of_one_padded_batch():
+    """A closed loop's churn changes the count of decoding requests most steps, rarely the
+    decode graph they pad to: kept plans and prepared scores carry across counts that pad
+    to the same graph, and a count that pads to another graph scores."""
+    pol = GoodputPolicy(memory_bound_costs(max_k=4), 4, pad=lambda n: 8 if n > 4 else n,
+                        fresh_obs=0)
+    calls = []
+    scores = pol.scores
+    pol.scores = lambda v, top: calls.append(len(v.requests)) or scores(v, top)
+    rs = reqs(8, 0.8)
+    k = pol.plan(PolicyView(rs, 0, 4))[0]
+    assert k and calls == [8]
+    for n in (7, 8, 6, 7):  # kept: each pads to 8
+        view = PolicyView(rs[:n], 0, 4)
+        pol.prepare(view)
+        assert pol.plan(view) == [k] * n
+    assert calls == [8, 7]  # the fourth plan after a scoring scores (in prepare)
+    pol.plan(PolicyView(rs[:4], 0, 4))  # pads to 4: scored
+    assert calls == [8, 7, 4]
