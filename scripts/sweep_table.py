@@ -52,8 +52,11 @@ def main() -> None:
         ratio = g["output_tok_per_s"] / row[best]["output_tok_per_s"] if g else None
         ratios.append(ratio)
         mix = dict(g.get("request_steps_by_k", {})) if g else {}
-        if g and g.get("request_steps_tree"):  # request-steps that verified the tree
-            mix["tree"] = g["request_steps_tree"]
+        if g and g.get("request_steps_tree"):  # request-steps that verified the tree: they
+            tree = g["request_steps_tree"]  # count under its depth (max K) in steps_by_k
+            deepest = max(mix, key=int)
+            mix[deepest] -= tree
+            mix = {k: v for k, v in mix.items() if v} | {"tree": tree}
         paired = _paired(row)
         print(f"| {c} | " + " | ".join(cells) + f" | {best} | "
               + (f"**{ratio:.3f}**" if ratio is not None else "-") + " | "
