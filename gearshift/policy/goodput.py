@@ -328,14 +328,14 @@ class GoodputPolicy(Policy):
             self.last_reason = "quiet"
             return 0
         self._quiet = None
-        n = len(view.requests)
         if scores is None and self._reuse_due(bs, top):
             self._reuse = (bs, top, self._reuse[2] - 1, self._reuse[3])
             self._since_probe += 1
             self._steps_speculating += 1
             self.reused += 1
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("goodput bs=%d -> %s (kept, unscored)", n, self.gear_name(self.current_k))
+                log.debug("goodput bs=%d -> %s (kept, unscored)", len(view.requests),
+                          self.gear_name(self.current_k))
             self.last_reason = "kept"
             return self.current_k
         self._reuse = None
@@ -385,16 +385,13 @@ class GoodputPolicy(Policy):
             if self._since_probe % period == period // 2:
                 self.last_reason = "neighbour"
                 return self._neighbour(best, top, scores)
-            if self._steps_speculating - self._last_fresh >= self.fresh_gap:
-                k = self._unmeasured_neighbour(best, top, scores, bs, view)
-                if k:
-                    self._last_fresh = self._steps_speculating
-                    self.last_reason = "fresh"
-                    return k
-        if best and not self._unmeasured_neighbour(best, top, scores, bs, view):
-            # a scored speculative choice with no fresh exploration pending: the next plans
-            # may keep it unscored
-            self._reuse = (bs, top, self.rescore_every - 1, settled)
+            fresh = self._unmeasured_neighbour(best, top, scores, bs, view)
+            if fresh and self._steps_speculating - self._last_fresh >= self.fresh_gap:
+                self._last_fresh = self._steps_speculating
+                self.last_reason = "fresh"
+                return fresh
+            if not fresh:  # no fresh exploration pending: the next plans may keep this gear
+                self._reuse = (bs, top, self.rescore_every - 1, settled)
         self.last_prediction = {"k": min(best, self.max_k), "gear": self.gear_name(best),
                                 "tokens": scores[best][0], "ms": scores[best][1],
                                 "bs": len(view.requests),
