@@ -97,8 +97,9 @@ def test_burst_drives_probes_to_k0_and_speculation_resumes(make_llm):
     sp = r["shared_positions"]
     assert sp["steps"] > 0 and sp["identical_drafts"] == sp["steps"]
     tm = r["text_matched"]  # identical outputs: every probe counts, the all-probe rates
-    assert tm["probes"] == [0, 1] and tm["reference"] == c["reference"]
-    assert tm["after_burst"] == c["after_burst"] and "text_matched_within_2pct_rel" in r["checks"]
+    assert tm["probes"] == [0, 1] and tm["acceptance_rate"] == c
+    assert tm["acceptance_rate_k_matched"] == r["comparison"]["acceptance_rate_k_matched"]
+    assert "text_k_matched_within_2pct_rel" in r["checks"]
     assert set(r["step_records"]) == {"reference", "after_burst", "reference_2"}
     json.dumps(r)  # the report is JSON-serialisable as it stands
     # the tap's bookkeeping against the truth: greedy verification accepts exactly the drafts
@@ -116,18 +117,24 @@ def test_burst_drives_probes_to_k0_and_speculation_resumes(make_llm):
 
 def test_text_matched_acceptance_leaves_out_probes_whose_text_forked():
     """Probe 1 forks at token 13 in one run and loops (every draft accepted): the all-probe
-    rates differ by 25%, the rates over the probes that wrote the same text do not. A fork
-    inside the window's last K tokens still changes what its last drafts were checked against."""
-    def run(*probes):
-        return {"per_probe": [{"proposed": p, "accepted": a} for p, a in probes],
-                "by_k": {"4": {}}}
-    ref, other = run((100, 60), (100, 100), (100, 50)), run((100, 61), (100, 55), (100, 50))
-    r = burst.text_matched(ref, other, [None, 13, 98], t2=100)
-    assert r["probes"] == [0] and (r["reference"], r["after_burst"]) == (0.6, 0.61)
-    assert abs(r["rel_diff"] - 0.01 / 0.6) < 1e-12
-    r = burst.text_matched(ref, other, [None, 13, 104], t2=100)
-    assert r["probes"] == [0, 2] and r["reference"] == 110 / 200 and r["after_burst"] == 111 / 200
-    assert burst.text_matched(ref, other, [5, 13, 7], t2=100)["rel_diff"] is None
+    rates differ by a third, the rates over the probes that wrote the same text do not. A
+    fork inside the window's last K tokens still changes what its last drafts met. The
+    K-matched rate weighs each run's per-K rate by the second run's proposals per K."""
+    def run(*probes):  # per probe: (K, accepted) verify steps at positions 0, 10, 20, ...
+        return {f"p{i}": [{"pos": 10 * j, "k": k, "proposed": k, "accepted": a}
+                          for j, (k, a) in enumerate(steps)] for i, steps in enumerate(probes)}
+    ref = run([(4, 2), (4, 3)], [(4, 4), (4, 4)], [(2, 1), (2, 1)])
+    other = run([(4, 3), (4, 2)], [(4, 1), (4, 0)], [(4, 2), (4, 2)])
+    r = burst.text_matched(ref, other, [None, 13, 98], 0, 100)
+    assert r["probes"] == [0] and r["acceptance_rate"]["reference"] == r["acceptance_rate"][
+        "after_burst"] == 5 / 8 and r["acceptance_rate"]["rel_diff"] == 0
+    r = burst.text_matched(ref, other, [None, 13, 104], 0, 100)
+    assert r["probes"] == [0, 2] and r["acceptance_rate"]["reference"] == 7 / 12
+    assert r["acceptance_rate"]["after_burst"] == 9 / 16
+    # K-matched: other's proposals are all at K = 4, so both runs' K = 4 rates
+    assert r["acceptance_rate_k_matched"]["reference"] == 5 / 8
+    assert r["acceptance_rate_k_matched"]["after_burst"] == 9 / 16
+    assert burst.text_matched(ref, other, [5, 13, 7], 0, 100)["acceptance_rate"]["rel_diff"] is None
 
 
 def test_burst_cli_registered_with_issue_defaults():
