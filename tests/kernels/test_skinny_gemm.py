@@ -52,6 +52,8 @@ def test_strided_rows():
 
 def test_wider_row_block():
     _check(20, 32, 64, torch.float16, bias=True, config=SkinnyConfig(block_m=32, block_n=16, block_k=32))
+    # 64 rows over 128-column blocks (bench_skinny's widest tiling), N ragged in the last block
+    _check(64, 300, 128, torch.float16, bias=True, config=SkinnyConfig(block_m=64, block_n=128, block_k=64))
 
 
 def test_too_many_rows_is_refused():
@@ -76,3 +78,38 @@ def test_chooser_modes():
         assert on.choose(x.cuda().float(), w.cuda().float(), None) is None  # fp32: cuBLAS
         assert on.choose(torch.zeros(65, 32, device="cuda", dtype=torch.float16), w.cuda(), None) is None
         assert SkinnyChooser("off").choose(x.cuda(), w.cuda(), None) is None
+
+
+def test_chooser_skips_a_tiling_that_does_not_fit(monkeypatch):
+    """A candidate that Triton cannot compile for this GPU (OutOfResources: too much shared
+    memory) is timed as inf and never chosen; the others are still compared with cuBLAS."""
+    from triton.runtime.errors import OutOfResources
+
+    from gearshift.models.kernels import skinny_select as sel
+
+    big, fits, slow = SkinnyConfig(16, 128, 512, 8, 5), SkinnyConfig(16, 32, 256, 4, 4), SMALL
+    ms = {None: 1.0, big: 0.1, fits: 0.9, slow: 2.0}  # big would win if it compiled
+    ran = []
+
+    def fake_linear(x, w, b=None, *, config):
+        if config is big:
+            raise OutOfResources(300_000, 232_448, "shared memory")
+        ran.append(config)
+
+    def fake_time(fn):
+        ran.clear()
+        fn()
+        return ms[ran[0] if ran else None]
+
+    monkeypatch.setattr(sel, "CANDIDATES", {16: (big, fits, slow)})
+    monkeypatch.setattr(sel, "skinny_linear", fake_linear)
+    chooser = sel.SkinnyChooser("auto")
+    monkeypatch.setattr(chooser, "_time", fake_time)
+    w = torch.zeros(64, 32, dtype=torch.float16)
+    assert chooser._measure((8, 64, 32, torch.float16, False), w, None) is fits
+    assert chooser.timings[(8, 64, 32, torch.float16, False)] == {
+        "cublas": 1.0, sel._name(big): float("inf"), sel._name(fits): 0.9, sel._name(slow): 2.0}
+    ms[fits] = 0.99  # not 3% under cuBLAS: cuBLAS
+    assert chooser._measure((8, 64, 32, torch.float16, False), w, None) is None
+    monkeypatch.setattr(sel, "CANDIDATES", {16: (big,)})  # nothing fits: cuBLAS
+    assert chooser._measure((8, 64, 32, torch.float16, False), w, None) is None

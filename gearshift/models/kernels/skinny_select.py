@@ -9,7 +9,8 @@ a 256 MB buffer. Both matter (session 5, H200): timed eagerly, the host's launch
 counted (a Triton launch costs more host time than a 15 us GEMV); evicted by a write
 (zero_()), dirty lines were written back during the timed call (cuBLAS's gate_up read
 67 us, against 55 us inside the model; in a graph after a read: 55 us). The kernel is
-taken only when it beats cuBLAS by SKINNY_MARGIN.
+taken only when it beats cuBLAS by SKINNY_MARGIN. A candidate tiling that does not fit
+the GPU (Triton's OutOfResources at compile time) is skipped, timed as inf.
 
 GEARSHIFT_SKINNY_GEMM: `auto` (default: measure), `off` (always cuBLAS), `on` (always the
 kernel's first candidate, for tests).
@@ -24,6 +25,7 @@ import statistics
 
 import torch
 import torch.nn.functional as F
+from triton.runtime.errors import OutOfResources
 
 from gearshift.models.kernels.skinny_gemm import SkinnyConfig, skinny_linear
 
@@ -84,12 +86,19 @@ class SkinnyChooser:
         if self._flush is None:
             self._flush = torch.zeros(64 << 20, dtype=torch.float32, device=weight.device)
         x = torch.randn(rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
-        configs = CANDIDATES[row_block(rows)]
         times = {"cublas": self._time(lambda: F.linear(x, weight, bias))}
-        for cfg in configs:
-            times[_name(cfg)] = self._time(lambda cfg=cfg: skinny_linear(x, weight, bias, config=cfg))
+        configs = []
+        for cfg in CANDIDATES[row_block(rows)]:
+            try:
+                times[_name(cfg)] = self._time(lambda cfg=cfg: skinny_linear(x, weight, bias, config=cfg))
+            except OutOfResources:  # a tiling this GPU cannot hold (shared memory): skip it
+                times[_name(cfg)] = float("inf")
+                continue
+            configs.append(cfg)
         self.timings[key] = times
         self._flush = None  # 256 MB: back to the allocator, not held for the process's life
+        if not configs:
+            return None
         best = min(configs, key=lambda c: times[_name(c)])
         return best if times[_name(best)] <= SKINNY_MARGIN * times["cublas"] else None
 
