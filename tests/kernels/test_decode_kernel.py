@@ -67,6 +67,21 @@ def test_decode_kernel_any_split_count(slot_pool, device, num_kv_splits):
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("blocks", [(16, 1, 1), (32, 2, 1)])
+def test_decode_kernel_block_override(slot_pool, device, blocks):
+    """The stage-1 block override (scripts/bench_decode_attn.py tunes with it): any KV block
+    length gives the same attention, split lengths rounded to it."""
+    num_heads, num_kv_heads, head_dim = 8, 2, 64
+    kv, rows = slot_pool(SEQ_LENS, num_kv_heads, head_dim, seed=2)
+    fb = decode_batch(kv, rows, SEQ_LENS)
+    q = torch.randn(len(SEQ_LENS), num_heads, head_dim, device=device)
+    expected = TorchBackend(kv, 0.125).decode(q, 0, fb)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, kv.k[0], kv.v[0], kv.req_to_token, fb.req_pool_indices, fb.seq_lens,
+                     0.125, out, num_kv_splits=4, blocks=blocks)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
 def test_decode_padded_rows_point_at_dummy_slot(slot_pool, device):
     seq_lens = [5, 40]
     kv, rows = slot_pool(seq_lens, 2, 64, seed=2)

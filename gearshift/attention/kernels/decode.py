@@ -230,6 +230,7 @@ def decode_attention(
     workspace: torch.Tensor | None = None,  # [>= bs, num_heads, >= splits, >= head_dim+1]
     counters: torch.Tensor | None = None,  # [>= bs, num_kv_heads] int32, all zero
     fused_merge: bool | None = None,  # None: GEARSHIFT_DECODE_MERGE (default separate)
+    blocks: tuple[int, int, int] | None = None,  # stage 1 (BLOCK_N, warps, stages); None: default
 ) -> torch.Tensor:
     """Attention of one new query per request over its cached keys; returns `out`.
 
@@ -260,7 +261,7 @@ def decode_attention(
     block_d = triton.next_power_of_2(head_dim)
     block_h = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
     block_s = triton.next_power_of_2(num_kv_splits)
-    block_n, num_warps, num_stages = _decode_blocks()
+    block_n, num_warps, num_stages = blocks or _decode_blocks()  # blocks: for tuning benches
     # per-request scalars are read at unit stride: materialise expanded views
     req_pool_indices, seq_lens = req_pool_indices.contiguous(), seq_lens.contiguous()
     _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](

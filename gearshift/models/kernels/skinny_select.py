@@ -111,28 +111,36 @@ class SkinnyChooser:
         return max(self._graph_ms(fn) - self._evict_ms, 1e-4)
 
     def _graph_ms(self, fn) -> float:
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(_REPEATS):
-                self._flush.sum()  # read-only eviction
-                fn()
-        runs = []
-        for _ in range(3):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            runs.append(start.elapsed_time(end) / _REPEATS)
-        del graph
-        return statistics.median(runs)
+        return graph_ms(fn, self._flush)
 
     def report(self) -> list[dict]:
         """One row per measured shape: the choice and each candidate's ms per call."""
         return [{"rows": k[0], "n": k[1], "k": k[2], "dtype": str(k[3]).removeprefix("torch."),
                  "bias": k[4], "choice": _name(self.table[k]) if self.table[k] else "cublas",
                  "ms": self.timings.get(k, {})} for k in self.table]
+
+
+def graph_ms(fn, flush: torch.Tensor, repeats: int = _REPEATS) -> float:
+    """ms per (evict L2, fn): `repeats` of them captured in one CUDA graph, the median of
+    three replays. The eviction reads `flush` (>= the L2 size; a read leaves no dirty
+    lines to write back inside the timed call). Subtract graph_ms(lambda: None, flush)
+    for fn alone. Also used by the kernel benches in scripts/."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            flush.sum()  # read-only eviction
+            fn()
+    runs = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) / repeats)
+    del graph
+    return statistics.median(runs)
 
 
 def _name(cfg: SkinnyConfig) -> str:

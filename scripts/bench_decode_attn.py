@@ -1,0 +1,98 @@
+"""H200 microbenchmark of the split-K decode attention kernel on the Llama-3.1-8B head shape
+(32 query heads, 8 KV heads, head_dim 128, bf16): each (KV splits, BLOCK_N, warps, stages)
+against the engine's default (pick_num_kv_splits; BLOCK_N 64, 4 warps, 2 stages), at the
+batch sizes and contexts of issue 2's two figures (batch 1 at 1k context, batch 64 at the
+offline run's ~640). Timed as the skinny-GEMM chooser times (in a CUDA graph, L2 evicted
+by a read before every call: in a decode step the weights have just streamed through L2).
+Each request's K/V slots are a shuffled run of the pool, as after many allocations.
+Writes JSON; prints the fastest configs per case with GB/s of K/V read.
+
+Session 5's profile: batch 1, 1k context: 5.0 us split + 2.7 us merge per layer (K/V 4 MB:
+~1 us at 4.2 TB/s); batch 64, ~640 context: 46.0 + 3.1 us (168 MB: ~40 us).
+
+Usage: python scripts/bench_decode_attn.py --out decode_attn.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+from triton.runtime.errors import OutOfResources
+
+from gearshift.attention.kernels.decode import (
+    _decode_blocks,
+    alloc_decode_workspace,
+    decode_attention,
+    pick_num_kv_splits,
+)
+from gearshift.models.kernels.skinny_select import graph_ms
+
+HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+
+
+def case(bs: int, ctx: int, configs, flush: torch.Tensor, evict_ms: float) -> list[dict]:
+    g = torch.Generator(device="cuda").manual_seed(bs * 7 + ctx)
+    slots = bs * ctx
+    k = torch.randn(slots + 1, KV_HEADS, HEAD_DIM, device="cuda", generator=g).to(torch.bfloat16)
+    v = torch.randn(slots + 1, KV_HEADS, HEAD_DIM, device="cuda", generator=g).to(torch.bfloat16)
+    perm = torch.randperm(slots, device="cuda", generator=g) + 1  # slot 0: the dummy
+    req_to_token = torch.zeros(bs + 1, ctx, dtype=torch.int32, device="cuda")
+    req_to_token[1:] = perm.view(bs, ctx).to(torch.int32)
+    rows = torch.arange(1, bs + 1, device="cuda")
+    seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device="cuda")
+    q = torch.randn(bs, HEADS, HEAD_DIM, device="cuda", generator=g).to(torch.bfloat16)
+    ref = torch.empty_like(q)
+    default_splits = pick_num_kv_splits(bs, KV_HEADS)
+    decode_attention(q, k, v, req_to_token, rows, seq_lens, HEAD_DIM**-0.5, ref,
+                     num_kv_splits=default_splits)
+    gbytes = 2 * bs * ctx * KV_HEADS * HEAD_DIM * 2 / 1e9
+    out = []
+    for splits, blocks in configs:
+        work = alloc_decode_workspace(bs, HEADS, HEAD_DIM, splits, "cuda")
+        o = torch.empty_like(q)
+
+        def fn(splits=splits, blocks=blocks, work=work, o=o):
+            decode_attention(q, k, v, req_to_token, rows, seq_lens, HEAD_DIM**-0.5, o,
+                             num_kv_splits=splits, workspace=work, blocks=blocks)
+        try:
+            fn()
+        except OutOfResources:  # a tiling this GPU cannot hold: report it
+            out.append({"splits": splits, "blocks": list(blocks), "error": "OutOfResources"})
+            continue
+        ms = max(graph_ms(fn, flush) - evict_ms, 1e-4)
+        out.append({"splits": splits, "blocks": list(blocks), "us": ms * 1e3,
+                    "gbps": gbytes / ms * 1e3, "max_err": (o.float() - ref.float()).abs().max().item(),
+                    "default": splits == default_splits and blocks == _decode_blocks()})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="decode_attn.json")
+    ap.add_argument("--cases", default="1x1024,64x640", help="BSxCONTEXT,...")
+    a = ap.parse_args()
+    flush = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")
+    evict_ms = graph_ms(lambda: None, flush)
+    blocks = [(bn, w, s) for bn, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))]
+    result = {"device": torch.cuda.get_device_name(), "cases": {}}
+    for spec in a.cases.split(","):
+        bs, ctx = (int(x) for x in spec.split("x"))
+        configs = [(sp, b) for sp in (1, 2, 4, 8, 16, 32) for b in blocks]
+        rows = case(bs, ctx, configs, flush, evict_ms)
+        result["cases"][spec] = rows
+        ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
+        default = next(r for r in rows if r.get("default"))
+        print(f"batch {bs}, context {ctx}: default {default['us']:.1f} us "
+              f"({default['gbps']:.0f} GB/s), splits {default['splits']}, blocks {default['blocks']}")
+        for r in ok[:5]:
+            print(f"   {r['us']:6.1f} us ({r['gbps']:5.0f} GB/s) splits {r['splits']:2d} "
+                  f"blocks {r['blocks']} err {r['max_err']:.1e}")
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
