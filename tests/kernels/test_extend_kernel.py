@@ -114,11 +114,12 @@ def test_extend_half_precision_on_gpu(slot_pool, dtype):
     torch.testing.assert_close(actual, expected, atol=2e-2, rtol=2e-2)
 
 
-def run_kernel(kv: KVCache, fb: ForwardBatch, q: torch.Tensor, scale: float) -> torch.Tensor:
+def run_kernel(kv: KVCache, fb: ForwardBatch, q: torch.Tensor, scale: float,
+               config: extend_kernels.ExtendConfig | None = None) -> torch.Tensor:
     out = torch.full_like(q, float("nan"))  # rows the kernel misses stay NaN
     return extend_attention(q, kv.k[0], kv.v[0], kv.req_to_token, fb.req_pool_indices,
                             fb.seq_lens, fb.extend_lens, fb.extend_start_loc, scale, out,
-                            max_extend_len=fb.max_extend_len)
+                            max_extend_len=fb.max_extend_len, config=config)
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(8, 2, 32), (24, 1, 16)])
@@ -132,6 +133,18 @@ def test_decode_rows_mixed_with_prefills(slot_pool, device, num_heads, num_kv_he
     q = torch.randn(fb.num_tokens, num_heads, head_dim, device=device)
     expected = TorchBackend(kv, 0.25).extend(q, 0, fb)
     torch.testing.assert_close(run_kernel(kv, fb, q, 0.25), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("config", [extend_kernels.ExtendConfig(8, 4, 16, 1, 1, 16),
+                                    extend_kernels.ExtendConfig(2, 8, 64, 1, 1, 8)])
+def test_extend_kernel_config_override(slot_pool, device, config):
+    """A config override (scripts/bench_extend_attn.py tunes with it): other tile heights,
+    key blocks and tile-search chunks give the same attention."""
+    kv, rows = slot_pool([p + n for p, n in REQUESTS], 2, 32, seed=8)
+    fb = extend_batch(kv, rows, REQUESTS)
+    q = torch.randn(fb.num_tokens, 8, 32, device=device)
+    expected = TorchBackend(kv, 0.2).extend(q, 0, fb)
+    torch.testing.assert_close(run_kernel(kv, fb, q, 0.2, config), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_block_config_depends_on_model_shape_only():

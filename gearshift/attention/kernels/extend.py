@@ -236,6 +236,7 @@ def extend_attention(
     out: torch.Tensor,  # [num_tokens, num_heads, head_dim], written in place
     *,
     max_extend_len: int,  # host int: max(extend_lens), bounds the grid
+    config: ExtendConfig | None = None,  # None: extend_config(...) (an override is for tuning)
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its prefix and themselves."""
     num_tokens, num_heads, head_dim = q.shape
@@ -249,7 +250,7 @@ def extend_attention(
 
     group = num_heads // num_kv_heads
     capability = _capability(q.device.index or 0) if q.is_cuda else 9
-    cfg = extend_config(q.dtype, num_heads, num_kv_heads, head_dim, capability)
+    cfg = config or extend_config(q.dtype, num_heads, num_kv_heads, head_dim, capability)
     # per-request scalars are read at unit stride: materialise expanded views
     req_pool_indices, seq_lens, extend_lens, extend_start_loc = (
         t.contiguous() for t in (req_pool_indices, seq_lens, extend_lens, extend_start_loc))

@@ -1,0 +1,107 @@
+"""H200 microbenchmark of the extend (prefill) attention kernel on the Llama-3.1-8B head
+shape (32 query heads, 8 KV heads, head_dim 128, bf16): tile configs against the engine's
+default (extend_config: 64-row tiles of 16 tokens x 4 heads, BLOCK_N 64, 4 warps, 3
+stages), timed as the skinny-GEMM chooser times (CUDA graph, L2 evicted before each call).
+
+Cases:
+- `mixed`: issue 2's offline run at step budget 256. 60 decoders at 512-768 context ride
+  along with one 196-token prefill chunk at prefix 316. Session 5's graphed profile
+  measured 66.6 µs per layer, against ~40 µs for the decoders' K/V alone at 4.2 TB/s.
+  At two programs an SM, 480 decoder + 104 prefill programs make three waves.
+- `prefill`: 4 fresh 512-token prompts in one 2,048-token step (no regression wanted).
+
+Each request's K/V slots are a shuffled run of the pool. Writes JSON; prints the fastest
+configs per case.
+
+Usage: python scripts/bench_extend_attn.py --out extend_attn.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+
+import torch
+from triton.runtime.errors import OutOfResources
+
+from gearshift.attention.kernels.extend import ExtendConfig, extend_attention, extend_config
+from gearshift.models.kernels.skinny_select import graph_ms
+
+HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+CASES = {
+    "mixed": [(random.Random(0).randint(512, 768) - 1, 1) for _ in range(60)] + [(316, 196)],
+    "prefill": [(0, 512)] * 4,
+}
+
+
+def batch(requests: list[tuple[int, int]], g: torch.Generator) -> dict:
+    """(prefix, extend) per request -> the kernel's tensors over a shuffled slot pool."""
+    seq = [p + n for p, n in requests]
+    slots = sum(seq)
+    perm = (torch.randperm(slots, device="cuda", generator=g) + 1).to(torch.int32)
+    req_to_token = torch.zeros(len(requests) + 1, max(seq), dtype=torch.int32, device="cuda")
+    start = 0
+    for i, n in enumerate(seq):
+        req_to_token[i + 1, :n] = perm[start:start + n]
+        start += n
+    ext = [n for _, n in requests]
+
+    def ints(xs):
+        return torch.tensor(xs, dtype=torch.int32, device="cuda")
+
+    return dict(
+        k=torch.randn(slots + 1, KV_HEADS, HEAD_DIM, device="cuda", generator=g).to(torch.bfloat16),
+        v=torch.randn(slots + 1, KV_HEADS, HEAD_DIM, device="cuda", generator=g).to(torch.bfloat16),
+        q=torch.randn(sum(ext), HEADS, HEAD_DIM, device="cuda", generator=g).to(torch.bfloat16),
+        req_to_token=req_to_token, rows=torch.arange(1, len(requests) + 1, device="cuda"),
+        seq_lens=ints(seq), extend_lens=ints(ext),
+        starts=ints([sum(ext[:i]) for i in range(len(ext))]), max_extend_len=max(ext),
+        kv_gbytes=2 * slots * KV_HEADS * HEAD_DIM * 2 / 1e9)
+
+
+def run(b: dict, out: torch.Tensor, config: ExtendConfig | None) -> torch.Tensor:
+    return extend_attention(b["q"], b["k"], b["v"], b["req_to_token"], b["rows"], b["seq_lens"],
+                            b["extend_lens"], b["starts"], HEAD_DIM**-0.5, out,
+                            max_extend_len=b["max_extend_len"], config=config)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="extend_attn.json")
+    a = ap.parse_args()
+    flush = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")
+    evict_ms = graph_ms(lambda: None, flush)
+    default = extend_config(torch.bfloat16, HEADS, KV_HEADS, HEAD_DIM, 9)
+    configs = [default] + [ExtendConfig(rows // 4, 4, bn, w, s, 128) for rows, bn, w, s in
+                           itertools.product((32, 64), (32, 64, 128), (4, 8), (2, 3, 4))]
+    result = {"device": torch.cuda.get_device_name(), "default": list(vars(default).values()),
+              "cases": {}}
+    for name, requests in CASES.items():
+        b = batch(requests, torch.Generator(device="cuda").manual_seed(len(requests)))
+        ref = run(b, torch.empty_like(b["q"]), default)
+        rows = []
+        for cfg in dict.fromkeys(configs):  # the default once
+            out = torch.empty_like(b["q"])
+            try:
+                run(b, out, cfg)
+            except OutOfResources:
+                rows.append({"config": list(vars(cfg).values()), "error": "OutOfResources"})
+                continue
+            ms = max(graph_ms(lambda b=b, cfg=cfg, out=out: run(b, out, cfg), flush) - evict_ms, 1e-4)
+            rows.append({"config": list(vars(cfg).values()), "us": ms * 1e3,
+                         "kv_gbps": b["kv_gbytes"] / ms * 1e3, "default": cfg == default,
+                         "max_err": (out.float() - ref.float()).abs().max().item()})
+        result["cases"][name] = rows
+        d = next(r for r in rows if r.get("default"))
+        print(f"{name}: default {d['us']:.1f} us ({d['kv_gbps']:.0f} GB/s of K/V); fastest "
+              "(block_t, block_g, block_n, warps, stages, scan):")
+        for r in sorted((r for r in rows if "us" in r), key=lambda r: r["us"])[:5]:
+            print(f"   {r['us']:6.1f} us {r['config']} err {r['max_err']:.1e}")
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
