@@ -8,19 +8,14 @@ from __future__ import annotations
 import json
 import sys
 
-from gearshift.bench.burst import text_matched
-
-
-def steps(records: dict[str, list[list[int]]]) -> dict[str, list[dict]]:
-    keys = ("step", "pos", "k", "bs", "proposed", "accepted")
-    return {rid: [dict(zip(keys, row)) for row in rows] for rid, rows in records.items()}
+from gearshift.bench.burst import expand, text_matched
 
 
 def main() -> None:
     for path in sys.argv[1:]:
         d = json.load(open(path))
         rec = d["step_records"]
-        r = text_matched(steps(rec["reference"]), steps(rec["after_burst"]), d["first_divergence"],
+        r = text_matched(expand(rec["reference"]), expand(rec["after_burst"]), d["first_divergence"],
                          *d["window"])
         c, ck = r["acceptance_rate"], r["acceptance_rate_k_matched"]
         print(f"{path}: {len(r['probes'])} of {d['probes']} probes; acceptance {c['reference']:.4f} -> "

@@ -280,10 +280,17 @@ def burst_experiment(llm, probes: list[list[int]], burst: list[list[int]], *, ma
     return result
 
 
+RECORD_KEYS = ("step", "pos", "k", "bs", "proposed", "accepted")  # a saved step record's fields
+
+
 def _compact(steps: dict[str, list[dict]]) -> dict[str, list[list[int]]]:
     """Per probe: [step, output position, K, batch size, proposed, accepted] per decode step."""
-    keys = ("step", "pos", "k", "bs", "proposed", "accepted")
-    return {rid: [[s[k] for k in keys] for s in rows] for rid, rows in steps.items()}
+    return {rid: [[s[k] for k in RECORD_KEYS] for s in rows] for rid, rows in steps.items()}
+
+
+def expand(records: dict[str, list[list[int]]]) -> dict[str, list[dict]]:
+    """The inverse of _compact: a saved JSON's step records as window_stats reads them."""
+    return {rid: [dict(zip(RECORD_KEYS, row)) for row in rows] for rid, rows in records.items()}
 
 
 def run_burst(args) -> int:

@@ -101,6 +101,8 @@ def test_burst_drives_probes_to_k0_and_speculation_resumes(make_llm):
     assert tm["acceptance_rate_k_matched"] == r["comparison"]["acceptance_rate_k_matched"]
     assert "text_k_matched_within_2pct_rel" in r["checks"]
     assert set(r["step_records"]) == {"reference", "after_burst", "reference_2"}
+    # a saved JSON's records give back the same window statistics (scripts/burst_text_matched.py)
+    assert burst.window_stats(burst.expand(r["step_records"]["reference"]), 72, 120) == r["reference"]
     json.dumps(r)  # the report is JSON-serialisable as it stands
     # the tap's bookkeeping against the truth: greedy verification accepts exactly the drafts
     # that match the committed output

@@ -107,11 +107,8 @@ class SkinnyChooser:
         graph without fn."""
         fn()  # compile / cuBLAS heuristics outside the capture
         if self._evict_ms is None:
-            self._evict_ms = self._graph_ms(lambda: None)
-        return max(self._graph_ms(fn) - self._evict_ms, 1e-4)
-
-    def _graph_ms(self, fn) -> float:
-        return graph_ms(fn, self._flush)
+            self._evict_ms = graph_ms(lambda: None, self._flush)
+        return kernel_ms(fn, self._flush, self._evict_ms)
 
     def report(self) -> list[dict]:
         """One row per measured shape: the choice and each candidate's ms per call."""
@@ -123,8 +120,8 @@ class SkinnyChooser:
 def graph_ms(fn, flush: torch.Tensor, repeats: int = _REPEATS) -> float:
     """ms per (evict L2, fn): `repeats` of them captured in one CUDA graph, the median of
     three replays. The eviction reads `flush` (>= the L2 size; a read leaves no dirty
-    lines to write back inside the timed call). Subtract graph_ms(lambda: None, flush)
-    for fn alone. Also used by the kernel benches in scripts/."""
+    lines to write back inside the timed call). kernel_ms takes the eviction's time out.
+    Also used by the kernel benches in scripts/."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -141,6 +138,12 @@ def graph_ms(fn, flush: torch.Tensor, repeats: int = _REPEATS) -> float:
         runs.append(start.elapsed_time(end) / repeats)
     del graph
     return statistics.median(runs)
+
+
+def kernel_ms(fn, flush: torch.Tensor, evict_ms: float) -> float:
+    """ms per call of fn alone: graph_ms less the eviction's own time
+    (evict_ms = graph_ms(lambda: None, flush)), floored at 0.1 us."""
+    return max(graph_ms(fn, flush) - evict_ms, 1e-4)
 
 
 def _name(cfg: SkinnyConfig) -> str:
