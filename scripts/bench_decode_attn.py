@@ -1,6 +1,6 @@
 """H200 microbenchmark of the split-K decode attention kernel on the Llama-3.1-8B head shape
 (32 query heads, 8 KV heads, head_dim 128, bf16): each (KV splits, BLOCK_N, warps, stages)
-against the engine's default (pick_num_kv_splits; BLOCK_N 64, 4 warps, 2 stages), at the
+against the engine's default (pick_num_kv_splits, decode_blocks), at the
 batch sizes and contexts of issue 2's two figures (batch 1 at 1k context, batch 64 at the
 offline run's ~640). Timed as the skinny-GEMM chooser times (in a CUDA graph, L2 evicted
 by a read before every call: in a decode step the weights have just streamed through L2).
@@ -23,9 +23,9 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from gearshift.attention.kernels.decode import (
-    _decode_blocks,
     alloc_decode_workspace,
     decode_attention,
+    decode_blocks,
     pick_num_kv_splits,
 )
 from gearshift.models.kernels.skinny_select import graph_ms, kernel_ms
@@ -65,7 +65,8 @@ def case(bs: int, ctx: int, configs, flush: torch.Tensor, evict_ms: float) -> li
         ms = kernel_ms(fn, flush, evict_ms)
         out.append({"splits": splits, "blocks": list(blocks), "us": ms * 1e3,
                     "gbps": gbytes / ms * 1e3, "max_err": (o.float() - ref.float()).abs().max().item(),
-                    "default": splits == default_splits and blocks == _decode_blocks()})
+                    "default": splits == default_splits
+                    and blocks == decode_blocks(bs, KV_HEADS, splits)})
     return out
 
 
@@ -73,10 +74,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="decode_attn.json")
     ap.add_argument("--cases", default="1x1024,64x640", help="BSxCONTEXT,...")
+    ap.add_argument("--blocks", nargs="*", help="BLOCK_N,WARPS,STAGES ... (default: a grid)")
     a = ap.parse_args()
     flush = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")
     evict_ms = graph_ms(lambda: None, flush)
-    blocks = [(bn, w, s) for bn, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))]
+    blocks = ([tuple(int(x) for x in b.split(",")) for b in a.blocks] if a.blocks else
+              [(bn, w, s) for bn, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))])
     result = {"device": torch.cuda.get_device_name(), "cases": {}}
     for spec in a.cases.split(","):
         bs, ctx = (int(x) for x in spec.split("x"))
@@ -90,6 +93,9 @@ def main() -> None:
         for r in ok[:5]:
             print(f"   {r['us']:6.1f} us ({r['gbps']:5.0f} GB/s) splits {r['splits']:2d} "
                   f"blocks {r['blocks']} err {r['max_err']:.1e}")
+        for b in blocks:  # us by splits, per block config
+            print(f"   blocks {list(b)}: " + " ".join(
+                f"{r['splits']}:{r['us']:.1f}" for r in rows if tuple(r["blocks"]) == b and "us" in r))
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
 

@@ -26,7 +26,7 @@ from gearshift.attention.kernels.decode import (
     workspace_row,
 )
 from gearshift.attention.kernels.extend import extend_attention
-from gearshift.attention.kernels.tree import tree_attention
+from gearshift.attention.kernels.tree import pick_tree_kv_splits, tree_attention
 from gearshift.forward_batch import ForwardBatch
 from gearshift.models.kernels.rope import rope_and_store_kv
 
@@ -44,8 +44,13 @@ class TritonBackend(AttentionBackend):
         self._retired: list[torch.Tensor] = []  # kept alive for graphs that captured them
 
     def num_kv_splits(self, batch_size: int) -> int:
+        """Decode's KV splits at a padded batch size."""
         return pick_num_kv_splits(batch_size, self.num_kv_heads, self.sm_count,
                                   self.max_kv_splits)
+
+    def tree_kv_splits(self, num_tokens: int) -> int:
+        return pick_tree_kv_splits(num_tokens, self.num_kv_heads, self.sm_count,
+                                   self.max_kv_splits)
 
     def reserve_decode_workspace(self, max_batch_size: int, num_heads: int,
                                  head_dim: int) -> None:
@@ -56,7 +61,8 @@ class TritonBackend(AttentionBackend):
             return
         rows = max(max_batch_size, self.kv.req_to_token.shape[0])
         per_row_split = num_heads * workspace_row(head_dim)
-        numel = per_row_split * max(bs * self.num_kv_splits(bs) for bs in range(1, rows + 1))
+        numel = per_row_split * max(bs * max(self.num_kv_splits(bs), self.tree_kv_splits(bs))
+                                    for bs in range(1, rows + 1))
         if key in self._workspaces:
             self._retired.append(self._workspaces[key][1])
         buffer = torch.empty(numel, dtype=torch.float32, device=self.kv.k.device)
@@ -98,7 +104,7 @@ class TritonBackend(AttentionBackend):
         # Graph-safe like decode: splits depend on num_tokens only, scratch is the decode
         # workspace (reserve_decode_workspace(max_tokens, ...) before capture).
         num_tokens, num_heads, head_dim = q.shape
-        splits = self.num_kv_splits(num_tokens)
+        splits = self.tree_kv_splits(num_tokens)
         t = fb.tree
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         return tree_attention(

@@ -9,8 +9,10 @@ from gearshift.attention.base import KVCache
 from gearshift.attention.kernels.decode import (
     alloc_decode_workspace,
     decode_attention,
+    decode_blocks,
     pick_num_kv_splits,
 )
+from gearshift.attention.kernels.tree import pick_tree_kv_splits
 from gearshift.attention.torch_backend import TorchBackend
 from gearshift.attention.triton_backend import TritonBackend
 from gearshift.forward_batch import ForwardBatch, ForwardMode
@@ -65,6 +67,28 @@ def test_decode_kernel_any_split_count(slot_pool, device, num_kv_splits):
     decode_attention(q, kv.k[0], kv.v[0], kv.req_to_token, fb.req_pool_indices, fb.seq_lens,
                      0.125, out, num_kv_splits=num_kv_splits, workspace=work)
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_one_split_writes_the_output_without_a_merge(slot_pool, device, monkeypatch):
+    """With one KV split stage 1 writes `out` itself (normalised) and stage 2 never runs;
+    its workspace is left untouched."""
+    from gearshift.attention.kernels import decode as decode_kernels
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("the merge kernel ran for a single split")
+
+    monkeypatch.setattr(decode_kernels, "_decode_merge_kernel", NoLaunch())
+    num_heads, num_kv_heads, head_dim = 8, 2, 64
+    kv, rows = slot_pool(SEQ_LENS, num_kv_heads, head_dim, seed=3)
+    fb = decode_batch(kv, rows, SEQ_LENS)
+    q = torch.randn(len(SEQ_LENS), num_heads, head_dim, device=device)
+    work = torch.full((len(SEQ_LENS), num_heads, 1, 80), 7.0, device=device)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, kv.k[0], kv.v[0], kv.req_to_token, fb.req_pool_indices, fb.seq_lens,
+                     0.125, out, num_kv_splits=1, workspace=work)
+    torch.testing.assert_close(out, TorchBackend(kv, 0.125).decode(q, 0, fb), atol=1e-4, rtol=1e-4)
+    assert bool((work == 7.0).all())
 
 
 @pytest.mark.parametrize("blocks", [(16, 1, 1), (32, 2, 1)])
@@ -124,10 +148,22 @@ def test_backend_workspace_is_reused_across_layers_and_steps(slot_pool, device):
 
 
 def test_pick_num_kv_splits_depends_only_on_batch_shape():
-    assert pick_num_kv_splits(1, 8, sm_count=132) == 32  # long-context batch 1: many splits
-    assert pick_num_kv_splits(64, 8, sm_count=132) == 2
-    assert pick_num_kv_splits(512, 8, sm_count=132) == 1
+    # the most splits (a power of two) within ~2 waves of programs, at least one
+    expected = {1: 32, 2: 16, 4: 8, 8: 4, 16: 2, 32: 1, 64: 1, 512: 1}
+    assert {bs: pick_num_kv_splits(bs, 8, sm_count=132) for bs in expected} == expected
     assert pick_num_kv_splits(1, 8, sm_count=132, max_kv_splits=8) == 8
+    assert pick_num_kv_splits(1, 8, sm_count=16) == 4
+    # tree attention keeps issue 4's ~4-wave rule
+    assert pick_tree_kv_splits(64, 8, sm_count=132) == 2 and pick_tree_kv_splits(5, 8) == 16
+
+
+def test_decode_blocks_widen_where_splits_are_few_and_the_grid_small(monkeypatch):
+    from gearshift.attention.kernels import decode as decode_kernels
+
+    monkeypatch.setattr(decode_kernels, "_INTERPRET", False)
+    blocks = {bs: decode_blocks(bs, 8, pick_num_kv_splits(bs, 8)) for bs in (1, 2, 4, 32, 40, 64)}
+    assert blocks == {1: (64, 4, 2), 2: (64, 4, 2), 4: (128, 4, 2), 32: (128, 4, 2),
+                      40: (64, 4, 2), 64: (64, 4, 2)}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16/fp16 kernels need a GPU")

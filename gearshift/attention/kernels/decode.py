@@ -8,7 +8,9 @@ Each request's keys 0..seq_len-1 are read through req_to_token[row, position] ->
 The grid is (batch, kv_heads, num_kv_splits): it depends only on host ints, and the
 kernels never sync with the host, so the call can be captured in a CUDA graph. The
 split length is computed on the device from seq_len (rounded up to whole KV blocks);
-splits past the end of a short sequence store nothing and are skipped by the merge.
+splits past the end of a short sequence store nothing and are skipped by the merge. With
+one split (large batches) stage 1 writes `out` directly and there is no stage 2 (session
+13, H200: the merge launch cost 2.5 us a layer at batch 64).
 
     keys of one request  [ split 0 | split 1 | split 2 | (empty) ]   num_kv_splits = 4
     workspace[b, h, s]   [ acc_s / l_s  (head_dim floats) | lse_s (log2 domain) | pad ]
@@ -35,6 +37,7 @@ replays reuse it without a memset; calls sharing one buffer must not run concurr
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -133,25 +136,30 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    w_ptrs = Work + b * stride_wb + heads * stride_wh + split * stride_ws  # [BLOCK_H]
     l_i = tl.where(nonempty, l_i, 1.0)  # >= 1 when non-empty; keeps an empty split finite
-    store_h = offs_h < tl.where(nonempty, GROUP, 0)  # [BLOCK_H] the group's heads, or none
-    tl.store(w_ptrs[:, None] + offs_d[None, :], acc / l_i[:, None],
-             mask=store_h[:, None] & mask_d[None, :])
-    tl.store(w_ptrs + HEAD_DIM, m_i + tl.log2(l_i), mask=store_h)
+    if NUM_SPLITS == 1:  # the one split is the answer (zeros for seq_len 0): no merge
+        o_ptrs = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, (acc / l_i[:, None]).to(Out.dtype.element_ty),
+                 mask=mask_h[:, None] & mask_d[None, :])
+    else:
+        w_ptrs = Work + b * stride_wb + heads * stride_wh + split * stride_ws  # [BLOCK_H]
+        store_h = offs_h < tl.where(nonempty, GROUP, 0)  # [BLOCK_H] the group's heads, or none
+        tl.store(w_ptrs[:, None] + offs_d[None, :], acc / l_i[:, None],
+                 mask=store_h[:, None] & mask_d[None, :])
+        tl.store(w_ptrs + HEAD_DIM, m_i + tl.log2(l_i), mask=store_h)
 
-    if FUSED_MERGE:
-        tl.debug_barrier()  # all threads' partial stores come before the release below
-        count = Count + b * stride_cb + kv_head
-        ticket = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
-        if ticket == NUM_SPLITS - 1:  # every split of this group has stored: merge them
-            for h in range(GROUP):
-                head = kv_head * GROUP + h
-                _merge_head(Work + b * stride_wb + head * stride_wh,
-                            Out + b * stride_ob + head * stride_oh,
-                            seq_len, split_len, stride_ws,
-                            HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D)
-            tl.atomic_xchg(count, 0)  # zero again for the next layer / graph replay
+        if FUSED_MERGE:
+            tl.debug_barrier()  # all threads' partial stores come before the release below
+            count = Count + b * stride_cb + kv_head
+            ticket = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
+            if ticket == NUM_SPLITS - 1:  # every split of this group has stored: merge them
+                for h in range(GROUP):
+                    head = kv_head * GROUP + h
+                    _merge_head(Work + b * stride_wb + head * stride_wh,
+                                Out + b * stride_ob + head * stride_oh,
+                                seq_len, split_len, stride_ws,
+                                HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D)
+                tl.atomic_xchg(count, 0)  # zero again for the next layer / graph replay
 
 
 @triton.jit
@@ -171,6 +179,7 @@ def _decode_merge_kernel(
                 seq_len, split_len, stride_ws, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D)
 
 
+@functools.cache
 def num_sms(device: torch.device | str) -> int:
     """Streaming multiprocessors of a CUDA device (a nominal 132, an H200's, elsewhere)."""
     device = torch.device(device)
@@ -181,12 +190,35 @@ def num_sms(device: torch.device | str) -> int:
 
 def pick_num_kv_splits(batch_size: int, num_kv_heads: int, sm_count: int = 132,
                        max_kv_splits: int = 32) -> int:
-    """KV splits for a (padded) batch size: enough stage-1 programs for ~4 waves.
+    """KV splits for a (padded) batch size: the most, a power of two, that keep stage 1
+    within ~2 waves (2 * sm_count programs), at least one.
 
     Depends only on host ints, so a CUDA graph captured for one batch size keeps its grid.
+    Session 13 (H200, 8B heads, 1k context at batch 1-8, 640 at 16-64;
+    scripts/bench_decode_attn.py): this picks the fastest count, or one within 0.4 us, at
+    every batch bucket, where the former ~4-wave rule split twice as often (batch 64: 2
+    splits took 51.4 us a layer against 46.1 us for 1; batch 32: 30.1 against 29.6, and
+    24.6 with decode_blocks' 128-key blocks).
     """
-    wanted = triton.cdiv(4 * sm_count, max(batch_size * num_kv_heads, 1))
-    return max(1, min(max_kv_splits, triton.next_power_of_2(wanted)))
+    fit = 2 * sm_count // max(batch_size * num_kv_heads, 1)
+    return max(1, min(max_kv_splits, 1 << max(fit, 1).bit_length() - 1))
+
+
+def decode_blocks(batch_size: int, num_kv_heads: int, num_kv_splits: int,
+                  sm_count: int = 132) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of stage 1, from host ints (graph-safe).
+
+    128 keys a block where splits are few (<= 8, so a split is long enough to fill them at
+    short contexts) and the grid fits in ~2 waves; else 64 (many splits: a 1k context cut
+    32 ways leaves 32 keys a split; more than 2 waves: batch 64 at 640 context took 50.9 us
+    a layer with 128 against 46.1 us with 64). Session 13, H200: 128 won at batch 4-32
+    (batch 32: 24.6 against 29.6 us).
+    """
+    if _INTERPRET:
+        return 16, 1, 1
+    if num_kv_splits <= 8 and batch_size * num_kv_heads * num_kv_splits <= 2 * sm_count:
+        return 128, 4, 2
+    return 64, 4, 2
 
 
 def workspace_row(head_dim: int) -> int:
@@ -207,13 +239,6 @@ def alloc_decode_counters(batch_size: int, num_kv_heads: int,
     """Split tickets for the fused merge: [bs, num_kv_heads] int32, zero (and left zero by
     every decode_attention call, so one buffer serves every layer and graph replay)."""
     return torch.zeros(batch_size, num_kv_heads, dtype=torch.int32, device=device)
-
-
-def _decode_blocks() -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) for stage 1."""
-    if _INTERPRET:
-        return 16, 1, 1
-    return 64, 4, 2
 
 
 def decode_attention(
@@ -261,7 +286,8 @@ def decode_attention(
     block_d = triton.next_power_of_2(head_dim)
     block_h = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
     block_s = triton.next_power_of_2(num_kv_splits)
-    block_n, num_warps, num_stages = blocks or _decode_blocks()  # blocks: for tuning benches
+    block_n, num_warps, num_stages = blocks or decode_blocks(  # blocks: for tuning benches
+        bs, num_kv_heads, num_kv_splits, num_sms(q.device) if q.is_cuda else 132)
     # per-request scalars are read at unit stride: materialise expanded views
     req_pool_indices, seq_lens = req_pool_indices.contiguous(), seq_lens.contiguous()
     _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](
@@ -281,7 +307,7 @@ def decode_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
         num_warps=num_warps, num_stages=num_stages,
     )
-    if fused:
+    if fused or num_kv_splits == 1:  # one split: stage 1 wrote `out` itself
         return out
     _decode_merge_kernel[(bs, num_heads)](
         workspace, seq_lens, out,

@@ -164,6 +164,16 @@ def _tree_merge_kernel(
              mask=mask_d)
 
 
+def pick_tree_kv_splits(num_tokens: int, num_kv_heads: int, sm_count: int = 132,
+                        max_kv_splits: int = 32) -> int:
+    """KV splits of the prefix for `num_tokens` query tokens: enough stage-1 programs for
+    ~4 waves, a power of two (host ints only: graph-safe). The rule issue 4's VERIFY steps
+    were measured with (decode's own, pick_num_kv_splits, aims at ~2 waves since session
+    13; the tree kernel's splits have not been re-measured)."""
+    wanted = triton.cdiv(4 * sm_count, max(num_tokens * num_kv_heads, 1))
+    return max(1, min(max_kv_splits, triton.next_power_of_2(wanted)))
+
+
 def _tree_blocks(num_extra: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_E, num_warps, num_stages) for stage 1; host shapes only."""
     block_e = max(16, triton.next_power_of_2(max(num_extra, 1)))
