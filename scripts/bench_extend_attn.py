@@ -1,17 +1,21 @@
 """H200 microbenchmark of the extend (prefill) attention kernel on the Llama-3.1-8B head
 shape (32 query heads, 8 KV heads, head_dim 128, bf16): tile configs against the engine's
-default (extend_config: 64-row tiles of 16 tokens x 4 heads, BLOCK_N 64, 4 warps, 3
-stages), timed as the skinny-GEMM chooser times (CUDA graph, L2 evicted before each call).
+pick (extend_config of the case's step class: 64-row tiles of 16 tokens x 4 heads, BLOCK_N
+64, 4 warps, 3 stages; decode-heavy: 8 tokens x 4 heads, BLOCK_N 128, 2 stages), timed as
+the skinny-GEMM chooser times (CUDA graph, L2 evicted before each call).
 
-Cases:
+Cases (requests as (prefix, new tokens); an EXTEND graph pads the rows to max_num_seqs + 1
+with empty requests, as the `_graph` cases do):
 - `mixed`: issue 2's offline run at step budget 256. 60 decoders at 512-768 context ride
   along with one 196-token prefill chunk at prefix 316. Session 5's graphed profile
   measured 66.6 µs per layer, against ~40 µs for the decoders' K/V alone at 4.2 TB/s.
   At two programs an SM, 480 decoder + 104 prefill programs make three waves.
 - `prefill`: 4 fresh 512-token prompts in one 2,048-token step (no regression wanted).
-
-Each request's K/V slots are a shuffled run of the pool. Writes JSON; prints the fastest
-configs per case.
+- `mixed_graph`: `mixed` in the 256-token graph's 65 rows.
+- `mixed512_graph`: 60 decoders with a 452-token chunk at prefix 60 (budget 512), 65 rows.
+- `chunk256_graph`: one lone 256-token chunk at prefix 256 in the 256-token graph.
+Session 13 added the last three to place the decode-heavy threshold (extend.py,
+DECODE_HEAVY_MEAN); "default" in the output is the engine's pick for the case.
 
 Usage: python scripts/bench_extend_attn.py --out extend_attn.json
 """
@@ -26,13 +30,23 @@ import random
 import torch
 from triton.runtime.errors import OutOfResources
 
-from gearshift.attention.kernels.extend import ExtendConfig, extend_attention, extend_config
+from gearshift.attention.kernels.extend import (
+    ExtendConfig,
+    extend_attention,
+    extend_config,
+    is_decode_heavy,
+)
 from gearshift.models.kernels.skinny_select import graph_ms, kernel_ms
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+DECODERS = [(random.Random(0).randint(512, 768) - 1, 1) for _ in range(60)]
+EMPTY = (0, 0)
 CASES = {
-    "mixed": [(random.Random(0).randint(512, 768) - 1, 1) for _ in range(60)] + [(316, 196)],
+    "mixed": DECODERS + [(316, 196)],
     "prefill": [(0, 512)] * 4,
+    "mixed_graph": DECODERS + [(316, 196)] + [EMPTY] * 4,
+    "mixed512_graph": DECODERS + [(60, 452)] + [EMPTY] * 4,
+    "chunk256_graph": [(256, 256)] + [EMPTY] * 64,
 }
 
 
@@ -70,16 +84,21 @@ def run(b: dict, out: torch.Tensor, config: ExtendConfig | None) -> torch.Tensor
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="extend_attn.json")
+    ap.add_argument("--cases", nargs="*", help="case names (default: all)")
     a = ap.parse_args()
     flush = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")
     evict_ms = graph_ms(lambda: None, flush)
-    default = extend_config(torch.bfloat16, HEADS, KV_HEADS, HEAD_DIM, 9)
-    configs = [default] + [ExtendConfig(rows // 4, 4, bn, w, s, 128) for rows, bn, w, s in
-                           itertools.product((32, 64), (32, 64, 128), (4, 8), (2, 3, 4))]
-    result = {"device": torch.cuda.get_device_name(), "default": list(vars(default).values()),
-              "cases": {}}
+    classes = [extend_config(torch.bfloat16, HEADS, KV_HEADS, HEAD_DIM, 9, heavy)
+               for heavy in (False, True)]
+    configs = classes + [ExtendConfig(rows // 4, 4, bn, w, s, 128) for rows, bn, w, s in
+                         itertools.product((32, 64), (32, 64, 128), (4, 8), (2, 3, 4))]
+    result = {"device": torch.cuda.get_device_name(),
+              "classes": [list(vars(c).values()) for c in classes], "cases": {}}
     for name, requests in CASES.items():
+        if a.cases and name not in a.cases:
+            continue
         b = batch(requests, torch.Generator(device="cuda").manual_seed(len(requests)))
+        default = classes[is_decode_heavy(sum(n for _, n in requests), len(requests))]
         ref = run(b, torch.empty_like(b["q"]), default)
         rows = []
         for cfg in dict.fromkeys(configs):  # the default once

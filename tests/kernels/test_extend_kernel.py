@@ -15,6 +15,7 @@ from gearshift.attention.kernels import extend as extend_kernels
 from gearshift.attention.kernels.extend import (
     extend_attention,
     extend_config,
+    is_decode_heavy,
     num_tiles_bound,
     warmup_extend,
 )
@@ -136,7 +137,8 @@ def test_decode_rows_mixed_with_prefills(slot_pool, device, num_heads, num_kv_he
 
 
 @pytest.mark.parametrize("config", [extend_kernels.ExtendConfig(8, 4, 16, 1, 1, 16),
-                                    extend_kernels.ExtendConfig(2, 8, 64, 1, 1, 8)])
+                                    extend_kernels.ExtendConfig(2, 8, 64, 1, 1, 8),
+                                    extend_kernels.ExtendConfig(8, 4, 128, 4, 2, 128)])
 def test_extend_kernel_config_override(slot_pool, device, config):
     """A config override (scripts/bench_extend_attn.py tunes with it): other tile heights,
     key blocks and tile-search chunks give the same attention."""
@@ -149,7 +151,7 @@ def test_extend_kernel_config_override(slot_pool, device, config):
 
 def test_block_config_depends_on_model_shape_only():
     cfg = extend_config(torch.bfloat16, 32, 8, 128)
-    assert cfg is extend_config(torch.bfloat16, 32, 8, 128)  # one variant per model shape
+    assert cfg is extend_config(torch.bfloat16, 32, 8, 128)  # cached per (model shape, step class)
     assert cfg.block_t * cfg.block_g >= 16  # tl.dot needs M >= 16
     assert cfg.block_g == 4  # the 4 query heads of a group share each K/V block
     # the grid bound covers every tile of any batch, and is exact for pure decode
@@ -163,12 +165,27 @@ def test_block_config_depends_on_model_shape_only():
     assert num_tiles_bound(cfg, 64, 63 + 512, 512) == 63 + -(-512 // cfg.block_t)
 
 
+def test_decode_heavy_steps_get_the_short_wide_tile(monkeypatch):
+    """Hopper, 16-bit, GQA group 4: decode-heavy steps (measured on the H200, session 13)
+    get 8-token tiles over 128-key blocks; elsewhere both classes share one config."""
+    monkeypatch.setattr(extend_kernels, "_INTERPRET", False)
+    config = extend_config.__wrapped__  # uncached: the module's _INTERPRET is patched
+    long, short = (config(torch.bfloat16, 32, 8, 128, 9, heavy) for heavy in (False, True))
+    assert (long.block_t, long.block_g, long.block_n, long.num_stages) == (16, 4, 64, 3)
+    assert (short.block_t, short.block_g, short.block_n, short.num_stages) == (8, 4, 128, 2)
+    for dtype, capability in ((torch.bfloat16, 8), (torch.float32, 9)):
+        assert config(dtype, 32, 8, 128, capability, True) == config(dtype, 32, 8, 128, capability)
+    # EXTEND graphs over 65 rows (max_num_seqs 64): the 256-token mixed step is decode-heavy
+    assert is_decode_heavy(256, 65) and not is_decode_heavy(320, 65)
+    assert is_decode_heavy(1, 1) and not is_decode_heavy(2048, 4)
+
+
 def compiled_variants() -> int:
     return sum(len(caches[0]) for caches in extend_kernels._extend_kernel.device_caches.values())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled variants exist on a GPU only")
-def test_warmup_compiles_the_only_variant_serving_needs(slot_pool):
+def test_warmup_compiles_every_variant_serving_needs(slot_pool):
     requests = [(600, 1)] * 63 + [(0, 512)]
     kv, rows = slot_pool([p + n for p, n in requests], 8, 128, dtype=torch.bfloat16, seed=8)
     warmup_extend(kv.k[0], kv.v[0], kv.req_to_token, 32)

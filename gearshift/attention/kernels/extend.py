@@ -24,10 +24,11 @@ to back (request 0's tiles, then request 1's, ...; each request's last, longest 
 first); a program finds its request by a prefix sum over extend_lens, so a request with
 one new token costs one tile, not cdiv(max_extend_len, BLOCK_T) programs that exit.
 
-Compiled variants: the block config depends only on (dtype, num_heads, num_kv_heads,
-head_dim, GPU generation) and the batch size is not specialised, so a model compiles
-exactly one variant; `warmup_extend` compiles it at start-up. Online softmax in the log2
-domain, fp32 accumulators.
+Compiled variants: the block config depends on (dtype, num_heads, num_kv_heads, head_dim,
+GPU generation) and on one host-int class of the step, decode-heavy or not (num_tokens <=
+DECODE_HEAVY_MEAN * bs: in an EXTEND graph, its padded shape). The batch size is not
+specialised, so a model compiles at most two variants; `warmup_extend` compiles them at
+start-up. Online softmax in the log2 domain, fp32 accumulators.
 """
 
 from __future__ import annotations
@@ -183,19 +184,35 @@ class ExtendConfig:
     scan: int  # extend_lens read per step of the tile search
 
 
+# Mean new tokens per request at or below which a step counts as decode-heavy (decoders
+# riding along with a short prefill chunk): session 13's H200 measurement, 60 decoders +
+# a 196-token chunk in 61 requests (4.2 a request).
+DECODE_HEAVY_MEAN = 4
+
+
+def is_decode_heavy(num_tokens: int, bs: int) -> bool:
+    """The step class the config depends on, from host ints only (graph-safe)."""
+    return num_tokens <= DECODE_HEAVY_MEAN * bs
+
+
 @functools.cache
 def extend_config(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int,
-                  capability: int = 9) -> ExtendConfig:
-    """Block config from the model's shape and the GPU's major compute capability only
-    (never from the batch), so a model compiles one variant.
+                  capability: int = 9, decode_heavy: bool = False) -> ExtendConfig:
+    """Block config from the model's shape, the GPU's major compute capability and the
+    step class (`is_decode_heavy`), never from the batch itself.
 
     GPU, 16-bit, head_dim <= 128: M = 64 rows (G = 4: 16 tokens x 4 heads), BLOCK_N = 64.
     On Hopper that is one warpgroup (4 warps, wgmma m64) at ~185 registers and ~81 KB of
     shared memory (two programs an SM); 3 stages prefetch the slot ids two blocks ahead
     and K/V one block ahead as cp.async, where 2 stages leave a blocking slot-id load in
-    every iteration, for +1 KB. Before Hopper 4 warps spill at this tile: 8 warps. M stays
-    at 64, not 128: a 1-token request fills only G of the rows, so a taller tile doubles
-    its wasted MMA and softmax work, and prefill attention is a small share of a step.
+    every iteration, for +1 KB. Before Hopper 4 warps spill at this tile: 8 warps.
+
+    Decode-heavy steps on Hopper: M = 32 (8 tokens x 4 heads), BLOCK_N = 128, 2 stages. A
+    1-token request fills 4 rows of a tile, so the shorter tile halves its wasted MMA and
+    softmax work and the wider key block halves its loop trips over a long prefix. Session
+    13 (H200, 8B heads; scripts/bench_extend_attn.py): 60 decoders at 512-768 context with
+    a 196-token chunk took 68.4 us a layer against 78.3 us with the 64-row tile, but 4
+    fresh 512-token prompts took 94.6 us against 64.3 us, hence the two classes.
     """
     group = num_heads // num_kv_heads
     if _INTERPRET:
@@ -204,6 +221,8 @@ def extend_config(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_di
         rows, block_n, num_warps, num_stages, scan = 32, 32, 4, 2, 128
     elif head_dim > 128:
         rows, block_n, num_warps, num_stages, scan = 64, 32, 8, 2, 128
+    elif decode_heavy and capability >= 9 and group == 4:
+        rows, block_n, num_warps, num_stages, scan = 32, 128, 4, 2, 128
     else:
         rows, block_n, num_stages, scan = 64, 64, 3, 128
         num_warps = 4 if capability >= 9 or head_dim <= 64 else 8
@@ -250,7 +269,8 @@ def extend_attention(
 
     group = num_heads // num_kv_heads
     capability = _capability(q.device.index or 0) if q.is_cuda else 9
-    cfg = config or extend_config(q.dtype, num_heads, num_kv_heads, head_dim, capability)
+    cfg = config or extend_config(q.dtype, num_heads, num_kv_heads, head_dim, capability,
+                                  is_decode_heavy(num_tokens, bs))
     # per-request scalars are read at unit stride: materialise expanded views
     req_pool_indices, seq_lens, extend_lens, extend_start_loc = (
         t.contiguous() for t in (req_pool_indices, seq_lens, extend_lens, extend_start_loc))
@@ -276,19 +296,25 @@ def extend_attention(
 
 def warmup_extend(k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                   num_heads: int) -> None:
-    """Compile the model's one extend variant before serving (Triton compiles lazily).
+    """Compile the model's extend variants (one per step class) before serving (Triton
+    compiles lazily).
 
     k_cache, v_cache: one layer's [num_slots + 1, num_kv_heads, head_dim] (every layer
-    shares the variant). Runs a 1-token request on the dummy row 0 / slot 0, with the
-    index dtypes of ForwardBatch (req_pool_indices int64, the others int32). Query
-    strides are only specialised by divisibility by 16, so a packed-qkv view of q reuses
-    the variant compiled for a contiguous q whenever head_dim is a multiple of 16.
+    shares the variants). Runs a 1-token request on the dummy row 0 / slot 0 under each
+    class's config, with the index dtypes of ForwardBatch (req_pool_indices int64, the
+    others int32). Query strides are only specialised by divisibility by 16, so a
+    packed-qkv view of q reuses the variant compiled for a contiguous q whenever head_dim
+    is a multiple of 16.
     """
     device = k_cache.device
-    head_dim = k_cache.shape[2]
+    num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
+    capability = _capability(device.index or 0) if k_cache.is_cuda else 9
     q = torch.zeros(1, num_heads, head_dim, dtype=k_cache.dtype, device=device)
     one = torch.ones(1, dtype=torch.int32, device=device)
-    extend_attention(q, k_cache, v_cache, req_to_token,
-                     torch.zeros(1, dtype=torch.int64, device=device), one, one,
-                     torch.zeros(1, dtype=torch.int32, device=device), 1.0, torch.empty_like(q),
-                     max_extend_len=1)
+    configs = dict.fromkeys(extend_config(k_cache.dtype, num_heads, num_kv_heads, head_dim,
+                                          capability, heavy) for heavy in (False, True))
+    for cfg in configs:
+        extend_attention(q, k_cache, v_cache, req_to_token,
+                         torch.zeros(1, dtype=torch.int64, device=device), one, one,
+                         torch.zeros(1, dtype=torch.int32, device=device), 1.0,
+                         torch.empty_like(q), max_extend_len=1, config=cfg)
