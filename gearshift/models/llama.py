@@ -14,6 +14,7 @@ from gearshift.attention.base import AttentionBackend
 from gearshift.config import ModelConfig
 from gearshift.forward_batch import ForwardBatch
 from gearshift.models.layers import DecoderLayer, RMSNorm, RotaryEmbedding
+from gearshift.models.ops import linear
 
 
 class LlamaForCausalLM(nn.Module):
@@ -49,8 +50,11 @@ class LlamaForCausalLM(nn.Module):
         # hidden: [B, hidden] (rows selected by logits_indices) -> logits: [B, vocab] float32
         # (`out`: written there, the fp32 conversion in the same pass; `mm_out`: [B, vocab]
         # in the model dtype for the product itself, so that no new one is allocated)
+        # The product goes through ops.linear: on CUDA the skinny GEMM where it measured
+        # faster (at 64 rows on the H200, 256 against 285 us for the 8B's lm_head).
+        x = self.norm(hidden)
         if out is None:
-            return self.lm_head(self.norm(hidden)).float()
+            return linear(x, self.lm_head).float()
         if mm_out is None or self.lm_head.bias is not None:
-            return out.copy_(self.lm_head(self.norm(hidden)))
-        return out.copy_(torch.mm(self.norm(hidden), self.lm_head.weight.t(), out=mm_out))
+            return out.copy_(linear(x, self.lm_head))
+        return out.copy_(linear(x, self.lm_head, out=mm_out))

@@ -54,11 +54,15 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return silu_and_mul_ref(gate_up)
 
 
-def linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+def linear(x: torch.Tensor, layer: torch.nn.Linear, out: torch.Tensor | None = None) -> torch.Tensor:
     """`layer(x)`; on CUDA with few rows, the skinny Triton GEMM where it measured faster
-    than cuBLAS on this GPU (models/kernels/skinny_select.py)."""
+    than cuBLAS on this GPU (models/kernels/skinny_select.py). `out` (2-D x, no bias): the
+    product's buffer."""
     if x.is_cuda:
         from gearshift.models.kernels.skinny_select import linear as kernel
 
-        return kernel(x, layer.weight, layer.bias)
+        return kernel(x, layer.weight, layer.bias, out)
+    if out is not None:
+        assert layer.bias is None, "out= takes a product without bias"
+        return torch.mm(x, layer.weight.t(), out=out)
     return F.linear(x, layer.weight, layer.bias)

@@ -56,11 +56,11 @@ def test_wider_row_block():
     _check(64, 300, 128, torch.float16, bias=True, config=SkinnyConfig(block_m=64, block_n=128, block_k=64))
 
 
-def test_too_many_rows_is_refused():
-    x = torch.zeros(17, 32, device=DEVICE, dtype=torch.float16)
-    w = torch.zeros(16, 32, device=DEVICE, dtype=torch.float16)
-    with pytest.raises(AssertionError, match="at most 16 rows"):
-        skinny_linear(x, w, config=SMALL)
+def test_rows_beyond_one_block_tile_over_m():
+    """More rows than a block: row blocks tile M (the last one ragged), for the mid-size
+    GEMMs of scripts/bench_gemm_rows.py."""
+    _check(37, 48, 96, torch.float16, bias=True, config=SMALL)
+    _check(70, 33, 64, torch.float16, bias=False, config=SkinnyConfig(block_m=32, block_n=16, block_k=32))
 
 
 def test_chooser_modes():

@@ -41,9 +41,11 @@ def _skinny_gemm_kernel(
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    # row blocks vary fastest, so the programs that share a weight tile run together (L2)
     pid = tl.program_id(0)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    num_m = tl.cdiv(M, BLOCK_M)
+    offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (pid // num_m) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     n_ok = offs_n < N
@@ -75,16 +77,16 @@ def skinny_linear(
     config: SkinnyConfig = SkinnyConfig(),
     out: torch.Tensor | None = None,  # [M, N]
 ) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for M <= config.block_m rows."""
+    """`F.linear(x, weight, bias)`: one program per (config.block_m rows, block_n columns)
+    tile (the serving chooser uses one row block: M <= block_m)."""
     m, k = x.shape
     n = weight.shape[0]
     assert weight.shape[1] == k and x.stride(-1) == 1 and weight.stride(-1) == 1
-    assert m <= config.block_m, f"skinny_linear takes at most {config.block_m} rows, got {m}"
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    _skinny_gemm_kernel[(triton.cdiv(n, config.block_n),)](
+    _skinny_gemm_kernel[(triton.cdiv(n, config.block_n) * triton.cdiv(m, config.block_m),)](
         x, weight, bias if bias is not None else weight, out, m, n, k,
         x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
