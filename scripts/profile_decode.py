@@ -31,7 +31,10 @@ def main() -> None:
               max_num_seqs=max(a.batch_size + a.mixed, 1), **extra)
     eng = llm.engine
     for i in range(a.batch_size):
-        eng.add_request(f"p{i}", [7] * a.context, SamplingParams(max_tokens=64, ignore_eos=True))
+        # decoders outlive the profile: with max_tokens 64 the first prompts of a chunked
+        # prefill had finished before the last one was in (session 13: ~26 of 60 left)
+        eng.add_request(f"p{i}", [7] * a.context,
+                        SamplingParams(max_tokens=1024, ignore_eos=True))
     while any(r.num_computed_tokens < len(r.prompt_token_ids) for r in eng.scheduler.running) \
             or eng.num_waiting():
         eng.step()
