@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepared in session 12, run in session 13 as call A (docs/benchmarks/
-# 2026-11-30-h200-session13.md): the kernel microbenchmarks (timed as the skinny chooser times: CUDA graph, L2 evicted), in
-# order of what each could be worth (scripts/sim_offline_budget.py --what-if):
+# 2026-11-30-h200-session13.md): the kernel microbenchmarks (timed as the skinny chooser
+# times: CUDA graph, L2 evicted), in order of what each could be worth (scripts/sim_offline_budget.py --what-if):
 # 1. scripts/bench_extend_attn.py: tile configs of the extend attention on the offline
 #    run's mixed step (60 decoders + a 196-token chunk: 66.6 us a layer in session 5, three
 #    waves at two programs an SM) and on a 2,048-token prefill, against extend_config.
