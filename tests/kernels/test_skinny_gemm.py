@@ -63,6 +63,19 @@ def test_rows_beyond_one_block_tile_over_m():
     _check(70, 33, 64, torch.float16, bias=False, config=SkinnyConfig(block_m=32, block_n=16, block_k=32))
 
 
+def test_margin_from_the_environment():
+    import os
+    import subprocess
+    import sys
+
+    code = "from gearshift.models.kernels import skinny_select as s; print(s.SKINNY_MARGIN)"
+    run = lambda env: subprocess.run([sys.executable, "-c", code], env=env,  # noqa: E731
+                                     capture_output=True, text=True, check=True).stdout.strip()
+    env = {k: v for k, v in os.environ.items() if k != "GEARSHIFT_SKINNY_MARGIN"}
+    assert run(env) == "0.97"
+    assert run({**env, "GEARSHIFT_SKINNY_MARGIN": "1.03"}) == "1.03"
+
+
 def test_chooser_modes():
     from gearshift.models.kernels.skinny_select import SkinnyChooser, row_bucket
 
