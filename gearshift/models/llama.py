@@ -55,6 +55,4 @@ class LlamaForCausalLM(nn.Module):
         x = self.norm(hidden)
         if out is None:
             return linear(x, self.lm_head).float()
-        if mm_out is None or self.lm_head.bias is not None:
-            return out.copy_(linear(x, self.lm_head))
-        return out.copy_(linear(x, self.lm_head, out=mm_out))
+        return out.copy_(linear(x, self.lm_head, out=mm_out if self.lm_head.bias is None else None))

@@ -8,11 +8,11 @@ Data flow: models/layers.py -> ops.* -> kernels (CUDA) | torch references (CPU).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from gearshift.models.reference_ops import (
     apply_rope_ref,
     fused_add_rms_norm_ref,
+    linear_ref,
     rms_norm_ref,
     silu_and_mul_ref,
 )
@@ -62,7 +62,4 @@ def linear(x: torch.Tensor, layer: torch.nn.Linear, out: torch.Tensor | None = N
         from gearshift.models.kernels.skinny_select import linear as kernel
 
         return kernel(x, layer.weight, layer.bias, out)
-    if out is not None:
-        assert layer.bias is None, "out= takes a product without bias"
-        return torch.mm(x, layer.weight.t(), out=out)
-    return F.linear(x, layer.weight, layer.bias)
+    return linear_ref(x, layer.weight, layer.bias, out)

@@ -47,3 +47,12 @@ def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     """Plain torch: exactly layers.MLP's activation."""
     gate, up = gate_up.chunk(2, dim=-1)
     return torch.nn.functional.silu(gate) * up
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear; with `out` ([rows, N], 2-D x, no bias) the product is written there."""
+    if out is not None:
+        assert bias is None, "out= takes a product without bias"
+        return torch.mm(x, weight.t(), out=out)
+    return torch.nn.functional.linear(x, weight, bias)

@@ -63,6 +63,20 @@ def test_rows_beyond_one_block_tile_over_m():
     _check(70, 33, 64, torch.float16, bias=False, config=SkinnyConfig(block_m=32, block_n=16, block_k=32))
 
 
+def test_linear_writes_into_out(monkeypatch):
+    """ops.linear(out=...) (the logits' buffer): the product lands in `out`, on the kernel
+    path and on the torch one; a bias is refused there."""
+    from gearshift.models import ops
+
+    layer = torch.nn.Linear(64, 48, bias=False).to(DEVICE, torch.float16).requires_grad_(False)
+    x = torch.randn(3, 64, device=DEVICE, dtype=torch.float16)
+    out = torch.full((3, 48), float("nan"), device=DEVICE, dtype=torch.float16)
+    assert ops.linear(x, layer, out=out) is out
+    torch.testing.assert_close(out, F.linear(x, layer.weight), rtol=1e-2, atol=1e-2)
+    with pytest.raises(AssertionError, match="without bias"):
+        ops.linear(x.cpu(), torch.nn.Linear(64, 48).half().requires_grad_(False), out=out.cpu())
+
+
 def test_margin_from_the_environment():
     import os
     import subprocess

@@ -287,7 +287,7 @@ def decode_attention(
     block_h = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
     block_s = triton.next_power_of_2(num_kv_splits)
     block_n, num_warps, num_stages = blocks or decode_blocks(  # blocks: for tuning benches
-        bs, num_kv_heads, num_kv_splits, num_sms(q.device) if q.is_cuda else 132)
+        bs, num_kv_heads, num_kv_splits, num_sms(q.device))
     # per-request scalars are read at unit stride: materialise expanded views
     req_pool_indices, seq_lens = req_pool_indices.contiguous(), seq_lens.contiguous()
     _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](

@@ -235,6 +235,11 @@ def _capability(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
+def _capability_of(t: torch.Tensor) -> int:
+    """The major compute capability of t's GPU (9, Hopper's, off CUDA: configs for tests)."""
+    return _capability(t.device.index or 0) if t.is_cuda else 9
+
+
 def num_tiles_bound(cfg: ExtendConfig, bs: int, num_tokens: int, max_extend_len: int) -> int:
     """Upper bound on sum(cdiv(extend_len_b, block_t)) from host ints (the grid's x)."""
     per_request = bs * triton.cdiv(max_extend_len, cfg.block_t)
@@ -268,7 +273,7 @@ def extend_attention(
         return out
 
     group = num_heads // num_kv_heads
-    capability = _capability(q.device.index or 0) if q.is_cuda else 9
+    capability = _capability_of(q)
     cfg = config or extend_config(q.dtype, num_heads, num_kv_heads, head_dim, capability,
                                   is_decode_heavy(num_tokens, bs))
     # per-request scalars are read at unit stride: materialise expanded views
@@ -308,7 +313,7 @@ def warmup_extend(k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: to
     """
     device = k_cache.device
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
-    capability = _capability(device.index or 0) if k_cache.is_cuda else 9
+    capability = _capability_of(k_cache)
     q = torch.zeros(1, num_heads, head_dim, dtype=k_cache.dtype, device=device)
     one = torch.ones(1, dtype=torch.int32, device=device)
     configs = dict.fromkeys(extend_config(k_cache.dtype, num_heads, num_kv_heads, head_dim,

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
 from gearshift.models.kernels.skinny_gemm import SkinnyConfig, skinny_linear
+from gearshift.models.reference_ops import linear_ref
 
 MAX_ROWS = 64
 # the kernel must take <= SKINNY_MARGIN x cuBLAS's time (GEARSHIFT_SKINNY_MARGIN: experiments)
@@ -168,7 +169,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         cfg = CHOOSER.choose(x, weight, bias)
         if cfg is not None:
             return skinny_linear(x, weight, bias, config=cfg, out=out)
-    if out is not None:
-        assert bias is None, "out= takes a product without bias"
-        return torch.mm(x, weight.t(), out=out)
-    return F.linear(x, weight, bias)
+    return linear_ref(x, weight, bias, out)
