@@ -115,7 +115,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(ops.silu_and_mul(ops.linear(x, self.gate_up_proj)), self.down_proj)
+        return ops.linear(ops.gated_linear(x, self.gate_up_proj), self.down_proj)
 
 
 class DecoderLayer(nn.Module):

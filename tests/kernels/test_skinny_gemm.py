@@ -1,6 +1,7 @@
 """Skinny GEMM (few rows, all SMs streaming weights) against F.linear: fp16 under the
 Triton interpreter on CPU, bf16 on CUDA; ragged K (masked tail), bias, every row count
-up to the block, and a strided x (a row slice of a wider buffer)."""
+up to the block, and a strided x (a row slice of a wider buffer); the gated product (the
+MLP's SiLU-and-mul in the same launch) against the unfused torch path."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from gearshift.models.kernels.skinny_gemm import SkinnyConfig, skinny_linear
+from gearshift.models.reference_ops import silu_and_mul_ref
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -61,6 +63,32 @@ def test_rows_beyond_one_block_tile_over_m():
     GEMMs of scripts/bench_gemm_rows.py."""
     _check(37, 48, 96, torch.float16, bias=True, config=SMALL)
     _check(70, 33, 64, torch.float16, bias=False, config=SkinnyConfig(block_m=32, block_n=16, block_k=32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [96, 70])  # even and ragged K
+def test_gated_product_applies_silu_and_mul(dtype, k):
+    """W = [gate; up] ([2N, K]) -> silu(x @ gate.T) * (x @ up.T): [M, N], N ragged."""
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(3, k, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(2 * 21, k, generator=g) / k**0.5).to(DEVICE, dtype)
+    got = skinny_linear(x, w, config=SMALL, gated=True)
+    assert got.shape == (3, 21)
+    torch.testing.assert_close(got.float(), silu_and_mul_ref(F.linear(x.float(), w.float())),
+                               rtol=1e-2, atol=1e-2)
+    with pytest.raises(AssertionError, match="no bias"):
+        skinny_linear(x, w, w[:, 0], config=SMALL, gated=True)
+
+
+def test_ops_gated_linear_is_the_mlp_activation():
+    """ops.gated_linear (the MLP's call) = silu_and_mul(gate_up(x)), on either device."""
+    from gearshift.models import ops
+
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    layer = torch.nn.Linear(64, 2 * 48, bias=False).to(DEVICE, dtype).requires_grad_(False)
+    x = torch.randn(3, 64, device=DEVICE, dtype=dtype)
+    tol = dict(rtol=2e-2, atol=2e-2) if HAS_CUDA else dict(rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ops.gated_linear(x, layer), ops.silu_and_mul(layer(x)), **tol)
 
 
 def test_linear_writes_into_out(monkeypatch):
@@ -118,7 +146,7 @@ def test_chooser_skips_a_tiling_that_does_not_fit(monkeypatch):
     ms = {None: 1.0, big: 0.1, fits: 0.9, slow: 2.0}  # big would win if it compiled
     ran = []
 
-    def fake_linear(x, w, b=None, *, config):
+    def fake_linear(x, w, b=None, *, config, **fusions):
         if config is big:
             raise OutOfResources(300_000, 232_448, "shared memory")
         ran.append(config)
@@ -133,10 +161,11 @@ def test_chooser_skips_a_tiling_that_does_not_fit(monkeypatch):
     chooser = sel.SkinnyChooser("auto")
     monkeypatch.setattr(chooser, "_time", fake_time)
     w = torch.zeros(64, 32, dtype=torch.float16)
-    assert chooser._measure((8, 64, 32, torch.float16, False), w, None) is fits
-    assert chooser.timings[(8, 64, 32, torch.float16, False)] == {
+    key = (8, 64, 32, torch.float16, False, "plain")
+    assert chooser._measure(key, w, None) is fits
+    assert chooser.timings[key] == {
         "cublas": 1.0, sel._name(big): float("inf"), sel._name(fits): 0.9, sel._name(slow): 2.0}
     ms[fits] = 0.99  # not 3% under cuBLAS: cuBLAS
-    assert chooser._measure((8, 64, 32, torch.float16, False), w, None) is None
+    assert chooser._measure(key, w, None) is None
     monkeypatch.setattr(sel, "CANDIDATES", {16: (big,)})  # nothing fits: cuBLAS
-    assert chooser._measure((8, 64, 32, torch.float16, False), w, None) is None
+    assert chooser._measure(key, w, None) is None

@@ -8,10 +8,19 @@ With BLOCK_N = 16 the same weights make 384 / 256 programs, a few per SM. Measur
 the H200 (session 5, graph-timed), the gain is small: the chooser keeps cuBLAS except for
 o_proj at 1-2 rows (12.2 vs 13.0 us).
 
-Data flow: models/ops.linear -> skinny_select (start-up timing: this kernel or cuBLAS, per
-(rows bucket, N, K, dtype)) -> skinny_linear. Accumulates in fp32 (tensor-core dot of a
-zero-padded [BLOCK_M, BLOCK_K] x tile with the [BLOCK_N, BLOCK_K] weight tile), rounds once
-to the output dtype. No host sync: CUDA-graph safe once compiled.
+`gated` fuses the MLP's SiLU-and-mul after gate_up: each program streams the gate and the
+up rows of its columns into two accumulators and writes silu(gate) * up, so the
+activation needs no launch (and no [M, 2I] round trip) of its own. Session 14, the 8B's
+gate_up on the H200, chooser-timed: at 64 rows 63.0 us (n64 tiles) against 66.3 for cuBLAS +
+the SiLU kernel; at 1-32 rows cuBLAS + SiLU stays ahead (64.3 against 66.1 at 1 row).
+Fusing the RMSNorm before the product too was measured and dropped: any elementwise work
+on x inside the K loop made the kernel 2-3x slower (scripts/bench_fused_gemm.py).
+
+Data flow: models/ops.linear / ops.gated_linear -> skinny_select (start-up timing: this
+kernel or cuBLAS (+ the SiLU kernel), per (rows bucket, N, K, dtype, gated)) ->
+skinny_linear. Accumulates in fp32 (tensor-core dot of a zero-padded [BLOCK_M, BLOCK_K]
+x tile with the [BLOCK_N, BLOCK_K] weight tile), rounds once to the output dtype. No
+host sync: CUDA-graph safe once compiled.
 """
 
 from __future__ import annotations
@@ -38,10 +47,12 @@ class SkinnyConfig:
 @triton.jit
 def _skinny_gemm_kernel(
     X, W, B, Out, M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, GATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # row blocks vary fastest, so the programs that share a weight tile run together (L2)
+    # GATED: W is [gate; up] ([2N, K]) and out = silu(x @ gate.T) * (x @ up.T): each program
+    # streams the gate and the up rows of its columns.
+    # Row blocks vary fastest, so the programs that share a weight tile run together (L2).
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -51,37 +62,51 @@ def _skinny_gemm_kernel(
     n_ok = offs_n < N
     x_ptrs = X + offs_m[:, None] * stride_xm + offs_k[None, :]
     w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    up_ptrs = w_ptrs + N.to(tl.int64) * stride_wn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
             w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+            if GATED:
+                u = tl.load(up_ptrs, mask=n_ok[:, None], other=0.0)
         else:
             k_ok = (k0 + offs_k) < K
             x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            if GATED:
+                u = tl.load(up_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc = tl.dot(x, tl.trans(w), acc)
+        if GATED:
+            acc_up = tl.dot(x, tl.trans(u), acc_up)
+            up_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if GATED:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :]
     tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def skinny_linear(
     x: torch.Tensor,  # [M, K], unit stride over K
-    weight: torch.Tensor,  # [N, K], unit stride over K
+    weight: torch.Tensor,  # [N, K] ([2N, K]: gate; up when gated), unit stride over K
     bias: torch.Tensor | None = None,  # [N]
     *,
     config: SkinnyConfig = SkinnyConfig(),
     out: torch.Tensor | None = None,  # [M, N]
+    gated: bool = False,
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)`: one program per (config.block_m rows, block_n columns)
-    tile (the serving chooser uses one row block: M <= block_m)."""
+    tile (the serving chooser uses one row block: M <= block_m). `gated`: the MLP's
+    silu_and_mul(F.linear(x, weight)) in the same launch (no bias)."""
     m, k = x.shape
-    n = weight.shape[0]
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
     assert weight.shape[1] == k and x.stride(-1) == 1 and weight.stride(-1) == 1
+    assert not (gated and bias is not None), "the gated product takes no bias"
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
@@ -89,7 +114,7 @@ def skinny_linear(
     _skinny_gemm_kernel[(triton.cdiv(n, config.block_n) * triton.cdiv(m, config.block_m),)](
         x, weight, bias if bias is not None else weight, out, m, n, k,
         x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
+        HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0, GATED=gated,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=1 if _INTERPRET else config.num_warps,
         num_stages=1 if _INTERPRET else config.num_stages,
