@@ -74,6 +74,10 @@ class ModelRunner:
         outputs when a draft consumes target features), largest first, in one memory pool.
         Called once the engine knows its draft."""
         self.capture = capture
+        if self.device.type == "cuda":
+            from gearshift.runner.kernels.sample import warmup as warmup_sampler
+
+            warmup_sampler(self.model.config.vocab_size, self.device)
         if self.config.attention_backend == "triton" and self.device.type == "cuda":
             from gearshift.attention.kernels.extend import warmup_extend
 

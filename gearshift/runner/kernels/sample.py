@@ -79,7 +79,11 @@ def race_score(x, temp, key, cols, ACCURATE_LOG: tl.constexpr):
     return tl.math.div_rn(x, tl.maximum(temp, MIN_TEMPERATURE)) - gumbel
 
 
-@triton.jit
+# The integer arguments are not specialised (Triton would otherwise compile a variant per
+# divisibility class of each) and BLOCK_C depends on the vocabulary and tile only, so a
+# step with a new number of rows compiles nothing: session 14 saw 15 compiles (up to
+# 0.46 s a step) inside the first offline run, in mixed steps of 2, 5, 13 ... rows.
+@triton.jit(do_not_specialize=["vocab", "stride_row", "tiles_per_chunk", "num_chunks"])
 def _chunk_best_kernel(
     Logits, Temps, Seeds, Steps, PartVal, PartIdx,
     vocab, stride_row, tiles_per_chunk, num_chunks,
@@ -109,7 +113,7 @@ def _chunk_best_kernel(
     tl.store(PartIdx + row * num_chunks + chunk, tl.min(tl.where(best == top, best_idx, NO_INDEX), axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])
 def _row_best_kernel(PartVal, PartIdx, Tokens, num_chunks, BLOCK_C: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK_C)  # [BLOCK_C]
@@ -169,6 +173,21 @@ def race_argmax(
     )
     _row_best_kernel[(num_rows,)](
         part_val, part_idx, tokens, num_chunks,
-        BLOCK_C=triton.next_power_of_2(num_chunks), num_warps=1 if _INTERPRET else 4,
+        BLOCK_C=triton.next_power_of_2(triton.cdiv(vocab, block)),  # >= num_chunks
+        num_warps=1 if _INTERPRET else 4,
     )
     return tokens
+
+
+def warmup(vocab: int, device: torch.device | str) -> None:
+    """Compile every variant a step can ask for (greedy-only or not, 256- and 1024-column
+    tiles) on fp32 logits, before serving: with the integer arguments unspecialised these
+    are all of them, so no step compiles (tenths of a second each)."""
+    device = torch.device(device)
+    tiles = triton.cdiv(vocab, 1024)
+    wide = triton.cdiv(4 * _num_sms(device), tiles)  # the fewest rows with 1024-column tiles
+    for rows in (1, wide):
+        logits = torch.zeros(rows, vocab, device=device)
+        zeros = torch.zeros(rows, device=device, dtype=torch.int64)
+        for greedy_only in (True, False):
+            race_argmax(logits, torch.ones(rows, device=device), zeros, zeros, greedy_only=greedy_only)
