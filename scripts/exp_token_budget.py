@@ -32,6 +32,7 @@ def main() -> int:
     args = p.parse_args()
     from gearshift import LLM
     from gearshift.bench.offline import environment, run_offline
+    from gearshift.runner.jit_log import triton_compiles
 
     budgets = [int(b) for b in args.budgets.split(",")]
     t0 = time.perf_counter()
@@ -43,24 +44,39 @@ def main() -> int:
         order = budgets if rnd % 2 == 0 else budgets[::-1]
         for b in order:
             sched.max_num_batched_tokens = b
-            r = run_offline(llm, num_prompts=args.num_prompts, input_len=args.input_len,
-                            output_len=args.output_len)
+            measured = len(chooser_table())
+            with triton_compiles() as compiles:
+                r = run_offline(llm, num_prompts=args.num_prompts, input_len=args.input_len,
+                                output_len=args.output_len)
             log = r.pop("step_log")
+            slowest = sorted(log, key=lambda s: -s["time_ms"])[:3]
             ext = [s["time_ms"] for s in log if s["mode"] == "extend"]
             run = {"budget": b, "pass": rnd, **{k: r[k] for k in (
                 "elapsed_s", "output_tok_per_s", "steps", "decode_steps",
                 "decode_step_ms_median", "extend_step_ms_median", "preemptions", "graphs")},
                 "extend_steps": len(ext), "extend_s": sum(ext) / 1e3,
                 "decode_s": sum(s["time_ms"] for s in log if s["mode"] == "decode") / 1e3,
-                "mean_running": statistics.fmean(s["running_before"] for s in log)}
+                "mean_running": statistics.fmean(s["running_before"] for s in log),
+                # one-off costs inside the run: Triton compiles, GEMM shapes the skinny chooser
+                # measured for the first time, the slowest steps
+                "triton_compiles": list(compiles), "chooser_new_shapes": len(chooser_table()) - measured,
+                "slowest_steps": slowest}
             result["runs"].append(run)
             print(f"budget {b:5d} pass {rnd}: {r['output_tok_per_s']:8.1f} tok/s, "
                   f"{r['steps']} steps ({len(ext)} mixed, {run['extend_s']:.2f} s; "
                   f"{r['decode_steps']} decode, {run['decode_s']:.2f} s), "
-                  f"mean running {run['mean_running']:.1f}", flush=True)
+                  f"mean running {run['mean_running']:.1f}; {len(compiles)} Triton compiles, "
+                  f"{run['chooser_new_shapes']} new GEMM shapes timed, slowest step "
+                  f"{slowest[0]['mode']} {slowest[0]['time_ms']:.1f} ms", flush=True)
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
     return 0
+
+
+def chooser_table() -> dict:
+    from gearshift.models.kernels.skinny_select import CHOOSER
+
+    return CHOOSER.table
 
 
 if __name__ == "__main__":
