@@ -44,8 +44,6 @@ import torch
 import triton
 import triton.language as tl
 
-from gearshift.models.kernels.pdl import gdc_prologue, launch_options
-
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
 _MERGE = os.environ.get("GEARSHIFT_DECODE_MERGE", "separate").lower()
@@ -94,9 +92,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    gdc_prologue(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -172,9 +168,8 @@ def _decode_merge_kernel(
     stride_wb, stride_wh, stride_ws,
     stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    gdc_prologue(PDL)
     b = tl.program_id(0)
     head = tl.program_id(1)
 
@@ -310,7 +305,7 @@ def decode_attention(
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n,
         BLOCK_S=block_s, FUSED_MERGE=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
-        **launch_options(q.device), num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if fused or num_kv_splits == 1:  # one split: stage 1 wrote `out` itself
         return out
@@ -320,6 +315,6 @@ def decode_attention(
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits,
         BLOCK_S=block_s, BLOCK_D=block_d, BLOCK_N=block_n,
-        **launch_options(q.device), num_warps=4 if block_d >= 128 else 2, num_stages=1,
+        num_warps=4 if block_d >= 128 else 2, num_stages=1,
     )
     return out

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from gearshift.models.kernels.pdl import gdc_prologue, launch_options
 from gearshift.models.reference_ops import silu_and_mul_ref  # noqa: F401 (re-exported)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -30,9 +29,8 @@ _BLOCK = 1024
 @triton.jit
 def _silu_and_mul_kernel(
     X, Out, inter, stride_xt, stride_ot,
-    BLOCK: tl.constexpr, ACCURATE_EXP: tl.constexpr, PDL: tl.constexpr,
+    BLOCK: tl.constexpr, ACCURATE_EXP: tl.constexpr,
 ):
-    gdc_prologue(PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     mask = cols < inter
@@ -74,7 +72,7 @@ def silu_and_mul(
     _silu_and_mul_kernel[(num_tokens, triton.cdiv(inter, block))](
         x2, out2, inter, x2.stride(0), out2.stride(0),
         BLOCK=block, ACCURATE_EXP=gate_up.is_cuda and not _INTERPRET,
-        **launch_options(x2.device), num_warps=1 if _INTERPRET else 4,
+        num_warps=1 if _INTERPRET else 4,
         enable_fp_fusion=True,  # ATen's silu is one nvcc kernel (fmad on): `1 + exp` may fuse
     )
     return out

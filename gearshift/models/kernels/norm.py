@@ -22,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-from gearshift.models.kernels.pdl import gdc_prologue, launch_options
 from gearshift.models.reference_ops import fused_add_rms_norm_ref, rms_norm_ref  # noqa: F401 (re-exported)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -40,9 +39,8 @@ def _rms_norm_kernel(
     stride_xa, stride_xb,
     stride_ra, stride_rb,
     stride_oa, stride_ob,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    gdc_prologue(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     cols = tl.arange(0, BLOCK_N)  # [BLOCK_N]
     col_mask = cols < num_cols
@@ -109,8 +107,7 @@ def _launch(x3: torch.Tensor, r3: torch.Tensor | None, weight: torch.Tensor,
         *r_strides,
         out3.stride(0), out3.stride(1),
         HAS_RESIDUAL=r3 is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-        **launch_options(x3.device), num_warps=num_warps,
-        enable_fp_fusion=False,  # no FMA contraction: match torch eager
+        num_warps=num_warps, enable_fp_fusion=False,  # no FMA contraction: match torch eager
     )
 
 

@@ -32,8 +32,6 @@ import torch
 import triton
 import triton.language as tl
 
-from gearshift.models.kernels.pdl import gdc_prologue, launch_options
-
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -50,12 +48,11 @@ class SkinnyConfig:
 def _skinny_gemm_kernel(
     X, W, B, Out, M, N, K, stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, GATED: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # GATED: W is [gate; up] ([2N, K]) and out = silu(x @ gate.T) * (x @ up.T): each program
     # streams the gate and the up rows of its columns.
     # Row blocks vary fastest, so the programs that share a weight tile run together (L2).
-    gdc_prologue(PDL)
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -119,7 +116,7 @@ def skinny_linear(
         x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0, GATED=gated,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        **launch_options(x.device), num_warps=1 if _INTERPRET else config.num_warps,
+        num_warps=1 if _INTERPRET else config.num_warps,
         num_stages=1 if _INTERPRET else config.num_stages,
     )
     return out
