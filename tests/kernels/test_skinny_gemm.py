@@ -169,3 +169,33 @@ def test_chooser_skips_a_tiling_that_does_not_fit(monkeypatch):
     assert chooser._measure(key, w, None) is None
     monkeypatch.setattr(sel, "CANDIDATES", {16: (big,)})  # nothing fits: cuBLAS
     assert chooser._measure(key, w, None) is None
+
+
+def test_chooser_times_in_interleaved_rounds_and_keeps_the_fastest(monkeypatch):
+    """A slow first timing (the GPU's clocks still ramping) must not decide: candidates are
+    timed in turn, twice, and each keeps its fastest. Here cuBLAS reads 2.0 then 1.0 and
+    the kernel 1.5 twice: cuBLAS wins (one round alone would have picked the kernel)."""
+    from gearshift.models.kernels import skinny_select as sel
+
+    cfg = SkinnyConfig(16, 32, 256, 4, 4)
+    order, readings = [], {None: [2.0, 1.0], cfg: [1.5, 1.5]}
+    ran = []
+
+    def fake_linear(x, w, b=None, *, config, **fusions):
+        ran.append(config)
+
+    def fake_time(fn):
+        ran.clear()
+        fn()
+        who = ran[0] if ran else None
+        order.append(who)
+        return readings[who].pop(0)
+
+    monkeypatch.setattr(sel, "CANDIDATES", {16: (cfg,)})
+    monkeypatch.setattr(sel, "skinny_linear", fake_linear)
+    chooser = sel.SkinnyChooser("auto")
+    monkeypatch.setattr(chooser, "_time", fake_time)
+    key = (1, 64, 32, torch.float16, False, "plain")
+    assert chooser._measure(key, torch.zeros(64, 32, dtype=torch.float16), None) is None
+    assert order == [None, cfg, None, cfg]
+    assert chooser.timings[key] == {"cublas": 1.0, sel._name(cfg): 1.5}
