@@ -78,11 +78,11 @@ class ModelRunner:
             from gearshift.runner.kernels.sample import warmup as warmup_sampler
 
             warmup_sampler(self.model.config.vocab_size, self.device)
-        if self.config.attention_backend == "triton" and self.device.type == "cuda":
-            from gearshift.attention.kernels.extend import warmup_extend
+            if self.config.attention_backend == "triton":
+                from gearshift.attention.kernels.extend import warmup_extend
 
-            warmup_extend(self.kv.k[0], self.kv.v[0], self.kv.req_to_token,
-                          self.model.config.num_heads)
+                warmup_extend(self.kv.k[0], self.kv.v[0], self.kv.req_to_token,
+                              self.model.config.num_heads)
         if not (self.config.use_cuda_graphs and self.config.attention_backend == "triton"):
             return
         t0 = time.perf_counter()

@@ -131,11 +131,14 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+NARROW, WIDE = 256, 1024  # the stage-1 tile widths (columns)
+
+
 def launch_plan(num_rows: int, vocab: int, programs: int, block: int | None = None) -> tuple[int, int, int]:
     """(BLOCK, tiles per chunk, chunks per row): about `programs` stage-1 programs in all,
-    1024-column tiles unless that leaves too few programs (one row: 256)."""
+    WIDE tiles unless that leaves too few programs (one row: NARROW)."""
     if block is None:
-        block = 1024 if num_rows * triton.cdiv(vocab, 1024) >= programs else 256
+        block = WIDE if num_rows * triton.cdiv(vocab, WIDE) >= programs else NARROW
     tiles = triton.cdiv(vocab, block)
     tiles_per_chunk = max(1, triton.cdiv(num_rows * tiles, programs))
     return block, tiles_per_chunk, triton.cdiv(tiles, tiles_per_chunk)
@@ -180,14 +183,11 @@ def race_argmax(
 
 
 def warmup(vocab: int, device: torch.device | str) -> None:
-    """Compile every variant a step can ask for (greedy-only or not, 256- and 1024-column
-    tiles) on fp32 logits, before serving: with the integer arguments unspecialised these
-    are all of them, so no step compiles (tenths of a second each)."""
-    device = torch.device(device)
-    tiles = triton.cdiv(vocab, 1024)
-    wide = triton.cdiv(4 * _num_sms(device), tiles)  # the fewest rows with 1024-column tiles
-    for rows in (1, wide):
-        logits = torch.zeros(rows, vocab, device=device)
-        zeros = torch.zeros(rows, device=device, dtype=torch.int64)
+    """Compile every variant a step can ask for (greedy-only or not, either tile width) on
+    fp32 logits, before serving: with the integer arguments unspecialised these are all of
+    them, so no step compiles (tenths of a second each)."""
+    logits = torch.zeros(1, vocab, device=device)
+    ones, zeros = torch.ones(1, device=device), torch.zeros(1, device=device, dtype=torch.int64)
+    for block in (NARROW, WIDE):
         for greedy_only in (True, False):
-            race_argmax(logits, torch.ones(rows, device=device), zeros, zeros, greedy_only=greedy_only)
+            race_argmax(logits, ones, zeros, zeros, greedy_only=greedy_only, block=block)
