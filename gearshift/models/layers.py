@@ -93,12 +93,10 @@ class Attention(nn.Module):
         self.rope = rope
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, fb: ForwardBatch,
-                attn: AttentionBackend, prefetch=None) -> torch.Tensor:
-        # x: [T, hidden]; prefetch: the layer's L2 prefetch hook (models/prefetch.py) or None
+                attn: AttentionBackend) -> torch.Tensor:
+        # x: [T, hidden]
         t = x.shape[0]
         q, k, v = ops.linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if prefetch is not None:
-            prefetch("after_qkv")
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
@@ -106,8 +104,6 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = attn.rope_and_store(q, k, v, positions, self.rope.cos, self.rope.sin, self.layer_id, fb)
         o = attn.attend(q, self.layer_id, fb)  # [T, Hq, D]
-        if prefetch is not None:
-            prefetch("after_attn")
         return ops.linear(o.reshape(t, self.q_size), self.o_proj)
 
 
@@ -118,14 +114,8 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, prefetch=None) -> torch.Tensor:
-        a = ops.gated_linear(x, self.gate_up_proj)
-        if prefetch is not None:
-            prefetch("after_gate_up")
-        out = ops.linear(a, self.down_proj)
-        if prefetch is not None:
-            prefetch("after_down")
-        return out
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(ops.gated_linear(x, self.gate_up_proj), self.down_proj)
 
 
 class DecoderLayer(nn.Module):
@@ -135,8 +125,6 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, layer_id, rope)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
-        self.prefetch = None  # models/prefetch.py: WeightPrefetch, attached on CUDA when on
-        self.next_layer: tuple = ()  # (the next DecoderLayer,) for the prefetch after down
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
                 fb: ForwardBatch, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,9 +134,6 @@ class DecoderLayer(nn.Module):
             h = self.input_layernorm(h)
         else:
             h, residual = self.input_layernorm.add_norm(h, residual)
-        hook = self.prefetch.hook(self, h.shape[0]) if self.prefetch is not None else None
-        h = self.self_attn(positions, h, fb, attn, hook)
-        if hook is not None:
-            hook("after_o")
+        h = self.self_attn(positions, h, fb, attn)
         h, residual = self.post_attention_layernorm.add_norm(h, residual)
-        return self.mlp(h, hook), residual
+        return self.mlp(h), residual

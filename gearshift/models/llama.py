@@ -26,7 +26,6 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = rope
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, rope) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.prefetch = None  # models/prefetch.py: attach() on CUDA when GEARSHIFT_L2_PREFETCH is on
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -42,8 +41,6 @@ class LlamaForCausalLM(nn.Module):
             h, residual = layer(positions, h, residual, fb, attn)
             if i in capture:
                 aux[i] = h + residual
-        if self.prefetch is not None:
-            self.prefetch.join()
         if capture:
             return h + residual, torch.cat([aux[i] for i in capture], dim=-1)
         return h + residual

@@ -49,13 +49,6 @@ class ModelRunner:
         self.model = load_model(model_cfg, model_path, dtype=config.dtype, device=config.device,
                                 max_positions=max_pos, seed=config.seed)
         log.info("loaded model in %.1fs", time.perf_counter() - t0)
-        if self.device.type == "cuda":
-            from gearshift.models.prefetch import attach, plan_from_env
-
-            plan = plan_from_env()  # GEARSHIFT_L2_PREFETCH (experimental, off by default)
-            if plan is not None:
-                attach(self.model, plan, self.device)
-                log.info("L2 weight prefetch: %s", plan)
         self.num_slots = self._kv_capacity(model_cfg, dtype)
         self.max_model_len = min(max_pos, self.num_slots)
         self.kv = KVCache.allocate(model_cfg.num_layers, self.num_slots, model_cfg.num_kv_heads,
