@@ -1,7 +1,8 @@
 """Skinny GEMM (few rows, all SMs streaming weights) against F.linear: fp16 under the
 Triton interpreter on CPU, bf16 on CUDA; ragged K (masked tail), bias, every row count
 up to the block, and a strided x (a row slice of a wider buffer); the gated product (the
-MLP's SiLU-and-mul in the same launch) against the unfused torch path."""
+MLP's SiLU-and-mul in the same launch) against the unfused torch path; the TMA tilings
+(tensor descriptors; the interpreter runs them in fp16) and their fallback."""
 
 from __future__ import annotations
 
@@ -78,6 +79,49 @@ def test_gated_product_applies_silu_and_mul(dtype, k):
                                rtol=1e-2, atol=1e-2)
     with pytest.raises(AssertionError, match="no bias"):
         skinny_linear(x, w, w[:, 0], config=SMALL, gated=True)
+
+
+TMA = SkinnyConfig(block_m=16, block_n=16, block_k=32, tma=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_tma_tiling_matches_linear(dtype, m):
+    """x and W through tensor descriptors: rows past M and K past the end read as zero."""
+    _check(m, 48, 96, dtype, bias=False, config=TMA)
+    _check(m, 37, 72, dtype, bias=True, config=TMA)  # ragged K and N, bias
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tma_gated_product(dtype):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 72, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(2 * 21, 72, generator=g) / 72**0.5).to(DEVICE, dtype)
+    got = skinny_linear(x, w, config=TMA, gated=True)
+    torch.testing.assert_close(got.float(), silu_and_mul_ref(F.linear(x.float(), w.float())),
+                               rtol=1e-2, atol=1e-2)
+
+
+def test_tma_tiling_falls_back_for_an_unaligned_x():
+    """A row stride the descriptor cannot take (65 fp16 = 130 bytes) runs the pointer kernel
+    with the same tiles: same product."""
+    from gearshift.models.kernels.skinny_gemm import tma_ready
+
+    x = torch.randn(4, 65, dtype=torch.float16)[:, :64]
+    assert not tma_ready(x) and tma_ready(x.contiguous())
+    _check(4, 32, 64, torch.float16, bias=False, config=TMA, x_stride_pad=1)
+
+
+def test_tma_candidates_only_where_the_gpu_has_tma(monkeypatch):
+    from gearshift.models.kernels import skinny_select as sel
+
+    cpu = torch.device("cpu")
+    assert not sel.tma_capable(cpu)
+    for rows in (1, 32, 64):
+        assert not any(c.tma for c in sel.candidates(rows, cpu))
+    monkeypatch.setattr(sel, "tma_capable", lambda device: True)
+    assert any(c.tma for c in sel.candidates(64, cpu))
+    assert sel._name(TMA).endswith("_tma") and not sel._name(SMALL).endswith("_tma")
 
 
 def test_ops_gated_linear_is_the_mlp_activation():

@@ -34,7 +34,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from gearshift.models.kernels.activation import silu_and_mul
-from gearshift.models.kernels.skinny_gemm import SkinnyConfig, skinny_linear
+from gearshift.models.kernels.skinny_gemm import SkinnyConfig, TensorDescriptor, skinny_linear
 from gearshift.models.reference_ops import linear_ref
 
 MAX_ROWS = 64
@@ -50,15 +50,35 @@ KINDS = ("plain", "gated")
 # guess the measurement settles. The 4-warp 64- / 128-column ones: session 14's split-K
 # experiment (scripts/bench_splitk_gemm.py) found gate_up at 64 rows fastest that way
 # (59.8 us against cuBLAS's 63.7); a gated product loads twice the weight rows a column.
+# Session 15 (scripts/bench_tma_gemm.py, 8B shapes on the H200): 6 stages led at one row
+# for o_proj / down, and the TMA tilings at 64 rows for qkv / o_proj / down and at one row
+# for gate_up (56.8 us against the pointer kernel's 60.5); the 32-row TMA ones are guesses
+# between the two. TMA tilings are only timed where the GPU has TMA (`tma_capable`).
 CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
     16: (SkinnyConfig(16, 32, 256, 4, 4), SkinnyConfig(16, 16, 256, 4, 4),
-         SkinnyConfig(16, 32, 128, 4, 4)),
+         SkinnyConfig(16, 32, 128, 4, 4), SkinnyConfig(16, 32, 256, 4, 6),
+         SkinnyConfig(16, 128, 128, 4, 4, tma=True), SkinnyConfig(16, 128, 256, 4, 4, tma=True)),
     32: (SkinnyConfig(32, 32, 128, 4, 4), SkinnyConfig(32, 16, 256, 4, 4),
-         SkinnyConfig(32, 128, 128, 8, 4), SkinnyConfig(32, 64, 128, 4, 4)),
+         SkinnyConfig(32, 128, 128, 8, 4), SkinnyConfig(32, 64, 128, 4, 4),
+         SkinnyConfig(32, 64, 128, 4, 6, tma=True), SkinnyConfig(32, 32, 256, 4, 4, tma=True)),
     64: (SkinnyConfig(64, 32, 128, 4, 4), SkinnyConfig(64, 16, 128, 4, 4),
          SkinnyConfig(64, 128, 128, 8, 4), SkinnyConfig(64, 64, 128, 4, 4),
-         SkinnyConfig(64, 128, 128, 4, 4)),
+         SkinnyConfig(64, 128, 128, 4, 4), SkinnyConfig(64, 64, 128, 4, 6, tma=True),
+         SkinnyConfig(64, 32, 256, 4, 4, tma=True), SkinnyConfig(64, 64, 128, 4, 4, tma=True)),
 }
+
+
+def tma_capable(device: torch.device) -> bool:
+    """Tensor-memory-accelerator loads: a CUDA GPU of compute capability >= 9 and a Triton
+    with host tensor descriptors."""
+    return (device.type == "cuda" and TensorDescriptor is not None
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def candidates(rows: int, device: torch.device) -> tuple[SkinnyConfig, ...]:
+    """The tilings timed for a product of `rows` rows on `device`."""
+    tma = tma_capable(device)
+    return tuple(c for c in CANDIDATES[row_block(rows)] if tma or not c.tma)
 
 
 def row_block(m: int) -> int:
@@ -107,7 +127,7 @@ class SkinnyChooser:
         x = torch.randn(rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
         cublas, kernel = _products(key[5], x, weight, bias)
         fns, times = {"cublas": cublas}, {}
-        for cfg in CANDIDATES[row_block(rows)]:
+        for cfg in candidates(rows, weight.device):
             try:
                 kernel(cfg)  # compile it (outside any capture)
             except OutOfResources:  # a tiling this GPU cannot hold (shared memory): skip it
@@ -123,7 +143,7 @@ class SkinnyChooser:
                 times[name] = min(times.get(name, float("inf")), self._time(fn))
         self.timings[key] = times
         self._flush = None  # 256 MB: back to the allocator, not held for the process's life
-        configs = [c for c in CANDIDATES[row_block(rows)] if _name(c) in fns]
+        configs = [c for c in candidates(rows, weight.device) if _name(c) in fns]
         if not configs:
             return None
         best = min(configs, key=lambda c: times[_name(c)])
@@ -175,7 +195,8 @@ def kernel_ms(fn, flush: torch.Tensor, evict_ms: float) -> float:
 
 
 def _name(cfg: SkinnyConfig) -> str:
-    return f"skinny_m{cfg.block_m}_n{cfg.block_n}_k{cfg.block_k}_w{cfg.num_warps}_s{cfg.num_stages}"
+    name = f"skinny_m{cfg.block_m}_n{cfg.block_n}_k{cfg.block_k}_w{cfg.num_warps}_s{cfg.num_stages}"
+    return name + "_tma" if cfg.tma else name
 
 
 def _products(kind: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
