@@ -51,6 +51,134 @@ def _tma_skinny_kernel(x_desc, w_desc, Out, M, N, K, stride_om,
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
+@triton.jit
+def _tma_fused_kernel(x_desc, w_desc, R, Out, M, N, K, stride_om, stride_rm, eps,
+                      RMS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      NUM_STAGES: tl.constexpr):
+    # RMS 1: each row's sum of squares accumulated elementwise from the x tiles, reduced
+    # once; RMS 2: reduced every K step. The norm weight is folded into W, so
+    # out = rstd * (x @ W.T) (GATED: silu(rstd * gate) * (rstd * up)).
+    # RESIDUAL: out = R + x @ W.T, written into R (the residual stream, in place).
+    off_n = tl.program_id(0) * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        x = x_desc.load([0, k0])
+        acc = tl.dot(x, tl.trans(w_desc.load([off_n, k0])), acc)
+        if GATED:
+            acc_up = tl.dot(x, tl.trans(w_desc.load([N + off_n, k0])), acc_up)
+        if RMS == 1:
+            xf = x.to(tl.float32)
+            sq += xf * xf
+        if RMS == 2:
+            xf = x.to(tl.float32)
+            ss += tl.sum(xf * xf, 1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if RMS == 1:
+        ss = tl.sum(sq, 1)
+    if RMS != 0:
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+        acc = acc * rstd[:, None]
+        acc_up = acc_up * rstd[:, None]
+    if GATED:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    if RESIDUAL:
+        r_ptrs = R + offs_m[:, None] * stride_rm + offs_n[None, :]
+        acc += tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(r_ptrs, acc.to(R.dtype.element_ty), mask=mask)
+    else:
+        tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :],
+                 acc.to(Out.dtype.element_ty), mask=mask)
+
+
+def tma_fused(x, w, cfg, out, *, rms=0, gated=False, residual=None, eps=1e-5):
+    m, k = x.shape
+    n = w.shape[0] // 2 if gated else w.shape[0]
+    r = residual if residual is not None else out
+    _tma_fused_kernel[(triton.cdiv(n, cfg.block_n),)](
+        TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k]),
+        TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k]),
+        r, out, m, n, k, out.stride(0), r.stride(0), eps,
+        RMS=rms, GATED=gated, RESIDUAL=residual is not None,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+    return out
+
+
+FUSED_CASES = {  # shape -> (gated, fusion): the chooser's TMA picks of call D
+    "qkv": (False, "rms"), "gate_up": (True, "rms"), "o_proj": (False, "residual"),
+    "down": (False, "residual")}
+FUSED_CONFIGS = {16: [SkinnyConfig(16, 128, 128, 4, 4, True), SkinnyConfig(16, 128, 256, 4, 4, True),
+                     SkinnyConfig(16, 64, 256, 4, 6, True), SkinnyConfig(16, 32, 256, 4, 6, True)],
+                 64: [SkinnyConfig(64, 64, 128, 4, 6, True), SkinnyConfig(64, 32, 256, 4, 4, True),
+                      SkinnyConfig(64, 64, 128, 4, 4, True)]}
+
+
+def fused_bench(rows, flush, evict_ms) -> list[dict]:
+    """Each layer GEMM at TMA tilings, plain and with its fusion (rms: the norm before it,
+    its weight folded into W; residual: the add after it, into the residual stream), and
+    the unfused chain (norm kernel or add) for reference."""
+    from gearshift.models.kernels.norm import fused_add_rms_norm
+
+    res = []
+    for name, (gated, fusion) in FUSED_CASES.items():
+        n, k = SHAPES[name]
+        w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
+        g = (1 + 0.1 * torch.randn(k, device="cuda")).to(torch.bfloat16)
+        wg = (w.float() * g.float()[None, :]).to(torch.bfloat16)  # norm weight folded in
+        for m in rows:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            r0 = torch.randn(m, n // 2 if gated else n, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty(m, n // 2 if gated else n, device="cuda", dtype=torch.bfloat16)
+            h = F.rms_norm(x.float(), (k,), g.float(), 1e-5) if fusion == "rms" else x.float()
+            ref = F.linear(h, w.float())
+            if gated:
+                ref = F.silu(ref[:, :n // 2]) * ref[:, n // 2:]
+            if fusion == "residual":
+                ref = ref + r0.float()
+            # what the fusions remove: the add + RMSNorm kernel between the two GEMMs
+            hid = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+            res_in, g4 = hid.clone(), torch.ones(4096, device="cuda", dtype=torch.bfloat16)
+            chain_us = sel.kernel_ms(lambda h=hid, r=res_in, g=g4: fused_add_rms_norm(h, r, g, 1e-5),
+                                     flush, evict_ms) * 1e3
+            for cfg in FUSED_CONFIGS[sel.row_block(m)]:
+                variants = {"plain": dict(gated=gated)}
+                if fusion == "rms":
+                    variants.update({"rms1": dict(gated=gated, rms=1), "rms2": dict(gated=gated, rms=2)})
+                else:
+                    variants["residual"] = dict(gated=gated)
+                for vname, kw in variants.items():
+                    wt = wg if vname.startswith("rms") else w
+                    r = r0.clone() if vname == "residual" else None
+                    fn = (lambda x=x, wt=wt, cfg=cfg, out=out, kw=kw, r=r:
+                          tma_fused(x, wt, cfg, out, residual=r, **kw))
+                    try:
+                        fn()
+                        torch.cuda.synchronize()
+                        got = (r if r is not None else out).float()
+                        if vname == "residual":
+                            err = (got - ref).abs().max().item()
+                        elif vname == "plain":
+                            err = float("nan")
+                        else:
+                            err = (got - ref).abs().max().item()
+                        us = sel.kernel_ms(fn, flush, evict_ms) * 1e3
+                    except (OutOfResources, RuntimeError) as e:
+                        res.append({"shape": name, "rows": m, "config": sel._name(cfg),
+                                    "variant": vname, "error": str(e)[:200]})
+                        continue
+                    res.append({"shape": name, "rows": m, "config": sel._name(cfg), "variant": vname,
+                                "us": us, "err": err, "chain_extra_us": chain_us})
+                    print(f"{name:8s} m={m:3d} {sel._name(cfg):34s} {vname:8s} {us:6.1f} us  "
+                          f"err {err:.1e}  (add + norm kernel {chain_us:.1f} us)", flush=True)
+    return res
+
+
 def tma_linear(x: torch.Tensor, w: torch.Tensor, cfg: SkinnyConfig,
                out: torch.Tensor | None = None) -> torch.Tensor:
     m, k = x.shape
@@ -81,9 +209,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tma.json")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--fused", action="store_true", help="only the fusion comparison")
     a = ap.parse_args()
     flush = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")
     evict_ms = sel.graph_ms(lambda: None, flush)
+    if a.fused:
+        with open(a.out, "w") as f:
+            json.dump(fused_bench(a.rows, flush, evict_ms), f, indent=1)
+        return
     results = []
     for name, (n, k) in SHAPES.items():
         w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
