@@ -15,7 +15,8 @@ with empty requests, as the `_graph` cases do):
 - `mixed512_graph`: 60 decoders with a 452-token chunk at prefix 60 (budget 512), 65 rows.
 - `chunk256_graph`: one lone 256-token chunk at prefix 256 in the 256-token graph.
 Session 13 added the last three to place the decode-heavy threshold (extend.py,
-DECODE_HEAVY_MEAN); "default" in the output is the engine's pick for the case.
+DECODE_HEAVY_MEAN); "default" in the output is the engine's pick for the case. Session 15
+added the decoder path (ExtendConfig.decode_rows, dec_block_n) to the configs.
 
 Usage: python scripts/bench_extend_attn.py --out extend_attn.json
 """
@@ -23,6 +24,7 @@ Usage: python scripts/bench_extend_attn.py --out extend_attn.json
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import random
@@ -90,8 +92,13 @@ def main() -> None:
     evict_ms = graph_ms(lambda: None, flush)
     classes = [extend_config(torch.bfloat16, HEADS, KV_HEADS, HEAD_DIM, 9, heavy)
                for heavy in (False, True)]
-    configs = classes + [ExtendConfig(rows // 4, 4, bn, w, s, 128) for rows, bn, w, s in
-                         itertools.product((32, 64), (32, 64, 128), (4, 8), (2, 3, 4))]
+    # session 15: the decoder path (1-token requests as DEC_M-row tiles) on and off at the
+    # two classes' tiles, its key block 64 / 128, then other tiles with it on
+    configs = ([dataclasses.replace(c, decode_rows=False) for c in classes]
+               + [dataclasses.replace(c, decode_rows=True, dec_block_n=bn)
+                  for c in classes for bn in (64, 128)]
+               + [ExtendConfig(rows // 4, 4, bn, w, s, 128, True, dbn) for rows, bn, w, s, dbn in
+                  itertools.product((32, 64), (64, 128), (4, 8), (2, 3), (64, 128))])
     result = {"device": torch.cuda.get_device_name(),
               "classes": [list(vars(c).values()) for c in classes], "cases": {}}
     for name, requests in CASES.items():
@@ -116,7 +123,10 @@ def main() -> None:
         d = next(r for r in rows if r.get("default"))
         print(f"{name}: default {d['us']:.1f} us ({d['kv_gbps']:.0f} GB/s of K/V); fastest "
               "(block_t, block_g, block_n, warps, stages, scan):")
-        for r in sorted((r for r in rows if "us" in r), key=lambda r: r["us"])[:5]:
+        for r in rows[:6]:  # the two classes, decoder path off / on (64, 128)
+            if "us" in r:
+                print(f"   {r['us']:6.1f} us {r['config']} err {r['max_err']:.1e}  (class)")
+        for r in sorted((r for r in rows if "us" in r), key=lambda r: r["us"])[:4]:
             print(f"   {r['us']:6.1f} us {r['config']} err {r['max_err']:.1e}")
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)

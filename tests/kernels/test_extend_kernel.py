@@ -24,7 +24,8 @@ from gearshift.attention.triton_backend import TritonBackend
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 
 # (prefix_len, extend_len): fresh prompts, chunked prefill, decode riding along, long prefix
-REQUESTS = [(0, 1), (0, 7), (5, 3), (99, 1), (30, 70), (200, 57), (0, 40)]
+# (31, 1): a decoder whose keys fill whole blocks of 16 / 32 (the decoder path's tail is empty)
+REQUESTS = [(0, 1), (0, 7), (5, 3), (99, 1), (30, 70), (200, 57), (0, 40), (31, 1)]
 
 
 def extend_batch(kv: KVCache, rows: torch.Tensor, requests: list[tuple[int, int]]) -> ForwardBatch:
@@ -138,10 +139,13 @@ def test_decode_rows_mixed_with_prefills(slot_pool, device, num_heads, num_kv_he
 
 @pytest.mark.parametrize("config", [extend_kernels.ExtendConfig(8, 4, 16, 1, 1, 16),
                                     extend_kernels.ExtendConfig(2, 8, 64, 1, 1, 8),
-                                    extend_kernels.ExtendConfig(8, 4, 128, 4, 2, 128)])
+                                    extend_kernels.ExtendConfig(8, 4, 128, 4, 2, 128),
+                                    extend_kernels.ExtendConfig(8, 4, 16, 1, 1, 16, False),
+                                    extend_kernels.ExtendConfig(8, 4, 32, 1, 1, 16, True, 16)])
 def test_extend_kernel_config_override(slot_pool, device, config):
     """A config override (scripts/bench_extend_attn.py tunes with it): other tile heights,
-    key blocks and tile-search chunks give the same attention."""
+    key blocks, tile-search chunks, decoders on the token tiles (decode_rows off) or on
+    the decoder path with their own key block give the same attention."""
     kv, rows = slot_pool([p + n for p, n in REQUESTS], 2, 32, seed=8)
     fb = extend_batch(kv, rows, REQUESTS)
     q = torch.randn(fb.num_tokens, 8, 32, device=device)
@@ -165,14 +169,17 @@ def test_block_config_depends_on_model_shape_only():
     assert num_tiles_bound(cfg, 64, 63 + 512, 512) == 63 + -(-512 // cfg.block_t)
 
 
-def test_decode_heavy_steps_get_the_short_wide_tile(monkeypatch):
-    """Hopper, 16-bit, GQA group 4: decode-heavy steps (measured on the H200, session 13)
-    get 8-token tiles over 128-key blocks; elsewhere both classes share one config."""
+def test_decode_heavy_steps_get_the_short_tile(monkeypatch):
+    """Hopper, 16-bit, GQA group 4: decode-heavy steps (measured on the H200, sessions 13
+    and 15) get 8-token tiles; elsewhere both classes share one config. Every config sends
+    decoders down the decoder path, over 128-key blocks on a GPU in 16 bits."""
     monkeypatch.setattr(extend_kernels, "_INTERPRET", False)
     config = extend_config.__wrapped__  # uncached: the module's _INTERPRET is patched
     long, short = (config(torch.bfloat16, 32, 8, 128, 9, heavy) for heavy in (False, True))
-    assert (long.block_t, long.block_g, long.block_n, long.num_stages) == (16, 4, 64, 3)
-    assert (short.block_t, short.block_g, short.block_n, short.num_stages) == (8, 4, 128, 2)
+    assert (long.block_t, long.block_g, long.block_n, long.num_stages) == (16, 4, 64, 2)
+    assert (short.block_t, short.block_g, short.block_n, short.num_stages) == (8, 4, 64, 2)
+    assert long.decode_rows and short.decode_rows and long.dec_block_n == short.dec_block_n == 128
+    assert config(torch.bfloat16, 32, 8, 128, 8).num_stages == 3  # before Hopper
     for dtype, capability in ((torch.bfloat16, 8), (torch.float32, 9)):
         assert config(dtype, 32, 8, 128, capability, True) == config(dtype, 32, 8, 128, capability)
     # EXTEND graphs over 65 rows (max_num_seqs 64): the 256-token mixed step is decode-heavy

@@ -127,6 +127,7 @@ def _extend_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, SCAN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DECODE_ROWS: tl.constexpr, DEC_M: tl.constexpr, DEC_BLOCK_N: tl.constexpr,
 ):
     head_blocks: tl.constexpr = (GROUP + BLOCK_G - 1) // BLOCK_G
     kv_head = tl.program_id(1) // head_blocks
@@ -137,10 +138,67 @@ def _extend_kernel(
     m_start = (req_tiles - 1 - local) * BLOCK_T  # longest tile first
     extend_len = tl.load(ExtendLens + b)
     seq_len = tl.load(SeqLens + b)
-    prefix = seq_len - extend_len
     q_start = tl.load(ExtendStart + b).to(tl.int64)
     row = tl.load(ReqPoolIdx + b).to(tl.int64)
+    # DECODE_ROWS: a 1-token request (a decoder riding along) takes the decoder path
+    if DECODE_ROWS and extend_len == 1:
+        _attend_decoder(
+            Q, K, V, Out, ReqToToken, row, kv_head, g_start, q_start, seq_len, extend_len, sm_scale_log2,
+            stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot,
+            stride_oh, stride_rt, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, DOT_PRECISION,
+            DEC_M, DEC_BLOCK_N)
+    else:
+        _attend_tile(
+            Q, K, V, Out, ReqToToken, row, kv_head, g_start, q_start, seq_len, extend_len, sm_scale_log2,
+            stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot,
+            stride_oh, stride_rt, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, DOT_PRECISION,
+            m_start, BLOCK_T, BLOCK_N)
 
+
+@triton.jit
+def _attend_decoder(
+    Q, K, V, Out, ReqToToken, row, kv_head, g_start, q_start, seq_len, extend_len,
+    sm_scale_log2, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
+    stride_ot, stride_oh, stride_rt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DEC_M: tl.constexpr, DEC_BLOCK_N: tl.constexpr,
+):
+    """A decoder riding along (extend_len 1): its one token sees every key, so the tile is
+    the group's heads alone (DEC_M rows, the dot's minimum), not BLOCK_T tokens of them."""
+    offs_g = g_start + tl.arange(0, DEC_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_q = ((offs_g < GROUP) & (offs_g < g_start + BLOCK_G))[:, None] & (offs_d < HEAD_DIM)[None, :]
+    heads = kv_head * GROUP + offs_g
+    q = tl.load(Q + q_start * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_q, other=0.0)  # [DEC_M, BLOCK_D]
+    m_i = tl.full([DEC_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([DEC_M], dtype=tl.float32)
+    acc = tl.zeros([DEC_M, BLOCK_D], dtype=tl.float32)
+    q_pos = tl.zeros([DEC_M], dtype=tl.int32) + (seq_len - 1)
+    full = seq_len // DEC_BLOCK_N * DEC_BLOCK_N
+    acc, l_i, m_i = _attend_keys(
+        acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, 0, full,
+        sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
+        HEAD_DIM, DEC_BLOCK_N, BLOCK_D, False, DOT_PRECISION)
+    acc, l_i, m_i = _attend_keys(
+        acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, full, seq_len,
+        sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
+        HEAD_DIM, DEC_BLOCK_N, BLOCK_D, True, DOT_PRECISION)
+    out = acc / l_i[:, None]  # key 0 is visible to every row: l_i > 0
+    tl.store(Out + q_start * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             out.to(Out.dtype.element_ty), mask=mask_q)
+
+
+@triton.jit
+def _attend_tile(
+    Q, K, V, Out, ReqToToken, row, kv_head, g_start, q_start, seq_len, extend_len,
+    sm_scale_log2, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
+    stride_ot, stride_oh, stride_rt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, m_start, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """BLOCK_T tokens of one request from m_start x BLOCK_G heads of one KV group."""
+    prefix = seq_len - extend_len
     offs_r = tl.arange(0, BLOCK_T * BLOCK_G)
     offs_t = m_start + offs_r // BLOCK_G  # [BLOCK_M] token of each row, within the request
     offs_g = g_start + offs_r % BLOCK_G  # [BLOCK_M] head of each row, within the group
@@ -182,6 +240,8 @@ class ExtendConfig:
     num_warps: int
     num_stages: int
     scan: int  # extend_lens read per step of the tile search
+    decode_rows: bool = True  # 1-token requests take the decoder path (DEC_M x dec_block_n)
+    dec_block_n: int = 64  # keys per inner-loop block on the decoder path
 
 
 # Mean new tokens per request at or below which a step counts as decode-heavy (decoders
@@ -201,18 +261,21 @@ def extend_config(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_di
     """Block config from the model's shape, the GPU's major compute capability and the
     step class (`is_decode_heavy`), never from the batch itself.
 
-    GPU, 16-bit, head_dim <= 128: M = 64 rows (G = 4: 16 tokens x 4 heads), BLOCK_N = 64.
-    On Hopper that is one warpgroup (4 warps, wgmma m64) at ~185 registers and ~81 KB of
-    shared memory (two programs an SM); 3 stages prefetch the slot ids two blocks ahead
-    and K/V one block ahead as cp.async, where 2 stages leave a blocking slot-id load in
-    every iteration, for +1 KB. Before Hopper 4 warps spill at this tile: 8 warps.
+    Every config sends 1-token requests (decoders riding along) down the decoder path:
+    one tile of the group's heads (16 rows, the dot's minimum) over `dec_block_n`-key
+    blocks, where a token tile would carry them in BLOCK_T x BLOCK_G rows, most of them
+    empty. Session 15 (H200, 8B heads, scripts/bench_extend_attn.py): 60 decoders at
+    512-768 context with a 452-token chunk (a 512-token mixed step) took 64.6 us a layer
+    against 81.0 us without it; with a 196-token chunk (decode-heavy) 58.0 against 67.2.
 
-    Decode-heavy steps on Hopper: M = 32 (8 tokens x 4 heads), BLOCK_N = 128, 2 stages. A
-    1-token request fills 4 rows of a tile, so the shorter tile halves its wasted MMA and
-    softmax work and the wider key block halves its loop trips over a long prefix. Session
-    13 (H200, 8B heads; scripts/bench_extend_attn.py): 60 decoders at 512-768 context with
-    a 196-token chunk took 68.4 us a layer against 78.3 us with the 64-row tile, but 4
-    fresh 512-token prompts took 94.6 us against 64.3 us, hence the two classes.
+    GPU, 16-bit, head_dim <= 128: M = 64 rows (G = 4: 16 tokens x 4 heads), BLOCK_N = 64.
+    On Hopper that is one warpgroup (4 warps, wgmma m64), 2 stages (session 15: 4 fresh
+    512-token prompts 61.5 us against 63.8 with 3); decoders over 128-key blocks. Before
+    Hopper 4 warps spill at this tile: 8 warps, 3 stages.
+
+    Decode-heavy steps on Hopper: M = 32 (8 tokens x 4 heads), BLOCK_N = 64, 2 stages: the
+    short chunk's tiles waste fewer rows. Session 13 measured the 32-row tile far behind
+    on fresh prompts (94.6 us against 64.3 for 4 x 512 tokens), hence the two classes.
     """
     group = num_heads // num_kv_heads
     if _INTERPRET:
@@ -222,12 +285,16 @@ def extend_config(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_di
     elif head_dim > 128:
         rows, block_n, num_warps, num_stages, scan = 64, 32, 8, 2, 128
     elif decode_heavy and capability >= 9 and group == 4:
-        rows, block_n, num_warps, num_stages, scan = 32, 128, 4, 2, 128
+        rows, block_n, num_warps, num_stages, scan = 32, 64, 4, 2, 128
     else:
-        rows, block_n, num_stages, scan = 64, 64, 3, 128
-        num_warps = 4 if capability >= 9 or head_dim <= 64 else 8
+        rows, block_n, scan = 64, 64, 128
+        hopper = capability >= 9
+        num_warps = 4 if hopper or head_dim <= 64 else 8
+        num_stages = 2 if hopper else 3
+    dec_block_n = 128 if not _INTERPRET and dtype != torch.float32 and head_dim <= 128 else block_n
     block_g = min(triton.next_power_of_2(group), rows)
-    return ExtendConfig(rows // block_g, block_g, block_n, num_warps, num_stages, scan)
+    return ExtendConfig(rows // block_g, block_g, block_n, num_warps, num_stages, scan,
+                        True, dec_block_n)
 
 
 @functools.cache
@@ -294,6 +361,8 @@ def extend_attention(
         BLOCK_T=cfg.block_t, BLOCK_G=cfg.block_g, BLOCK_N=cfg.block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), SCAN=cfg.scan,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
+        DECODE_ROWS=cfg.decode_rows, DEC_M=max(16, triton.next_power_of_2(cfg.block_g)),
+        DEC_BLOCK_N=cfg.dec_block_n,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
