@@ -31,6 +31,9 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
                    help="CUDA graphs for prefill / mixed steps up to this many tokens (0 = off)")
     g.add_argument("--no-overlap-schedule", action="store_true",
                    help="plan each step only after the previous one finished (debugging)")
+    g.add_argument("--no-fuse-norms", action="store_true",
+                   help="keep RMSNorm and residual adds in their own kernels (default on CUDA "
+                        "with TMA: inside the GEMMs of steps up to 64 tokens)")
     g.add_argument("--seed", type=int, default=0)
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", choices=["eagle3", "draft", "ngram"],
@@ -58,6 +61,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               overlap_schedule=not getattr(args, "no_overlap_schedule", False))
     if getattr(args, "no_spec_warmup", False):
         kw["spec_warmup"] = False
+    if getattr(args, "no_fuse_norms", False):
+        kw["fuse_norms"] = False
     if getattr(args, "extend_graph_max_tokens", None) is not None:
         kw["extend_graph_max_tokens"] = args.extend_graph_max_tokens
     if args.attention_backend:

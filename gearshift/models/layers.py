@@ -95,16 +95,22 @@ class Attention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, fb: ForwardBatch,
                 attn: AttentionBackend) -> torch.Tensor:
         # x: [T, hidden]
-        t = x.shape[0]
-        q, k, v = ops.linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        o = self.attend_qkv(positions, ops.linear(x, self.qkv_proj), fb, attn)
+        return ops.linear(o, self.o_proj)
+
+    def attend_qkv(self, positions: torch.Tensor, qkv: torch.Tensor, fb: ForwardBatch,
+                   attn: AttentionBackend) -> torch.Tensor:
+        """The fused projection's output [T, q + 2 kv] -> attention output [T, q_size]
+        (RoPE, K/V into the slot pool, attention), before o_proj."""
+        t = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = attn.rope_and_store(q, k, v, positions, self.rope.cos, self.rope.sin, self.layer_id, fb)
-        o = attn.attend(q, self.layer_id, fb)  # [T, Hq, D]
-        return ops.linear(o.reshape(t, self.q_size), self.o_proj)
+        return attn.attend(q, self.layer_id, fb).reshape(t, self.q_size)  # [T, Hq * D]
 
 
 class MLP(nn.Module):
@@ -137,3 +143,15 @@ class DecoderLayer(nn.Module):
         h = self.self_attn(positions, h, fb, attn)
         h, residual = self.post_attention_layernorm.add_norm(h, residual)
         return self.mlp(h), residual
+
+    def forward_fused(self, positions: torch.Tensor, r: torch.Tensor, fb: ForwardBatch,
+                      attn: AttentionBackend) -> None:
+        """The same layer on the residual stream `r` [T, hidden], updated in place, for a
+        model whose norm weights are folded into qkv_proj / gate_up_proj
+        (LlamaForCausalLM.fold_norms): each RMSNorm runs inside the product after it and
+        each residual add inside the product before it, so no norm kernel runs between."""
+        attn_mod, mlp = self.self_attn, self.mlp
+        qkv = ops.rms_linear(r, attn_mod.qkv_proj, self.input_layernorm)
+        ops.linear_accumulate(attn_mod.attend_qkv(positions, qkv, fb, attn), attn_mod.o_proj, r)
+        act = ops.rms_linear(r, mlp.gate_up_proj, self.post_attention_layernorm, gated=True)
+        ops.linear_accumulate(act, mlp.down_proj, r)

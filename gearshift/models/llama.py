@@ -13,6 +13,7 @@ from torch import nn
 from gearshift.attention.base import AttentionBackend
 from gearshift.config import ModelConfig
 from gearshift.forward_batch import ForwardBatch
+from gearshift.models import ops
 from gearshift.models.layers import DecoderLayer, RMSNorm, RotaryEmbedding
 from gearshift.models.ops import linear
 
@@ -29,6 +30,25 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.norms_folded = False  # fold_norms(): small steps take DecoderLayer.forward_fused
+
+    @torch.no_grad()
+    def fold_norms(self) -> None:
+        """Fold each layer's input / post-attention RMSNorm weight into the product that
+        follows it (qkv_proj, gate_up_proj: W * g over the input dim, rounded once to the
+        weight dtype) and set the norm weights to one. Same model; from then on forwards
+        of at most ops.FUSED_MAX_ROWS tokens run each norm inside that product and each
+        residual add inside the product before it (DecoderLayer.forward_fused). Larger
+        ones keep the norm kernels, now with unit weights."""
+        if self.norms_folded:
+            return
+        for layer in self.layers:
+            for norm, lin in ((layer.input_layernorm, layer.self_attn.qkv_proj),
+                              (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
+                w = lin.weight
+                w.copy_((w.float() * norm.weight.float()[None, :]).to(w.dtype))
+                norm.weight.fill_(1.0)
+        self.norms_folded = True
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch,
                 attn: AttentionBackend, capture: tuple[int, ...] = ()):
@@ -37,6 +57,12 @@ class LlamaForCausalLM(nn.Module):
         concatenated: [T, len(capture) * hidden] (EAGLE-3 features)."""
         h, residual = self.embed_tokens(input_ids), None
         aux: dict[int, torch.Tensor] = {}
+        if self.norms_folded and input_ids.shape[0] <= ops.FUSED_MAX_ROWS:
+            for i, layer in enumerate(self.layers):  # h: the residual stream, in place
+                layer.forward_fused(positions, h, fb, attn)
+                if i in capture:
+                    aux[i] = h.clone()
+            return (h, torch.cat([aux[i] for i in capture], dim=-1)) if capture else h
         for i, layer in enumerate(self.layers):
             h, residual = layer(positions, h, residual, fb, attn)
             if i in capture:

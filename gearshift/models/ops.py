@@ -65,6 +65,33 @@ def gated_linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
     return silu_and_mul_ref(linear_ref(x, layer.weight, layer.bias))
 
 
+# forwards of at most this many tokens run a model with folded norms (LlamaForCausalLM.
+# fold_norms) on the fused path: the RMSNorm inside the next product, the residual add in
+# the one before (the skinny GEMM's limit; larger steps are compute-bound)
+FUSED_MAX_ROWS = 64
+
+
+def rms_linear(x: torch.Tensor, layer: torch.nn.Linear, norm, gated: bool = False) -> torch.Tensor:
+    """layer(rms_norm(x)) (+ SiLU-and-mul when `gated`) where `norm`'s weight has been folded
+    into layer.weight (norm.weight: ones). On CUDA one launch where the chooser took the
+    TMA kernel with the norm inside."""
+    if x.is_cuda:
+        from gearshift.models.kernels.skinny_select import rms_linear as kernel
+
+        return kernel(x, layer.weight, layer.bias, (norm.weight, norm.eps), gated)
+    h = linear_ref(rms_norm_ref(x, norm.weight, norm.eps), layer.weight, layer.bias)
+    return silu_and_mul_ref(h) if gated else h
+
+
+def linear_accumulate(x: torch.Tensor, layer: torch.nn.Linear, out: torch.Tensor) -> torch.Tensor:
+    """out += layer(x), in place (the residual stream)."""
+    if x.is_cuda and layer.bias is None:
+        from gearshift.models.kernels.skinny_select import linear_accumulate as kernel
+
+        return kernel(x, layer.weight, out)
+    return out.add_(linear_ref(x, layer.weight, layer.bias))
+
+
 def linear(x: torch.Tensor, layer: torch.nn.Linear, out: torch.Tensor | None = None) -> torch.Tensor:
     """`layer(x)`; on CUDA with few rows, the skinny Triton GEMM where it measured faster
     than cuBLAS on this GPU (models/kernels/skinny_select.py). `out` (2-D x, no bias): the

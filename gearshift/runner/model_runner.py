@@ -49,6 +49,11 @@ class ModelRunner:
         self.model = load_model(model_cfg, model_path, dtype=config.dtype, device=config.device,
                                 max_positions=max_pos, seed=config.seed)
         log.info("loaded model in %.1fs", time.perf_counter() - t0)
+        if config.fuse_norms and self.device.type == "cuda" and dtype != torch.float32:
+            from gearshift.models.kernels.skinny_select import tma_capable
+
+            if tma_capable(self.device):
+                self.model.fold_norms()  # norms and residual adds inside small steps' GEMMs
         self.num_slots = self._kv_capacity(model_cfg, dtype)
         self.max_model_len = min(max_pos, self.num_slots)
         self.kv = KVCache.allocate(model_cfg.num_layers, self.num_slots, model_cfg.num_kv_heads,

@@ -152,3 +152,54 @@ def test_triton_backend_interpreted_matches_hf(tiny_qwen3_dir: Path, hf_oracle) 
     assert result["tokens"] == refs
     stats = result["stats"]
     assert stats["kv_slots_free"] + stats["kv_slots_cached"] == stats["kv_slots_total"]
+
+
+@torch.no_grad()
+def test_folded_norms_match_hf(tiny_model_dir: Path, make_llm, hf_oracle) -> None:
+    """fold_norms (on CUDA with TMA the runner applies it at load): the RMSNorm weights
+    folded into qkv / gate_up. Forwards of <= 64 tokens then run DecoderLayer.forward_fused
+    (norm inside the product after it, residual add inside the product before it), larger
+    ones the norm kernels with unit weights. Both paths against HF: logits of a 20-token
+    prompt (fused) and of a 100-token one (unfused), and greedy generation (fused decode
+    steps after an unfused or fused prefill)."""
+    llm = make_llm(tiny_model_dir)
+    model = llm.engine.runner.model
+    model.fold_norms()
+    assert model.norms_folded
+    assert all(bool((layer.input_layernorm.weight == 1).all()) for layer in model.layers)
+    hf = hf_oracle(tiny_model_dir)
+    for prompt in (LOGITS_PROMPT[:20], LOGITS_PROMPT):
+        logits = llm.engine.prefill_logits(prompt)
+        ref = hf(torch.tensor([prompt])).logits[0]
+        diff = (logits.float() - ref).abs().max().item()
+        assert diff <= 1e-4, f"{len(prompt)} tokens: max |logits - hf| = {diff:.3g}"
+    refs = [hf_oracle.greedy(tiny_model_dir, p) for p in BATCH_PROMPTS]
+    _assert_same_tokens(llm.generate(BATCH_PROMPTS, _greedy()), refs, BATCH_PROMPTS)
+    assert_idle_invariant(llm)
+
+
+@torch.no_grad()
+def test_folded_norms_capture_the_same_features(tiny_llama_dir: Path, make_llm) -> None:
+    """The fused path's EAGLE-3 features (the residual stream after the captured layers)
+    and final hidden states equal the unfolded model's."""
+    from gearshift.forward_batch import ForwardMode
+    from gearshift.request import Request
+    from gearshift.scheduler.plan import StepPlan
+
+    prompt = LOGITS_PROMPT[:30]
+    outs = []
+    for fold in (False, True):
+        llm = make_llm(tiny_llama_dir)
+        engine, runner = llm.engine, llm.engine.runner
+        if fold:
+            runner.model.fold_norms()
+        req = Request("probe", list(prompt), SamplingParams(max_tokens=1), 0)
+        plan = StepPlan(mode=ForwardMode.EXTEND)
+        plan.add(req, len(prompt))
+        try:
+            fb, _ = engine.builder.prepare(plan)
+            outs.append(runner.model(fb.input_ids, fb.positions, fb, runner.attn, capture=(0, 1)))
+        finally:
+            engine.scheduler._release(req)
+    for plain, fused in zip(outs[0], outs[1], strict=True):
+        torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-4)

@@ -61,3 +61,26 @@ def test_auto_measures_outside_captures(tiny_llama_dir, chooser):
         assert row["choice"] == "cublas" or row["choice"].startswith("skinny_")
         assert row["kind"] in skinny_select.KINDS
         assert row["ms"]["cublas"] > 0 and len(row["ms"]) > 1
+
+
+def test_fused_norms_match_the_unfused_model(tiny_llama_dir, chooser):
+    """On a GPU with TMA the runner folds the norm weights into qkv / gate_up at load, and
+    steps of <= 64 tokens run the norms and residual adds inside the GEMMs (`rms`,
+    `gated_rms`, `acc` products, timed by the chooser like the others). Logits of a
+    20-token prompt (the fused path) stay within bf16 rounding of the unfused model's,
+    and a graphed generation runs."""
+    c = chooser("auto")
+    kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=8, kv_cache_tokens=4096)
+    fused = LLM(str(tiny_llama_dir), **kw)
+    tma = skinny_select.tma_capable(torch.device("cuda"))
+    assert fused.engine.runner.model.norms_folded == tma
+    plain = LLM(str(tiny_llama_dir), fuse_norms=False, **kw)
+    assert not plain.engine.runner.model.norms_folded
+    prompt = list(range(5, 25))
+    a, b = fused.engine.prefill_logits(prompt).float(), plain.engine.prefill_logits(prompt).float()
+    assert (a - b).abs().max().item() <= 0.05 * b.abs().max().item()
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.9
+    outs = fused.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    assert len(outs[0].token_ids) == 8
+    if tma:
+        assert {"rms", "gated_rms", "acc"} <= {row["kind"] for row in c.report()}

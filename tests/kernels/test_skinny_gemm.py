@@ -119,9 +119,51 @@ def test_tma_candidates_only_where_the_gpu_has_tma(monkeypatch):
     assert not sel.tma_capable(cpu)
     for rows in (1, 32, 64):
         assert not any(c.tma for c in sel.candidates(rows, cpu))
+    assert sel.candidates(64, cpu, "rms") == ()  # the norm inside: TMA kernels only
     monkeypatch.setattr(sel, "tma_capable", lambda device: True)
     assert any(c.tma for c in sel.candidates(64, cpu))
+    assert sel.candidates(64, cpu, "gated_rms") and all(c.tma for c in sel.candidates(64, cpu, "rms"))
     assert sel._name(TMA).endswith("_tma") and not sel._name(SMALL).endswith("_tma")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gated", [False, True])
+def test_rms_inside_the_product(dtype, gated):
+    """rms=(unit weight, eps) with the norm weight g folded into W: the product of
+    rms_norm(x, g) with the unfolded W. TMA tilings compute rstd in the kernel; a pointer
+    tiling runs the norm kernel first."""
+    from gearshift.models.reference_ops import rms_norm_ref
+
+    g = torch.Generator().manual_seed(11 + gated)
+    m, n, k = 3, 21, 64
+    x = (4 * torch.randn(m, k, generator=g)).to(DEVICE, dtype)
+    w = (torch.randn(2 * n if gated else n, k, generator=g) / k**0.5).to(DEVICE, dtype)
+    gain = (1 + 0.2 * torch.randn(k, generator=g)).to(DEVICE, dtype)
+    b = None if gated else torch.randn(n, generator=g).to(DEVICE, dtype)
+    folded = (w.float() * gain.float()[None, :]).to(dtype)
+    ref = F.linear(rms_norm_ref(x.float(), gain.float(), 1e-6), w.float(), None if b is None else b.float())
+    if gated:
+        ref = silu_and_mul_ref(ref)
+    ones = torch.ones(k, device=DEVICE, dtype=dtype)
+    for config in (TMA, SMALL):
+        got = skinny_linear(x, folded, b, config=config, gated=gated, rms=(ones, 1e-6))
+        torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_accumulate_adds_into_out(dtype):
+    """accumulate: out += x @ W.T in place (the residual stream), both kernels."""
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(5, 72, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(40, 72, generator=g) / 72**0.5).to(DEVICE, dtype)
+    r = torch.randn(5, 40, generator=g).to(DEVICE, dtype)
+    for config in (TMA, SMALL):
+        out = r.clone()
+        assert skinny_linear(x, w, config=config, out=out, accumulate=True) is out
+        torch.testing.assert_close(out.float(), r.float() + F.linear(x.float(), w.float()),
+                                   rtol=1e-2, atol=1e-2)
+    with pytest.raises(AssertionError, match="accumulate"):
+        skinny_linear(x, w, config=SMALL, accumulate=True)
 
 
 def test_ops_gated_linear_is_the_mlp_activation():

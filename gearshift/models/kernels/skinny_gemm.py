@@ -64,6 +64,7 @@ def _skinny_gemm_kernel(
     X, W, B, Out, M, N, K, stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, GATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
 ):
     # GATED: W is [gate; up] ([2N, K]) and out = silu(x @ gate.T) * (x @ up.T): each program
     # streams the gate and the up rows of its columns.
@@ -103,35 +104,52 @@ def _skinny_gemm_kernel(
     if GATED:
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :]
+    if ACCUMULATE:  # out += x @ W.T (the residual stream): add in fp32, round once
+        acc += tl.load(out_ptrs, mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
     tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
 def _skinny_tma_kernel(
-    x_desc, w_desc, B, Out, M, N, K, stride_om,
+    x_desc, w_desc, B, Out, M, N, K, stride_om, eps,
     HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    NUM_STAGES: tl.constexpr, RMS: tl.constexpr, ACCUMULATE: tl.constexpr,
 ):
     # One row block (M <= BLOCK_M): rows past M and K past the end read as zero. GATED: W
     # is [gate; up]; the up rows of these columns start at row N.
+    # RMS: x is the residual stream and W holds the RMSNorm weight folded in, so
+    # rms_norm(x) @ W.T = rstd * (x @ W.T), rstd from each row's squares, summed from the
+    # x tiles the dot streams anyway (elementwise, reduced once after the loop).
+    # ACCUMULATE: out += x @ W.T (the residual stream).
     off_n = tl.program_id(0) * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         x = x_desc.load([0, k0])  # [BLOCK_M, BLOCK_K]
         acc = tl.dot(x, tl.trans(w_desc.load([off_n, k0])), acc)
         if GATED:
             acc_up = tl.dot(x, tl.trans(w_desc.load([N + off_n, k0])), acc_up)
+        if RMS:
+            xf = x.to(tl.float32)
+            sq += xf * xf
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
+    mask = (offs_m[:, None] < M) & n_ok[None, :]
+    if RMS:
+        rstd = 1.0 / tl.sqrt(tl.sum(sq, 1) / K + eps)
+        acc = acc * rstd[:, None]
+        acc_up = acc_up * rstd[:, None]
     if HAS_BIAS:
         acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
-    tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(Out.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & n_ok[None, :])
+    out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :]
+    if ACCUMULATE:
+        acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=mask)
 
 
 def tma_ready(*tensors: torch.Tensor) -> bool:
@@ -150,26 +168,40 @@ def skinny_linear(
     config: SkinnyConfig = SkinnyConfig(),
     out: torch.Tensor | None = None,  # [M, N]
     gated: bool = False,
+    rms: tuple[torch.Tensor, float] | None = None,  # (unit norm weight [K], eps)
+    accumulate: bool = False,
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)`: one program per (config.block_m rows, block_n columns)
     tile (the serving chooser uses one row block: M <= block_m). `gated`: the MLP's
-    silu_and_mul(F.linear(x, weight)) in the same launch (no bias)."""
+    silu_and_mul(F.linear(x, weight)) in the same launch (no bias). `rms`: x is the
+    residual stream and `weight` holds the RMSNorm weight folded in (LlamaForCausalLM.
+    fold_norms; the norm's own weight is then ones): the product of rms_norm(x) (tma
+    configs in one launch, otherwise the norm kernel first). `accumulate`: `out` += the
+    product (the residual stream, in place)."""
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     assert weight.shape[1] == k and x.stride(-1) == 1 and weight.stride(-1) == 1
     assert not (gated and bias is not None), "the gated product takes no bias"
+    assert out is not None or not accumulate, "accumulate adds into `out`"
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    if config.tma and m <= config.block_m and tma_ready(x, weight):
+    tma = config.tma and m <= config.block_m and tma_ready(x, weight)
+    if rms is not None and not tma:  # the norm in its own launch
+        from gearshift.models.kernels.norm import rms_norm
+
+        x = rms_norm(x, *rms)
+    if tma:
         _skinny_tma_kernel[(triton.cdiv(n, config.block_n),)](
             TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
             TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
             bias if bias is not None else weight, out, m, n, k, out.stride(0),
+            0.0 if rms is None else rms[1],
             HAS_BIAS=bias is not None, GATED=gated,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             NUM_STAGES=1 if _INTERPRET else config.num_stages,
+            RMS=rms is not None, ACCUMULATE=accumulate,
             num_warps=1 if _INTERPRET else config.num_warps,
         )
         return out
@@ -178,7 +210,9 @@ def skinny_linear(
         x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0, GATED=gated,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        ACCUMULATE=accumulate,
         num_warps=1 if _INTERPRET else config.num_warps,
         num_stages=1 if _INTERPRET else config.num_stages,
     )
     return out
+

@@ -34,6 +34,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from gearshift.models.kernels.activation import silu_and_mul
+from gearshift.models.kernels.norm import rms_norm
 from gearshift.models.kernels.skinny_gemm import SkinnyConfig, TensorDescriptor, skinny_linear
 from gearshift.models.reference_ops import linear_ref
 
@@ -43,7 +44,10 @@ SKINNY_MARGIN = float(os.environ.get("GEARSHIFT_SKINNY_MARGIN", "0.97"))
 _REPEATS = 10
 _ROUNDS = 2
 _DTYPES = (torch.float16, torch.bfloat16)
-KINDS = ("plain", "gated")
+# plain: F.linear; gated: + SiLU-and-mul; rms / gated_rms: of rms_norm(x), the norm weight
+# folded into W (TMA tilings only); acc: out += x @ W.T (the residual stream)
+KINDS = ("plain", "gated", "rms", "gated_rms", "acc")
+_RMS_KINDS = ("rms", "gated_rms")
 # per row block: a few tilings (session 5's H200 microbenchmark picked the first ones).
 # The wide 8-warp tiling: session 13's, the one 64-row tiling to beat cuBLAS by the margin
 # on an 8B shape (lm_head 4096 -> 128256: 255.6 us against 285.4 us); at 32 rows it is a
@@ -75,10 +79,12 @@ def tma_capable(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
-def candidates(rows: int, device: torch.device) -> tuple[SkinnyConfig, ...]:
-    """The tilings timed for a product of `rows` rows on `device`."""
+def candidates(rows: int, device: torch.device, kind: str = "plain") -> tuple[SkinnyConfig, ...]:
+    """The tilings timed for a product of `rows` rows on `device` (the norm inside the
+    product has a TMA kernel only)."""
     tma = tma_capable(device)
-    return tuple(c for c in CANDIDATES[row_block(rows)] if tma or not c.tma)
+    return tuple(c for c in CANDIDATES[row_block(rows)]
+                 if (tma or not c.tma) and (c.tma or kind not in _RMS_KINDS))
 
 
 def row_block(m: int) -> int:
@@ -110,7 +116,7 @@ class SkinnyChooser:
                 or x.dtype not in _DTYPES or x.stride(-1) != 1 or weight.stride(-1) != 1):
             return None
         if self.mode == "on":
-            return CANDIDATES[row_block(m)][0]
+            return next(iter(candidates(m, x.device, kind)), None)
         key = (row_bucket(m), weight.shape[0], weight.shape[1], x.dtype, bias is not None, kind)
         if key in self.table:
             return self.table[key]
@@ -127,7 +133,7 @@ class SkinnyChooser:
         x = torch.randn(rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
         cublas, kernel = _products(key[5], x, weight, bias)
         fns, times = {"cublas": cublas}, {}
-        for cfg in candidates(rows, weight.device):
+        for cfg in candidates(rows, weight.device, key[5]):
             try:
                 kernel(cfg)  # compile it (outside any capture)
             except OutOfResources:  # a tiling this GPU cannot hold (shared memory): skip it
@@ -143,7 +149,7 @@ class SkinnyChooser:
                 times[name] = min(times.get(name, float("inf")), self._time(fn))
         self.timings[key] = times
         self._flush = None  # 256 MB: back to the allocator, not held for the process's life
-        configs = [c for c in candidates(rows, weight.device) if _name(c) in fns]
+        configs = [c for c in candidates(rows, weight.device, key[5]) if _name(c) in fns]
         if not configs:
             return None
         best = min(configs, key=lambda c: times[_name(c)])
@@ -201,12 +207,19 @@ def _name(cfg: SkinnyConfig) -> str:
 
 def _products(kind: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """(the cuBLAS path, config -> the kernel) for one kind of product of x, as timed."""
-    gated = kind == "gated"
-    return (lambda: _cublas(x, weight, bias, gated),
-            lambda cfg: skinny_linear(x, weight, bias, config=cfg, gated=gated))
+    gated = kind in ("gated", "gated_rms")
+    if kind == "acc":
+        out = torch.zeros(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+        return (lambda: out.addmm_(x, weight.t()),
+                lambda cfg: skinny_linear(x, weight, config=cfg, out=out, accumulate=True))
+    rms = (torch.ones(x.shape[1], dtype=x.dtype, device=x.device), 1e-6) if kind in _RMS_KINDS else None
+    return (lambda: _cublas(x, weight, bias, gated, rms),
+            lambda cfg: skinny_linear(x, weight, bias, config=cfg, gated=gated, rms=rms))
 
 
-def _cublas(x, weight, bias, gated):
+def _cublas(x, weight, bias, gated, rms=None):
+    if rms is not None:
+        x = rms_norm(x, *rms)
     h = linear_ref(x, weight, bias)
     return silu_and_mul(h) if gated else h
 
@@ -233,3 +246,24 @@ def gated_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if cfg is not None:
             return skinny_linear(x, weight, config=cfg, gated=True)
     return _cublas(x, weight, None, True)
+
+
+def rms_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               norm: tuple[torch.Tensor, float], gated: bool = False) -> torch.Tensor:
+    """F.linear(rms_norm(x, *norm), weight, bias) (+ SiLU-and-mul when `gated`) for a
+    weight with the norm's weight folded in (`norm`: the unit weight left behind, eps):
+    one launch where CHOOSER picks the TMA kernel, else the norm kernel, then the product."""
+    if x.dim() == 2:
+        cfg = CHOOSER.choose(x, weight, bias, "gated_rms" if gated else "rms")
+        if cfg is not None:
+            return skinny_linear(x, weight, bias, config=cfg, gated=gated, rms=norm)
+    return _cublas(x, weight, bias, gated, norm)
+
+
+def linear_accumulate(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out += x @ weight.T in place (the residual stream): the skinny kernel's epilogue
+    where CHOOSER picks it, else cuBLAS (addmm_, beta 1)."""
+    cfg = CHOOSER.choose(x, weight, None, "acc") if x.dim() == 2 else None
+    if cfg is not None:
+        return skinny_linear(x, weight, config=cfg, out=out, accumulate=True)
+    return out.addmm_(x, weight.t())
