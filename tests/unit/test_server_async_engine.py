@@ -63,8 +63,10 @@ def test_generate_many_and_engine_thread_only():
 
 
 def test_prompt_error_reaches_caller_and_nothing_leaks():
+    fake = FakeEngine(max_model_len=32, step_delay=0.002)
+
     async def main() -> None:
-        ae = AsyncEngine(FakeEngine(max_model_len=32, step_delay=0.002))
+        ae = AsyncEngine(fake)
         ae.start()
         try:
             with pytest.raises(PromptError, match="context"):
@@ -74,10 +76,14 @@ def test_prompt_error_reaches_caller_and_nothing_leaks():
             assert ae.num_live_streams == 0 and ae.num_waiting == 0
             text, _, _ = await _collect(await ae.add_request("ok", [5], GREEDY))
             assert text == expected_text([5], GREEDY, 12)
+            # admission paused: "dup" stays live however slowly this loop runs (a loaded
+            # machine once let it finish before the second add, and no error was raised)
+            fake.paused.set()
             with pytest.raises(ValueError, match="already in use"):
                 s = await ae.add_request("dup", [5], SamplingParams(max_tokens=20))
                 await ae.add_request("dup", [5], GREEDY)
             ae.abort(s.request_id)
+            fake.paused.clear()
         finally:
             ae.shutdown()
 
