@@ -140,53 +140,21 @@ def _extend_kernel(
     seq_len = tl.load(SeqLens + b)
     q_start = tl.load(ExtendStart + b).to(tl.int64)
     row = tl.load(ReqPoolIdx + b).to(tl.int64)
-    # DECODE_ROWS: a 1-token request (a decoder riding along) takes the decoder path
+    # DECODE_ROWS: a 1-token request (a decoder riding along) is one tile of its group's
+    # heads alone (DEC_M rows, the dot's minimum) over DEC_BLOCK_N-key blocks, not BLOCK_T
+    # tokens x BLOCK_G heads with one token in it
     if DECODE_ROWS and extend_len == 1:
-        _attend_decoder(
+        _attend_tile(
             Q, K, V, Out, ReqToToken, row, kv_head, g_start, q_start, seq_len, extend_len, sm_scale_log2,
             stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot,
             stride_oh, stride_rt, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, DOT_PRECISION,
-            DEC_M, DEC_BLOCK_N)
+            0, 1, DEC_BLOCK_N, DEC_M)
     else:
         _attend_tile(
             Q, K, V, Out, ReqToToken, row, kv_head, g_start, q_start, seq_len, extend_len, sm_scale_log2,
             stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot,
             stride_oh, stride_rt, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, DOT_PRECISION,
-            m_start, BLOCK_T, BLOCK_N)
-
-
-@triton.jit
-def _attend_decoder(
-    Q, K, V, Out, ReqToToken, row, kv_head, g_start, q_start, seq_len, extend_len,
-    sm_scale_log2, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
-    stride_ot, stride_oh, stride_rt,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DEC_M: tl.constexpr, DEC_BLOCK_N: tl.constexpr,
-):
-    """A decoder riding along (extend_len 1): its one token sees every key, so the tile is
-    the group's heads alone (DEC_M rows, the dot's minimum), not BLOCK_T tokens of them."""
-    offs_g = g_start + tl.arange(0, DEC_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_q = ((offs_g < GROUP) & (offs_g < g_start + BLOCK_G))[:, None] & (offs_d < HEAD_DIM)[None, :]
-    heads = kv_head * GROUP + offs_g
-    q = tl.load(Q + q_start * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_q, other=0.0)  # [DEC_M, BLOCK_D]
-    m_i = tl.full([DEC_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([DEC_M], dtype=tl.float32)
-    acc = tl.zeros([DEC_M, BLOCK_D], dtype=tl.float32)
-    q_pos = tl.zeros([DEC_M], dtype=tl.int32) + (seq_len - 1)
-    full = seq_len // DEC_BLOCK_N * DEC_BLOCK_N
-    acc, l_i, m_i = _attend_keys(
-        acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, 0, full,
-        sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
-        HEAD_DIM, DEC_BLOCK_N, BLOCK_D, False, DOT_PRECISION)
-    acc, l_i, m_i = _attend_keys(
-        acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, full, seq_len,
-        sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
-        HEAD_DIM, DEC_BLOCK_N, BLOCK_D, True, DOT_PRECISION)
-    out = acc / l_i[:, None]  # key 0 is visible to every row: l_i > 0
-    tl.store(Out + q_start * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=mask_q)
+            m_start, BLOCK_T, BLOCK_N, BLOCK_G)
 
 
 @triton.jit
@@ -196,14 +164,17 @@ def _attend_tile(
     stride_ot, stride_oh, stride_rt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, m_start, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWS_G: tl.constexpr,
 ):
-    """BLOCK_T tokens of one request from m_start x BLOCK_G heads of one KV group."""
+    """BLOCK_T tokens of one request from m_start x the BLOCK_G heads of one KV group from
+    g_start, ROWS_G (>= BLOCK_G) tile rows a token: BLOCK_G, or the dot's 16 for a lone
+    decoder token."""
     prefix = seq_len - extend_len
-    offs_r = tl.arange(0, BLOCK_T * BLOCK_G)
-    offs_t = m_start + offs_r // BLOCK_G  # [BLOCK_M] token of each row, within the request
-    offs_g = g_start + offs_r % BLOCK_G  # [BLOCK_M] head of each row, within the group
+    offs_r = tl.arange(0, BLOCK_T * ROWS_G)
+    offs_t = m_start + offs_r // ROWS_G  # [BLOCK_M] token of each row, within the request
+    offs_g = g_start + offs_r % ROWS_G  # [BLOCK_M] head of each row, within the group
     offs_d = tl.arange(0, BLOCK_D)
-    mask_r = (offs_t < extend_len) & (offs_g < GROUP)
+    mask_r = (offs_t < extend_len) & (offs_g < GROUP) & (offs_g < g_start + BLOCK_G)
     mask_d = offs_d < HEAD_DIM
     tokens = q_start + offs_t  # [BLOCK_M] rows of q / out
     heads = kv_head * GROUP + offs_g  # [BLOCK_M]
@@ -211,9 +182,9 @@ def _attend_tile(
                 mask=mask_r[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
     q_pos = prefix + offs_t  # [BLOCK_M] absolute positions
 
-    m_i = tl.full([BLOCK_T * BLOCK_G], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_T * BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_T * BLOCK_G, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_T * ROWS_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_T * ROWS_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_T * ROWS_G, BLOCK_D], dtype=tl.float32)
     # keys every row sees, in whole blocks; then the rest up to the tile's last query
     seen_by_all = (prefix + m_start) // BLOCK_N * BLOCK_N
     kv_end = tl.minimum(seq_len, prefix + m_start + BLOCK_T)
