@@ -67,7 +67,8 @@ def gated_linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
 
 # forwards of at most this many tokens run a model with folded norms (LlamaForCausalLM.
 # fold_norms) on the fused path: the RMSNorm inside the next product, the residual add in
-# the one before (the skinny GEMM's limit; larger steps are compute-bound)
+# the one before. Also the skinny GEMM's row limit (skinny_select.MAX_ROWS), since those
+# products are what the fused path needs; larger steps are compute-bound.
 FUSED_MAX_ROWS = 64
 
 

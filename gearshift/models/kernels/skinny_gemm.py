@@ -13,8 +13,9 @@ up rows of its columns into two accumulators and writes silu(gate) * up, so the
 activation needs no launch (and no [M, 2I] round trip) of its own. Session 14, the 8B's
 gate_up on the H200, chooser-timed: at 64 rows 63.0 us (n64 tiles) against 66.3 for cuBLAS +
 the SiLU kernel; at 1-32 rows cuBLAS + SiLU stays ahead (64.3 against 66.1 at 1 row).
-Fusing the RMSNorm before the product too was measured and dropped: any elementwise work
-on x inside the K loop made the kernel 2-3x slower (scripts/bench_fused_gemm.py).
+The RMSNorm before the product is fused only in the TMA kernel (`rms`, below): in the
+pointer kernel any elementwise work on x inside the K loop made it 2-3x slower
+(scripts/bench_fused_gemm.py, session 14).
 
 `tma` configs (Hopper and later) run the same tile loop with x and W read through host
 tensor descriptors: each stage is one bulk copy into shared memory, so stages cost no
@@ -23,11 +24,13 @@ scripts/bench_tma_gemm.py) measured it ahead of cuBLAS and the pointer kernel at
 qkv 15.7 us (cuBLAS 18.3), o_proj 11.7 (12.1), down 32.1 (34.6). Deeper pointer pipelines
 (6 stages) led at one row for o_proj (10.4 against 10.6) and down (29.1 against 31.0).
 An x the descriptor cannot address (a base or row stride not 16-byte aligned) runs the
-pointer kernel with the same tiles.
+pointer kernel with the same tiles. `rms` (session 15): x is the residual stream and W
+holds the norm weight (LlamaForCausalLM.fold_norms); each row's rstd comes from the x
+tiles in shared memory and scales the accumulators. `accumulate`: out += the product.
 
-Data flow: models/ops.linear / ops.gated_linear -> skinny_select (start-up timing: this
-kernel or cuBLAS (+ the SiLU kernel), per (rows bucket, N, K, dtype, gated)) ->
-skinny_linear. Accumulates in fp32 (tensor-core dot of a zero-padded [BLOCK_M, BLOCK_K]
+Data flow: models/ops.linear / gated_linear / rms_linear / linear_accumulate ->
+skinny_select (start-up timing: this kernel or its cuBLAS form, per (rows bucket, N, K,
+dtype, bias, kind)) -> skinny_linear. Accumulates in fp32 (tensor-core dot of a zero-padded [BLOCK_M, BLOCK_K]
 x tile with the [BLOCK_N, BLOCK_K] weight tile), rounds once to the output dtype. No
 host sync: CUDA-graph safe once compiled.
 """
@@ -45,6 +48,8 @@ try:  # Triton >= 3.4: host-side TMA descriptors
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older Triton: tma configs run the pointer kernel
     TensorDescriptor = None
+
+from gearshift.models.kernels.norm import rms_norm
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -189,8 +194,6 @@ def skinny_linear(
         return out
     tma = config.tma and m <= config.block_m and tma_ready(x, weight)
     if rms is not None and not tma:  # the norm in its own launch
-        from gearshift.models.kernels.norm import rms_norm
-
         x = rms_norm(x, *rms)
     if tma:
         _skinny_tma_kernel[(triton.cdiv(n, config.block_n),)](
@@ -215,4 +218,3 @@ def skinny_linear(
         num_stages=1 if _INTERPRET else config.num_stages,
     )
     return out
-

@@ -16,13 +16,14 @@ GEARSHIFT_SKINNY_GEMM: `auto` (default: measure), `off` (always cuBLAS), `on` (a
 kernel's first candidate, for tests). GEARSHIFT_SKINNY_MARGIN (default 0.97): the margin,
 for experiments (session 13 tried 1.0 and 1.03 at batch 1: no gain over run-to-run spread).
 
-Kinds of product (session 14): `plain` (F.linear) and `gated` (the MLP's
-silu_and_mul(F.linear(x)), one launch in the kernel). A gated product is timed against
-cuBLAS + the SiLU kernel, so the fusion is taken where the launch it saves outweighs the
-kernel's loss to cuBLAS, not otherwise.
+Kinds of product: `plain` (F.linear), `gated` (the MLP's silu_and_mul(F.linear(x)),
+session 14), `rms` / `gated_rms` (of rms_norm(x), the norm weight folded into W; TMA
+tilings only) and `acc` (out += x @ W.T, the residual stream; session 15). Each kind is
+timed against its cuBLAS form (+ the SiLU kernel, the norm kernel first, `addmm_`), so a
+fusion is taken where the launch it saves outweighs the kernel's loss to cuBLAS.
 
-Data flow: models/ops.linear / gated_linear -> choose(x, weight, bias, kind) ->
-SkinnyConfig | None (cuBLAS, then the SiLU kernel for `gated`).
+Data flow: models/ops.linear / gated_linear / rms_linear / linear_accumulate ->
+choose(x, weight, bias, kind) -> SkinnyConfig | None (the cuBLAS form).
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from triton.runtime.errors import OutOfResources
 from gearshift.models.kernels.activation import silu_and_mul
 from gearshift.models.kernels.norm import rms_norm
 from gearshift.models.kernels.skinny_gemm import SkinnyConfig, TensorDescriptor, skinny_linear
+from gearshift.models.ops import FUSED_MAX_ROWS
 from gearshift.models.reference_ops import linear_ref
 
-MAX_ROWS = 64
+MAX_ROWS = FUSED_MAX_ROWS  # the fused decoder path runs where these products can
 # the kernel must take <= SKINNY_MARGIN x cuBLAS's time (GEARSHIFT_SKINNY_MARGIN: experiments)
 SKINNY_MARGIN = float(os.environ.get("GEARSHIFT_SKINNY_MARGIN", "0.97"))
 _REPEATS = 10
