@@ -44,6 +44,9 @@ import torch
 import triton
 import triton.language as tl
 
+from gearshift.models.kernels import pdl
+from gearshift.models.kernels.pdl import pdl_enter
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
 _MERGE = os.environ.get("GEARSHIFT_DECODE_MERGE", "separate").lower()
@@ -92,7 +95,9 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -169,7 +174,9 @@ def _decode_merge_kernel(
     stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     head = tl.program_id(1)
 
@@ -290,6 +297,7 @@ def decode_attention(
         bs, num_kv_heads, num_kv_splits, num_sms(q.device))
     # per-request scalars are read at unit stride: materialise expanded views
     req_pool_indices, seq_lens = req_pool_indices.contiguous(), seq_lens.contiguous()
+    use_pdl, launch = pdl.enabled(q.device), pdl.launch_kwargs(q.device)
     _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](
         q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, workspace,
         counters if fused else seq_lens, out,  # Count is unused (any tensor) when separate
@@ -305,7 +313,7 @@ def decode_attention(
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n,
         BLOCK_S=block_s, FUSED_MERGE=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
-        num_warps=num_warps, num_stages=num_stages,
+        PDL=use_pdl, num_warps=num_warps, num_stages=num_stages, **launch,
     )
     if fused or num_kv_splits == 1:  # one split: stage 1 wrote `out` itself
         return out
@@ -315,6 +323,6 @@ def decode_attention(
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits,
         BLOCK_S=block_s, BLOCK_D=block_d, BLOCK_N=block_n,
-        num_warps=4 if block_d >= 128 else 2, num_stages=1,
+        PDL=use_pdl, num_warps=4 if block_d >= 128 else 2, num_stages=1, **launch,
     )
     return out

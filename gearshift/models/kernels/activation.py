@@ -18,6 +18,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from gearshift.models.kernels import pdl
+from gearshift.models.kernels.pdl import pdl_enter
 from gearshift.models.reference_ops import silu_and_mul_ref  # noqa: F401 (re-exported)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -29,8 +31,9 @@ _BLOCK = 1024
 @triton.jit
 def _silu_and_mul_kernel(
     X, Out, inter, stride_xt, stride_ot,
-    BLOCK: tl.constexpr, ACCURATE_EXP: tl.constexpr,
+    BLOCK: tl.constexpr, ACCURATE_EXP: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     mask = cols < inter
@@ -72,6 +75,7 @@ def silu_and_mul(
     _silu_and_mul_kernel[(num_tokens, triton.cdiv(inter, block))](
         x2, out2, inter, x2.stride(0), out2.stride(0),
         BLOCK=block, ACCURATE_EXP=gate_up.is_cuda and not _INTERPRET,
+        PDL=pdl.enabled(x2.device), **pdl.launch_kwargs(x2.device),
         num_warps=1 if _INTERPRET else 4,
         enable_fp_fusion=True,  # ATen's silu is one nvcc kernel (fmad on): `1 + exp` may fuse
     )

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gearshift.models.kernels import pdl
+from gearshift.models.kernels.pdl import pdl_enter
 from gearshift.models.reference_ops import fused_add_rms_norm_ref, rms_norm_ref  # noqa: F401 (re-exported)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -40,7 +42,9 @@ def _rms_norm_kernel(
     stride_ra, stride_rb,
     stride_oa, stride_ob,
     HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     cols = tl.arange(0, BLOCK_N)  # [BLOCK_N]
     col_mask = cols < num_cols
@@ -107,6 +111,7 @@ def _launch(x3: torch.Tensor, r3: torch.Tensor | None, weight: torch.Tensor,
         *r_strides,
         out3.stride(0), out3.stride(1),
         HAS_RESIDUAL=r3 is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+        PDL=pdl.enabled(x3.device), **pdl.launch_kwargs(x3.device),
         num_warps=num_warps, enable_fp_fusion=False,  # no FMA contraction: match torch eager
     )
 

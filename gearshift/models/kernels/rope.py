@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gearshift.models.kernels import pdl
+from gearshift.models.kernels.pdl import pdl_enter
 from gearshift.models.reference_ops import apply_rope_ref  # noqa: F401 (re-exported)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -70,10 +72,12 @@ def _rope_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
     stride_kd_row, stride_kd_h, stride_vd_row, stride_vd_h,
     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STORE_KV: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """q heads rotate in place. k heads rotate into KDst row `token` (KDst is K: in place)
     or, with STORE_KV, row out_cache_loc[token] of this layer's K cache, and v is copied
     into the same row of VDst (V, VDst and OutCacheLoc are unused without STORE_KV)."""
+    pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     head_block = tl.program_id(1)
     pos = tl.load(Positions + token).to(tl.int64)
@@ -126,6 +130,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.
         cos.stride(0), sin.stride(0),
         k_dst.stride(0), k_dst.stride(1), v_dst.stride(0), v_dst.stride(1),
         HALF=head_dim // 2, BLOCK_H=block_h, BLOCK_D=block_d, STORE_KV=store_kv,
+        PDL=pdl.enabled(q.device), **pdl.launch_kwargs(q.device),
         num_warps=1 if _INTERPRET else 4,
         enable_fp_fusion=False,  # no FMA contraction: bit-exact with torch eager in fp32
     )

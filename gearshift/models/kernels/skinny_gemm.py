@@ -49,7 +49,9 @@ try:  # Triton >= 3.4: host-side TMA descriptors
 except ImportError:  # pragma: no cover - older Triton: tma configs run the pointer kernel
     TensorDescriptor = None
 
+from gearshift.models.kernels import pdl
 from gearshift.models.kernels.norm import rms_norm
+from gearshift.models.kernels.pdl import gdc_launch_dependents, gdc_wait, prefetch_rows_l2
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -65,11 +67,27 @@ class SkinnyConfig:
 
 
 @triton.jit
+def _enter(W, offs_n, N, stride_wn, GATED: tl.constexpr, PDL: tl.constexpr,
+           PREFETCH: tl.constexpr, LINE: tl.constexpr):
+    """Under PDL (kernels/pdl.py): let the next kernel launch, ask L2 for the first
+    PREFETCH columns of this program's weight rows (the gate and the up rows when GATED)
+    while the kernel before may still run, then wait for it."""
+    if PDL:
+        gdc_launch_dependents()
+        if PREFETCH > 0:
+            rows = tl.minimum(offs_n, N - 1)
+            prefetch_rows_l2(W, rows, stride_wn, PREFETCH, LINE)
+            if GATED:
+                prefetch_rows_l2(W, rows + N, stride_wn, PREFETCH, LINE)
+        gdc_wait()
+
+
+@triton.jit
 def _skinny_gemm_kernel(
     X, W, B, Out, M, N, K, stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, GATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ACCUMULATE: tl.constexpr,
+    ACCUMULATE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
 ):
     # GATED: W is [gate; up] ([2N, K]) and out = silu(x @ gate.T) * (x @ up.T): each program
     # streams the gate and the up rows of its columns.
@@ -78,6 +96,7 @@ def _skinny_gemm_kernel(
     num_m = tl.cdiv(M, BLOCK_M)
     offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = (pid // num_m) * BLOCK_N + tl.arange(0, BLOCK_N)
+    _enter(W, offs_n, N, stride_wn, GATED, PDL, PREFETCH, LINE)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     n_ok = offs_n < N
@@ -120,6 +139,7 @@ def _skinny_tma_kernel(
     HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, RMS: tl.constexpr, ACCUMULATE: tl.constexpr,
+    W, stride_wn, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
 ):
     # One row block (M <= BLOCK_M): rows past M and K past the end read as zero. GATED: W
     # is [gate; up]; the up rows of these columns start at row N.
@@ -128,6 +148,7 @@ def _skinny_tma_kernel(
     # x tiles the dot streams anyway (elementwise, reduced once after the loop).
     # ACCUMULATE: out += x @ W.T (the residual stream).
     off_n = tl.program_id(0) * BLOCK_N
+    _enter(W, off_n + tl.arange(0, BLOCK_N), N, stride_wn, GATED, PDL, PREFETCH, LINE)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
@@ -195,6 +216,12 @@ def skinny_linear(
     tma = config.tma and m <= config.block_m and tma_ready(x, weight)
     if rms is not None and not tma:  # the norm in its own launch
         x = rms_norm(x, *rms)
+    use_pdl, line = pdl.enabled(x.device), 128 // weight.element_size()
+    # weight columns prefetched under PDL: what the pipeline's first stages load (a power
+    # of two, at least a line, at most K)
+    prefetch = _pow2_floor(min(k, config.num_stages * config.block_k)) if use_pdl else 0
+    prefetch = prefetch if prefetch >= line else 0
+    launch = pdl.launch_kwargs(x.device)
     if tma:
         _skinny_tma_kernel[(triton.cdiv(n, config.block_n),)](
             TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
@@ -205,7 +232,8 @@ def skinny_linear(
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             NUM_STAGES=1 if _INTERPRET else config.num_stages,
             RMS=rms is not None, ACCUMULATE=accumulate,
-            num_warps=1 if _INTERPRET else config.num_warps,
+            W=weight, stride_wn=weight.stride(0), PDL=use_pdl, PREFETCH=prefetch, LINE=line,
+            num_warps=1 if _INTERPRET else config.num_warps, **launch,
         )
         return out
     _skinny_gemm_kernel[(triton.cdiv(n, config.block_n) * triton.cdiv(m, config.block_m),)](
@@ -213,8 +241,12 @@ def skinny_linear(
         x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0, GATED=gated,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        ACCUMULATE=accumulate,
+        ACCUMULATE=accumulate, PDL=use_pdl, PREFETCH=prefetch, LINE=line,
         num_warps=1 if _INTERPRET else config.num_warps,
-        num_stages=1 if _INTERPRET else config.num_stages,
+        num_stages=1 if _INTERPRET else config.num_stages, **launch,
     )
     return out
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (n.bit_length() - 1) if n > 0 else 0

@@ -1,0 +1,99 @@
+"""Programmatic dependent launch (PDL, compute capability >= 9) for the step's Triton kernels.
+
+Without it each kernel of a CUDA graph starts only after the one before has completed and
+flushed its writes, so every launch pays its ramp (thread blocks launched, first loads in
+flight) after the previous kernel's tail, in which most SMs already sit idle. A kernel
+launched with PDL (`launch_kwargs`: Triton's launch_pdl, the driver's programmatic stream
+serialization) may start as soon as every program of the kernel before it has executed
+griddepcontrol.launch_dependents; its programs then block in griddepcontrol.wait until
+that kernel has completed and its memory is visible. Work that reads nothing another
+kernel writes goes before the wait: the skinny GEMM prefetches the head of its weight rows
+into L2 (weights are never written during a step), so the weight stream starts under the
+previous kernel's tail.
+
+    kernel i:    [trigger][.......... work ..........][tail]
+    kernel i+1:           (launched)[prefetch W][wait.....][work ...]
+
+Rules for a kernel launched with PDL (`pdl_enter` keeps the first two at its top):
+- every program triggers (else the next kernel launches only at this one's end: correct,
+  just no overlap) and waits before its first global read of data another kernel writes
+  and before its first global write (the kernel before may still be reading that memory);
+- a kernel launched with PDL must contain the wait. Kernels without PDL (cuBLAS, torch)
+  need nothing: they wait for completion as always, and a PDL kernel after them waits in
+  its own wait. A wait covers every earlier kernel, since each of them waited for its
+  predecessor before it could complete.
+
+GEARSHIFT_PDL: `auto` (default: on for CUDA devices of compute capability >= 9 with a Triton
+that has the grid-dependency ops), `on`, `off`. Read at import, like the other kernel knobs.
+
+Data flow: skinny_gemm / norm / activation / rope (models/kernels) and attention/kernels/
+decode launch with `launch_kwargs(device)` and pass `PDL=enabled(device)` to their jit
+functions, which call `pdl_enter` / `prefetch_rows_l2` below.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_MODE = os.environ.get("GEARSHIFT_PDL", "auto").lower()
+if _MODE not in ("auto", "on", "off"):
+    raise ValueError(f"GEARSHIFT_PDL must be auto, on or off, not {_MODE!r}")
+
+try:  # Triton >= 3.3
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    _HAVE_GDC = True
+except ImportError:  # pragma: no cover - older Triton: PDL stays off
+    _HAVE_GDC = False
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+
+@functools.cache
+def _device_enabled(device: torch.device) -> bool:
+    if _MODE == "off" or _INTERPRET or not _HAVE_GDC or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def enabled(device: torch.device | str) -> bool:
+    """Do kernels on `device` launch with PDL (GEARSHIFT_PDL, the GPU, the Triton)?"""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _device_enabled(device)
+
+
+def launch_kwargs(device: torch.device | str) -> dict:
+    """Extra launch options of a kernel that follows the rules above."""
+    return {"launch_pdl": True} if enabled(device) else {}
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """Let the next kernel launch, then wait for the previous one (no-op without PDL)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+
+
+@triton.jit
+def prefetch_rows_l2(base, rows, stride_row, NUM_COLS: tl.constexpr, LINE: tl.constexpr):
+    """Ask L2 for columns 0..NUM_COLS-1 of `rows` ([R] row indices) of the row-major matrix
+    at `base` (`stride_row` elements a row; LINE: elements per 128-byte line): one
+    prefetch.global.L2 per line, nothing waits for it."""
+    lines = tl.arange(0, NUM_COLS // LINE) * LINE
+    ptrs = base + rows.to(tl.int64)[:, None] * stride_row + lines[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [ptrs.to(tl.int64)],
+                              dtype=tl.int32, is_pure=False, pack=1)
