@@ -69,17 +69,17 @@ class SkinnyConfig:
 @triton.jit
 def _enter(W, offs_n, N, stride_wn, GATED: tl.constexpr, PDL: tl.constexpr,
            PREFETCH: tl.constexpr, LINE: tl.constexpr):
-    """Under PDL (kernels/pdl.py): let the next kernel launch, ask L2 for the first
-    PREFETCH columns of this program's weight rows (the gate and the up rows when GATED)
-    while the kernel before may still run, then wait for it."""
+    """Under PDL (kernels/pdl.py): ask L2 for the first PREFETCH columns of this program's
+    weight rows (the gate and the up rows when GATED) while the kernel before may still
+    run, wait for it, then let the next kernel launch."""
     if PDL:
-        gdc_launch_dependents()
         if PREFETCH > 0:
             rows = tl.minimum(offs_n, N - 1)
             prefetch_rows_l2(W, rows, stride_wn, PREFETCH, LINE)
             if GATED:
                 prefetch_rows_l2(W, rows + N, stride_wn, PREFETCH, LINE)
         gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -217,9 +217,9 @@ def skinny_linear(
     if rms is not None and not tma:  # the norm in its own launch
         x = rms_norm(x, *rms)
     use_pdl, line = pdl.enabled(x.device), 128 // weight.element_size()
-    # weight columns prefetched under PDL: what the pipeline's first stages load (a power
+    # weight columns prefetched under PDL: what the pipeline's first stage(s) load (a power
     # of two, at least a line, at most K)
-    prefetch = _pow2_floor(min(k, config.num_stages * config.block_k)) if use_pdl else 0
+    prefetch = _pow2_floor(min(k, pdl.PREFETCH_STAGES * config.block_k)) if use_pdl else 0
     prefetch = prefetch if prefetch >= line else 0
     launch = pdl.launch_kwargs(x.device)
     if tma:
