@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from gearshift.models.kernels import pdl
-from gearshift.models.kernels.pdl import pdl_enter
+from gearshift.models.kernels.pdl import pdl_enter, pdl_trigger, pdl_wait
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
@@ -97,7 +97,7 @@ def _decode_split_kernel(
     BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_enter(PDL)
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -140,6 +140,7 @@ def _decode_split_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    pdl_trigger(PDL)
 
     l_i = tl.where(nonempty, l_i, 1.0)  # >= 1 when non-empty; keeps an empty split finite
     if NUM_SPLITS == 1:  # the one split is the answer (zeros for seq_len 0): no merge

@@ -11,8 +11,8 @@ kernel writes goes before the wait: the skinny GEMM prefetches the head of its w
 into L2 (weights are never written during a step), so the weight stream starts under the
 previous kernel's tail.
 
-    kernel i:    [wait][trigger][.......... work ..........][tail]
-    kernel i+1:                 (launched)[prefetch W][wait.....][trigger][work ...]
+    kernel i:    [wait][.......... work ..........][trigger][tail]
+    kernel i+1:                                  (launched)[prefetch W][wait][work ...]
 
 Rules for a kernel launched with PDL (`pdl_enter` keeps them at its top):
 - every program waits before its first global read of data another kernel writes and
@@ -44,7 +44,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _MODE = os.environ.get("GEARSHIFT_PDL", "auto").lower()
 # weight columns a skinny GEMM prefetches before its wait, in pipeline stages (BLOCK_K
 # columns each); experiments only
-PREFETCH_STAGES = int(os.environ.get("GEARSHIFT_PDL_PREFETCH_STAGES", "1"))
+PREFETCH_STAGES = int(os.environ.get("GEARSHIFT_PDL_PREFETCH_STAGES", "2"))
 if _MODE not in ("auto", "on", "off"):
     raise ValueError(f"GEARSHIFT_PDL must be auto, on or off, not {_MODE!r}")
 
@@ -91,6 +91,23 @@ def pdl_enter(PDL: tl.constexpr):
     batch-1 decode 4.60 ms against 4.34 without PDL)."""
     if PDL:
         gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Wait for the previous kernel (no-op without PDL); the kernel triggers later."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def pdl_trigger(PDL: tl.constexpr):
+    """Let the next kernel launch (no-op without PDL). The long kernels (GEMMs, decode
+    attention) trigger after their main loop: launched earlier, the next kernel's programs
+    are placed on the SMs with room while this one still fills most of them, and start
+    unevenly spread once it ends."""
+    if PDL:
         gdc_launch_dependents()
 
 

@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover - older Triton: tma configs run the poin
 
 from gearshift.models.kernels import pdl
 from gearshift.models.kernels.norm import rms_norm
-from gearshift.models.kernels.pdl import gdc_launch_dependents, gdc_wait, prefetch_rows_l2
+from gearshift.models.kernels.pdl import gdc_wait, pdl_trigger, prefetch_rows_l2
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -71,7 +71,7 @@ def _enter(W, offs_n, N, stride_wn, GATED: tl.constexpr, PDL: tl.constexpr,
            PREFETCH: tl.constexpr, LINE: tl.constexpr):
     """Under PDL (kernels/pdl.py): ask L2 for the first PREFETCH columns of this program's
     weight rows (the gate and the up rows when GATED) while the kernel before may still
-    run, wait for it, then let the next kernel launch."""
+    run, then wait for it (the next kernel is let in after the K loop: pdl_trigger)."""
     if PDL:
         if PREFETCH > 0:
             rows = tl.minimum(offs_n, N - 1)
@@ -79,7 +79,6 @@ def _enter(W, offs_n, N, stride_wn, GATED: tl.constexpr, PDL: tl.constexpr,
             if GATED:
                 prefetch_rows_l2(W, rows + N, stride_wn, PREFETCH, LINE)
         gdc_wait()
-        gdc_launch_dependents()
 
 
 @triton.jit
@@ -123,6 +122,7 @@ def _skinny_gemm_kernel(
             up_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    pdl_trigger(PDL)
     if HAS_BIAS:
         acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
@@ -160,6 +160,7 @@ def _skinny_tma_kernel(
         if RMS:
             xf = x.to(tl.float32)
             sq += xf * xf
+    pdl_trigger(PDL)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
