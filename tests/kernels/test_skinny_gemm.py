@@ -85,9 +85,10 @@ TMA = SkinnyConfig(block_m=16, block_n=16, block_k=32, tma=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("m", [1, 3, 16, 37])
 def test_tma_tiling_matches_linear(dtype, m):
-    """x and W through tensor descriptors: rows past M and K past the end read as zero."""
+    """x and W through tensor descriptors: rows past M and K past the end read as zero;
+    more rows than BLOCK_M run several row blocks (37: three, the last one ragged)."""
     _check(m, 48, 96, dtype, bias=False, config=TMA)
     _check(m, 37, 72, dtype, bias=True, config=TMA)  # ragged K and N, bias
 

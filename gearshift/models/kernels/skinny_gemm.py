@@ -141,19 +141,22 @@ def _skinny_tma_kernel(
     NUM_STAGES: tl.constexpr, RMS: tl.constexpr, ACCUMULATE: tl.constexpr,
     W, stride_wn, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
 ):
-    # One row block (M <= BLOCK_M): rows past M and K past the end read as zero. GATED: W
+    # Row blocks vary fastest (programs sharing a weight tile run together); rows past M
+    # and K past the end read as zero. GATED: W
     # is [gate; up]; the up rows of these columns start at row N.
     # RMS: x is the residual stream and W holds the RMSNorm weight folded in, so
     # rms_norm(x) @ W.T = rstd * (x @ W.T), rstd from each row's squares, summed from the
     # x tiles the dot streams anyway (elementwise, reduced once after the loop).
     # ACCUMULATE: out += x @ W.T (the residual stream).
-    off_n = tl.program_id(0) * BLOCK_N
+    num_m = tl.cdiv(M, BLOCK_M)
+    off_m = (tl.program_id(0) % num_m) * BLOCK_M
+    off_n = (tl.program_id(0) // num_m) * BLOCK_N
     _enter(W, off_n + tl.arange(0, BLOCK_N), N, stride_wn, GATED, PDL, PREFETCH, LINE)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        x = x_desc.load([0, k0])  # [BLOCK_M, BLOCK_K]
+        x = x_desc.load([off_m, k0])  # [BLOCK_M, BLOCK_K]
         acc = tl.dot(x, tl.trans(w_desc.load([off_n, k0])), acc)
         if GATED:
             acc_up = tl.dot(x, tl.trans(w_desc.load([N + off_n, k0])), acc_up)
@@ -161,7 +164,7 @@ def _skinny_tma_kernel(
             xf = x.to(tl.float32)
             sq += xf * xf
     pdl_trigger(PDL)
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     mask = (offs_m[:, None] < M) & n_ok[None, :]
@@ -214,7 +217,7 @@ def skinny_linear(
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    tma = config.tma and m <= config.block_m and tma_ready(x, weight)
+    tma = config.tma and tma_ready(x, weight)
     if rms is not None and not tma:  # the norm in its own launch
         x = rms_norm(x, *rms)
     use_pdl, line = pdl.enabled(x.device), 128 // weight.element_size()
@@ -224,7 +227,7 @@ def skinny_linear(
     prefetch = prefetch if prefetch >= line else 0
     launch = pdl.launch_kwargs(x.device)
     if tma:
-        _skinny_tma_kernel[(triton.cdiv(n, config.block_n),)](
+        _skinny_tma_kernel[(triton.cdiv(n, config.block_n) * triton.cdiv(m, config.block_m),)](
             TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
             TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
             bias if bias is not None else weight, out, m, n, k, out.stride(0),
