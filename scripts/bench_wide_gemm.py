@@ -2,10 +2,15 @@
 through the engine's TMA tile kernel (models/kernels/skinny_gemm.py, SkinnyConfig.tma,
 several row blocks since session 16) at compute-bound tilings.
 
-Why: session 15's profile of 512-token mixed steps (Llama-3.1-8B shapes) had cuBLAS at
-716-754 TFLOP/s on qkv, gate_up and down but 427 on o_proj (4096 x 4096): its 192 x 128
-tiles make 88 thread blocks on 132 SMs. 128 x 128 tiles make 128. The gated form (SiLU
-in the epilogue) would also save the SiLU kernel (11.4 us a layer at 512 rows).
+Why: session 15 read its profile of 512-token mixed steps (Llama-3.1-8B shapes) as cuBLAS
+at 427 TFLOP/s on o_proj (4096 x 4096, 192 x 128 tiles: 88 thread blocks on 132 SMs),
+where 128 x 128 tiles would make 128. The gated form (SiLU in the epilogue) would also
+save the SiLU kernel (11.4 us a layer at 512 rows).
+
+Session 16 (H200, call E): no tiling beat cuBLAS at 256 or 512 rows. o_proj at 512 rows:
+cuBLAS 27.2 us (633 TFLOP/s), the best TMA tiling 27.4; gate_up + SiLU 173.2 against
+186.7; down 79.7 against 83.6; qkv 38.1 against 48.4. The 427 reading was qkv's kernel
+(scripts/probe_cublas_kernels.py): o_proj runs cuBLAS's 128 x 128 tiles.
 
 Timed as the chooser times (CUDA graph, L2 evicted by a read before each call), each
 variant checked against an fp32 product. Writes JSON; prints every variant with TFLOP/s.
@@ -50,10 +55,13 @@ def main() -> None:
             if gated:
                 ref = F.silu(ref[:, : n // 2]) * ref[:, n // 2:]
             flops = 2.0 * m * n * k
-            variants = {"cublas" + ("+silu" if gated else ""):
-                        (lambda: silu_and_mul(F.linear(x, w))) if gated else (lambda: F.linear(x, w))}
+            def cublas(x=x, w=w, gated=gated):
+                return silu_and_mul(F.linear(x, w)) if gated else F.linear(x, w)
+
+            variants = {"cublas" + ("+silu" if gated else ""): cublas}
             for cfg in CONFIGS:
-                variants[sel._name(cfg)] = lambda cfg=cfg: skinny_linear(x, w, config=cfg, gated=gated)
+                variants[sel._name(cfg)] = (lambda cfg=cfg, x=x, w=w, gated=gated:
+                                            skinny_linear(x, w, config=cfg, gated=gated))
             for vname, fn in variants.items():
                 try:
                     err = (fn().float() - ref).abs().max().item()

@@ -23,6 +23,17 @@ Rules for a kernel launched with PDL (`pdl_enter` keeps them at its top):
   its own wait. A wait covers every earlier kernel, since each of them waited for its
   predecessor before it could complete.
 
+Measured on the H200 (session 16, docs/benchmarks/2026-11-30-h200-session16.md; batch-1
+decode at 1k context, the offline run of 256 prompts at budget 512), against PDL off in
+the same lease:
+- every kernel triggering at its top: batch 1 4.60 ms against 4.34 (chains of kernels
+  launched at once and prefetched together), offline +0.3%;
+- waiting first, triggering at the top: batch 1 4.43-4.56 against 4.39 (the next
+  kernel's programs were placed while this one filled the SMs), offline +0.5%;
+- this code (GEMMs and decode attention trigger after their main loop, 2 stages
+  prefetched): batch 1 4.26 and 4.38 against 4.46 and 4.38, offline 7,286 against 7,242
+  tok/s (809 decode steps 4.84 s against 4.91).
+
 GEARSHIFT_PDL: `auto` (default: on for CUDA devices of compute capability >= 9 with a Triton
 that has the grid-dependency ops), `on`, `off`. Read at import, like the other kernel knobs.
 
