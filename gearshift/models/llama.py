@@ -37,7 +37,7 @@ class LlamaForCausalLM(nn.Module):
         """Fold each layer's input / post-attention RMSNorm weight into the product that
         follows it (qkv_proj, gate_up_proj: W * g over the input dim, rounded once to the
         weight dtype) and set the norm weights to one. Same model; from then on forwards
-        of at most ops.FUSED_NORM_MAX_ROWS tokens run each norm inside that product and each
+        of at most ops.FUSED_MAX_ROWS tokens run each norm inside that product and each
         residual add inside the product before it (DecoderLayer.forward_fused). Larger
         ones keep the norm kernels, now with unit weights."""
         if self.norms_folded:
@@ -57,7 +57,7 @@ class LlamaForCausalLM(nn.Module):
         concatenated: [T, len(capture) * hidden] (EAGLE-3 features)."""
         h, residual = self.embed_tokens(input_ids), None
         aux: dict[int, torch.Tensor] = {}
-        if self.norms_folded and input_ids.shape[0] <= ops.FUSED_NORM_MAX_ROWS:
+        if self.norms_folded and input_ids.shape[0] <= ops.FUSED_MAX_ROWS:
             for i, layer in enumerate(self.layers):  # h: the residual stream, in place
                 layer.forward_fused(positions, h, fb, attn)
                 if i in capture:

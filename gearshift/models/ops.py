@@ -7,8 +7,6 @@ Data flow: models/layers.py -> ops.* -> kernels (CUDA) | torch references (CPU).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from gearshift.models.reference_ops import (
@@ -67,16 +65,14 @@ def gated_linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
     return silu_and_mul_ref(linear_ref(x, layer.weight, layer.bias))
 
 
-# the skinny GEMM's row limit (skinny_select.MAX_ROWS) and the most tokens the fused path
-# below may take; larger steps are compute-bound.
-FUSED_MAX_ROWS = 64
 # forwards of at most this many tokens run a model with folded norms (LlamaForCausalLM.
 # fold_norms) on the fused path: the RMSNorm inside the next product, the residual add in
-# the one before. Session 16 (H200, 8B, graphed 64-row decode steps): at 64 rows the
-# fused kernels cost 5.4 us a layer more than the plain ones and save 4.4 us of norm
-# kernels; at one row the path saves 0.15 ms a step. GEARSHIFT_FUSED_NORM_MAX_ROWS: for
-# experiments (<= FUSED_MAX_ROWS).
-FUSED_NORM_MAX_ROWS = min(FUSED_MAX_ROWS, int(os.environ.get("GEARSHIFT_FUSED_NORM_MAX_ROWS", "32")))
+# the one before. Also the skinny GEMM's row limit (skinny_select.MAX_ROWS), since those
+# products are what the fused path needs; larger steps are compute-bound. Session 16
+# (H200, 8B, PDL on): the fused path up to 64 rows against up to 32, offline 7,512 against
+# 7,464 tok/s (decode steps 4.71 s against 4.77), although without PDL the graphed
+# 64-row step read 176.4 us a layer fused against 174.7 plain.
+FUSED_MAX_ROWS = 64
 
 
 def rms_linear(x: torch.Tensor, layer: torch.nn.Linear, norm, gated: bool = False) -> torch.Tensor:
