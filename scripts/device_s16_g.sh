@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 16, call G (at f74bc57; the knob is gone since): the fused-norm path up to 64 rows against up to 32
-# (GEARSHIFT_FUSED_NORM_MAX_ROWS), offline at budget 512, one pass each in one lease.
+# Session 16, call G (at f74bc57; the knob is gone since): the fused-norm path up to 64
+# rows against up to 32 (GEARSHIFT_FUSED_NORM_MAX_ROWS), offline at budget 512, one pass
+# each in one lease.
 # Usage (device tool): bash scripts/device_s16_g.sh
 set -uo pipefail
 OUT=$(realpath "${OUT:-out}"); mkdir -p "$OUT"
