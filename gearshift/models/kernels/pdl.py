@@ -34,12 +34,13 @@ the same lease:
   prefetched): batch 1 4.26 and 4.38 against 4.46 and 4.38, offline 7,286 against 7,242
   tok/s (809 decode steps 4.84 s against 4.91).
 
-GEARSHIFT_PDL: `auto` (default: on for CUDA devices of compute capability >= 9 with a Triton
-that has the grid-dependency ops), `on`, `off`. Read at import, like the other kernel knobs.
+GEARSHIFT_PDL: `auto` (default: on for CUDA devices of compute capability >= 9), `on`,
+`off`. Read at import, like the other kernel knobs.
 
 Data flow: skinny_gemm / norm / activation / rope (models/kernels) and attention/kernels/
 decode launch with `launch_kwargs(device)` and pass `PDL=enabled(device)` to their jit
-functions, which call `pdl_enter` / `prefetch_rows_l2` below.
+functions, which call `pdl_enter` (short kernels) or `pdl_wait` + `pdl_trigger` (GEMMs,
+decode attention) and `prefetch_rows_l2` below.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # Triton >= 3.3
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _MODE = os.environ.get("GEARSHIFT_PDL", "auto").lower()
@@ -59,30 +61,17 @@ PREFETCH_STAGES = int(os.environ.get("GEARSHIFT_PDL_PREFETCH_STAGES", "2"))
 if _MODE not in ("auto", "on", "off"):
     raise ValueError(f"GEARSHIFT_PDL must be auto, on or off, not {_MODE!r}")
 
-try:  # Triton >= 3.3
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-    _HAVE_GDC = True
-except ImportError:  # pragma: no cover - older Triton: PDL stays off
-    _HAVE_GDC = False
-
-    @triton.jit
-    def gdc_launch_dependents():
-        pass
-
-    @triton.jit
-    def gdc_wait():
-        pass
 
 
 @functools.cache
 def _device_enabled(device: torch.device) -> bool:
-    if _MODE == "off" or _INTERPRET or not _HAVE_GDC or device.type != "cuda":
+    if _MODE == "off" or _INTERPRET or device.type != "cuda":
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def enabled(device: torch.device | str) -> bool:
-    """Do kernels on `device` launch with PDL (GEARSHIFT_PDL, the GPU, the Triton)?"""
+    """Do kernels on `device` launch with PDL (GEARSHIFT_PDL, the GPU)?"""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())

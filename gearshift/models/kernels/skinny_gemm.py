@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover - older Triton: tma configs run the poin
 
 from gearshift.models.kernels import pdl
 from gearshift.models.kernels.norm import rms_norm
-from gearshift.models.kernels.pdl import gdc_wait, pdl_trigger, prefetch_rows_l2
+from gearshift.models.kernels.pdl import pdl_trigger, pdl_wait, prefetch_rows_l2
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -72,13 +72,12 @@ def _enter(W, offs_n, N, stride_wn, GATED: tl.constexpr, PDL: tl.constexpr,
     """Under PDL (kernels/pdl.py): ask L2 for the first PREFETCH columns of this program's
     weight rows (the gate and the up rows when GATED) while the kernel before may still
     run, then wait for it (the next kernel is let in after the K loop: pdl_trigger)."""
-    if PDL:
-        if PREFETCH > 0:
-            rows = tl.minimum(offs_n, N - 1)
-            prefetch_rows_l2(W, rows, stride_wn, PREFETCH, LINE)
-            if GATED:
-                prefetch_rows_l2(W, rows + N, stride_wn, PREFETCH, LINE)
-        gdc_wait()
+    if PDL and PREFETCH > 0:
+        rows = tl.minimum(offs_n, N - 1)
+        prefetch_rows_l2(W, rows, stride_wn, PREFETCH, LINE)
+        if GATED:
+            prefetch_rows_l2(W, rows + N, stride_wn, PREFETCH, LINE)
+    pdl_wait(PDL)
 
 
 @triton.jit
@@ -142,8 +141,8 @@ def _skinny_tma_kernel(
     W, stride_wn, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
 ):
     # Row blocks vary fastest (programs sharing a weight tile run together); rows past M
-    # and K past the end read as zero. GATED: W
-    # is [gate; up]; the up rows of these columns start at row N.
+    # and K past the end read as zero. GATED: W is [gate; up]; the up rows of these
+    # columns start at row N.
     # RMS: x is the residual stream and W holds the RMSNorm weight folded in, so
     # rms_norm(x) @ W.T = rstd * (x @ W.T), rstd from each row's squares, summed from the
     # x tiles the dot streams anyway (elementwise, reduced once after the loop).
