@@ -32,7 +32,6 @@ import random
 import torch
 from triton.runtime.errors import OutOfResources
 
-from gearshift.attention.kernels.decode import decode_riders
 from gearshift.attention.kernels.extend import (
     ExtendConfig,
     extend_attention,
@@ -78,24 +77,16 @@ def batch(requests: list[tuple[int, int]], g: torch.Generator) -> dict:
         kv_gbytes=2 * slots * KV_HEADS * HEAD_DIM * 2 / 1e9)
 
 
-def run(b: dict, out: torch.Tensor, config: ExtendConfig | None,
-        split: bool = False) -> torch.Tensor:
-    """The extend kernel alone, or (split) decode_riders for the 1-token requests and the
-    extend kernel for the rest, as TritonBackend.extend launches them by default."""
-    args = (b["q"], b["k"], b["v"], b["req_to_token"], b["rows"], b["seq_lens"],
-            b["extend_lens"], b["starts"], HEAD_DIM**-0.5, out)
-    if split:
-        decode_riders(*args)
-    return extend_attention(*args, max_extend_len=b["max_extend_len"], config=config,
-                            skip_riders=split)
+def run(b: dict, out: torch.Tensor, config: ExtendConfig | None) -> torch.Tensor:
+    return extend_attention(b["q"], b["k"], b["v"], b["req_to_token"], b["rows"], b["seq_lens"],
+                            b["extend_lens"], b["starts"], HEAD_DIM**-0.5, out,
+                            max_extend_len=b["max_extend_len"], config=config)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="extend_attn.json")
     ap.add_argument("--cases", nargs="*", help="case names (default: all)")
-    ap.add_argument("--classes-only", action="store_true",
-                    help="time only the two classes' configs (inline and split riders)")
     a = ap.parse_args()
     flush = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")
     evict_ms = graph_ms(lambda: None, flush)
@@ -108,8 +99,6 @@ def main() -> None:
                   for c in classes for bn in (64, 128)]
                + [ExtendConfig(rows // 4, 4, bn, w, s, 128, True, dbn) for rows, bn, w, s, dbn in
                   itertools.product((32, 64), (64, 128), (4, 8), (2, 3), (64, 128))])
-    if a.classes_only:
-        configs = configs[:6]
     result = {"device": torch.cuda.get_device_name(),
               "classes": [list(vars(c).values()) for c in classes], "cases": {}}
     for name, requests in CASES.items():
@@ -130,15 +119,6 @@ def main() -> None:
             rows.append({"config": list(vars(cfg).values()), "us": ms * 1e3,
                          "kv_gbps": b["kv_gbytes"] / ms * 1e3, "default": cfg == default,
                          "max_err": (out.float() - ref.float()).abs().max().item()})
-        for cfg in classes:  # session 17: riders through the decode kernel
-            out = torch.empty_like(b["q"])
-            run(b, out, cfg, split=True)
-            ms = kernel_ms(lambda b=b, cfg=cfg, out=out: run(b, out, cfg, True), flush, evict_ms)
-            rows.append({"config": list(vars(cfg).values()), "split_riders": True, "us": ms * 1e3,
-                         "kv_gbps": b["kv_gbytes"] / ms * 1e3, "default": False,
-                         "max_err": (out.float() - ref.float()).abs().max().item()})
-            print(f"   {ms * 1e3:6.1f} us {rows[-1]['config']} riders through decode_riders "
-                  f"err {rows[-1]['max_err']:.1e}")
         result["cases"][name] = rows
         d = next(r for r in rows if r.get("default"))
         print(f"{name}: default {d['us']:.1f} us ({d['kv_gbps']:.0f} GB/s of K/V); fastest "

@@ -15,15 +15,12 @@ older buffer stay valid.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from gearshift.attention.base import AttentionBackend, KVCache
 from gearshift.attention.kernels.decode import (
     alloc_decode_counters,
     decode_attention,
-    decode_riders,
     num_sms,
     pick_num_kv_splits,
     workspace_row,
@@ -34,23 +31,10 @@ from gearshift.forward_batch import ForwardBatch
 from gearshift.models.kernels.rope import rope_and_store_kv
 
 
-def riders_default() -> bool:
-    """GEARSHIFT_EXTEND_RIDERS=decode (default) | inline: where an EXTEND batch's 1-token
-    requests (decoders riding along with prefill chunks) are attended."""
-    mode = os.environ.get("GEARSHIFT_EXTEND_RIDERS", "decode").lower()
-    if mode not in ("decode", "inline"):
-        raise ValueError(f"GEARSHIFT_EXTEND_RIDERS must be 'decode' or 'inline', not {mode!r}")
-    return mode == "decode"
-
-
 class TritonBackend(AttentionBackend):
-    def __init__(self, kv: KVCache, sm_scale: float, max_kv_splits: int = 32,
-                 split_riders: bool | None = None) -> None:
+    def __init__(self, kv: KVCache, sm_scale: float, max_kv_splits: int = 32) -> None:
         super().__init__(kv, sm_scale)
         self.max_kv_splits = max_kv_splits
-        # EXTEND: 1-token requests through the decode kernel (decode_riders), the rest
-        # through the extend kernel; else all in the extend kernel (its decoder path)
-        self.split_riders = riders_default() if split_riders is None else split_riders
         self.num_kv_heads = kv.k.shape[2]
         self.sm_count = num_sms(kv.k.device)
         # (num_heads, head_dim) -> (max batch rows, flat fp32 scratch)
@@ -133,25 +117,8 @@ class TritonBackend(AttentionBackend):
     def extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         # q: [num_tokens, num_heads, head_dim], requests packed back to back
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        k, v = self.kv.k[layer_id], self.kv.v[layer_id]
-        args = (fb.req_pool_indices, fb.seq_lens, fb.extend_lens, fb.extend_start_loc)
-        riders, chunks = self.launches(fb)
-        if riders:
-            decode_riders(q, k, v, self.kv.req_to_token, *args, self.sm_scale, out)
-        if chunks:
-            extend_attention(q, k, v, self.kv.req_to_token, *args, self.sm_scale, out,
-                             max_extend_len=fb.max_extend_len, skip_riders=riders)
-        return out
-
-    def launches(self, fb: ForwardBatch) -> tuple[bool, bool]:
-        """(decode_riders, extend kernel) launches of an EXTEND batch, from host data only.
-
-        A padded batch (an EXTEND graph, captured with placeholder lengths) takes both; an
-        eager one only what its lengths need. Without split_riders the extend kernel
-        attends every request."""
-        if not self.split_riders:
-            return False, True
-        if fb.batch_size != fb.padded_batch_size:
-            return True, True
-        lens = fb.extend_lens_cpu
-        return 1 in lens, any(n > 1 for n in lens)
+        return extend_attention(
+            q, self.kv.k[layer_id], self.kv.v[layer_id], self.kv.req_to_token,
+            fb.req_pool_indices, fb.seq_lens, fb.extend_lens, fb.extend_start_loc,
+            self.sm_scale, out, max_extend_len=fb.max_extend_len,
+        )
