@@ -87,9 +87,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="extend_attn.json")
     ap.add_argument("--cases", nargs="*", help="case names (default: all)")
-    ap.add_argument("--classes-only", action="store_true",
-                    help="time only the two classes' configs, tiles in request order and "
-                         "prefill chunks first (long_first)")
     a = ap.parse_args()
     flush = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")
     evict_ms = graph_ms(lambda: None, flush)
@@ -102,8 +99,6 @@ def main() -> None:
                   for c in classes for bn in (64, 128)]
                + [ExtendConfig(rows // 4, 4, bn, w, s, 128, True, dbn) for rows, bn, w, s, dbn in
                   itertools.product((32, 64), (64, 128), (4, 8), (2, 3), (64, 128))])
-    if a.classes_only:  # session 17
-        configs = [dataclasses.replace(c, long_first=lf) for c in classes for lf in (False, True)]
     result = {"device": torch.cuda.get_device_name(),
               "classes": [list(vars(c).values()) for c in classes], "cases": {}}
     for name, requests in CASES.items():
@@ -128,7 +123,7 @@ def main() -> None:
         d = next(r for r in rows if r.get("default"))
         print(f"{name}: default {d['us']:.1f} us ({d['kv_gbps']:.0f} GB/s of K/V); fastest "
               "(block_t, block_g, block_n, warps, stages, scan):")
-        for r in rows[:6]:  # the two classes, decoder path off / on (64, 128) (or long_first)
+        for r in rows[:6]:  # the two classes, decoder path off / on (64, 128)
             if "us" in r:
                 print(f"   {r['us']:6.1f} us {r['config']} err {r['max_err']:.1e}  (class)")
         for r in sorted((r for r in rows if "us" in r), key=lambda r: r["us"])[:4]:

@@ -43,29 +43,14 @@ import triton.language as tl
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
-_LONG_FIRST = os.environ.get("GEARSHIFT_EXTEND_LONG_FIRST", "1") == "1"  # session 17's A/B
 
 
 @triton.jit
-def _find_tile(ExtendLens, bs, tile, BLOCK_T: tl.constexpr, SCAN: tl.constexpr,
-               LONG_FIRST: tl.constexpr):
+def _find_tile(ExtendLens, bs, tile, BLOCK_T: tl.constexpr, SCAN: tl.constexpr):
     """(request, tiles of that request, index among them) of global tile `tile`.
 
-    The request is -1 when `tile` lies past the last tile of the batch. LONG_FIRST: the
-    tiles of requests with several new tokens (prefill chunks) are numbered before those
-    of 1-token requests (decoders riding along), so the compute-heavy chunk tiles start
-    first and the short memory-bound decoder tiles fill in around them instead of the
-    chunk's tiles forming the launch's tail.
+    The request is -1 when `tile` lies past the last tile of the batch.
     """
-    singles = tl.zeros([], dtype=tl.int32)  # tile is among the 1-token requests' tiles
-    if LONG_FIRST:
-        long_tiles = tl.zeros([], dtype=tl.int32)
-        for c0 in range(0, bs, SCAN):
-            offs = c0 + tl.arange(0, SCAN)
-            lens = tl.load(ExtendLens + offs, mask=offs < bs, other=0).to(tl.int32)
-            long_tiles += tl.sum(tl.where(lens > 1, (lens + BLOCK_T - 1) // BLOCK_T, 0), 0)
-        singles = (tile >= long_tiles).to(tl.int32)
-        tile -= singles * long_tiles
     req = tl.zeros([], dtype=tl.int32) - 1
     req_tiles = tl.zeros([], dtype=tl.int32)
     local = tl.zeros([], dtype=tl.int32)
@@ -74,8 +59,6 @@ def _find_tile(ExtendLens, bs, tile, BLOCK_T: tl.constexpr, SCAN: tl.constexpr,
         offs = c0 + tl.arange(0, SCAN)
         lens = tl.load(ExtendLens + offs, mask=offs < bs, other=0).to(tl.int32)
         n = (lens + BLOCK_T - 1) // BLOCK_T  # [SCAN] tiles per request
-        if LONG_FIRST:  # this pass numbers either the long requests' tiles or the singles'
-            n = tl.where((lens == 1) == (singles != 0), n, 0)
         end = base + tl.cumsum(n, 0)  # [SCAN] one past each request's last tile
         hit = (end - n <= tile) & (tile < end)  # at most one True in the whole batch
         req = tl.maximum(req, tl.max(tl.where(hit, offs, -1), 0))
@@ -145,13 +128,11 @@ def _extend_kernel(
     BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, SCAN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DECODE_ROWS: tl.constexpr, DEC_M: tl.constexpr, DEC_BLOCK_N: tl.constexpr,
-    LONG_FIRST: tl.constexpr,
 ):
     head_blocks: tl.constexpr = (GROUP + BLOCK_G - 1) // BLOCK_G
     kv_head = tl.program_id(1) // head_blocks
     g_start = (tl.program_id(1) % head_blocks) * BLOCK_G
-    b, req_tiles, local = _find_tile(ExtendLens, bs, tl.program_id(0), BLOCK_T, SCAN,
-                                   LONG_FIRST)
+    b, req_tiles, local = _find_tile(ExtendLens, bs, tl.program_id(0), BLOCK_T, SCAN)
     if b < 0:
         return
     m_start = (req_tiles - 1 - local) * BLOCK_T  # longest tile first
@@ -232,7 +213,6 @@ class ExtendConfig:
     scan: int  # extend_lens read per step of the tile search
     decode_rows: bool = True  # 1-token requests take the decoder path (DEC_M x dec_block_n)
     dec_block_n: int = 64  # keys per inner-loop block on the decoder path
-    long_first: bool = True  # prefill chunks' tiles numbered before the decoders' (_find_tile)
 
 
 # Mean new tokens per request at or below which a step counts as decode-heavy (decoders
@@ -285,7 +265,7 @@ def extend_config(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_di
     dec_block_n = 128 if not _INTERPRET and dtype != torch.float32 and head_dim <= 128 else block_n
     block_g = min(triton.next_power_of_2(group), rows)
     return ExtendConfig(rows // block_g, block_g, block_n, num_warps, num_stages, scan,
-                        True, dec_block_n, _LONG_FIRST)
+                        True, dec_block_n)
 
 
 @functools.cache
@@ -353,7 +333,7 @@ def extend_attention(
         BLOCK_D=triton.next_power_of_2(head_dim), SCAN=cfg.scan,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
         DECODE_ROWS=cfg.decode_rows, DEC_M=max(16, triton.next_power_of_2(cfg.block_g)),
-        DEC_BLOCK_N=cfg.dec_block_n, LONG_FIRST=cfg.long_first,
+        DEC_BLOCK_N=cfg.dec_block_n,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
