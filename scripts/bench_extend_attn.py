@@ -38,7 +38,6 @@ from gearshift.attention.kernels.extend import (
     extend_config,
     is_decode_heavy,
 )
-from gearshift.attention.triton_backend import extend_with_riders
 from gearshift.models.kernels.skinny_select import graph_ms, kernel_ms
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -78,29 +77,16 @@ def batch(requests: list[tuple[int, int]], g: torch.Generator) -> dict:
         kv_gbytes=2 * slots * KV_HEADS * HEAD_DIM * 2 / 1e9)
 
 
-def run(b: dict, out: torch.Tensor, config: ExtendConfig | None,
-        split: str | None = None) -> torch.Tensor:
-    """The extend kernel alone, or (split: "decode" / "concurrent", TritonBackend's rider
-    modes) decode_riders for the 1-token requests and the extend kernel for the rest."""
-    args = (b["q"], b["k"], b["v"], b["req_to_token"], b["rows"], b["seq_lens"],
-            b["extend_lens"], b["starts"], HEAD_DIM**-0.5, out)
-    if split is None:
-        return extend_attention(*args, max_extend_len=b["max_extend_len"], config=config)
-    return extend_with_riders(*args, max_extend_len=b["max_extend_len"], riders=True,
-                              chunks=True, side=SIDE if split == "concurrent" else None)
-
-
-SIDE: torch.cuda.Stream | None = None  # the concurrent riders' stream (main() makes it)
+def run(b: dict, out: torch.Tensor, config: ExtendConfig | None) -> torch.Tensor:
+    return extend_attention(b["q"], b["k"], b["v"], b["req_to_token"], b["rows"], b["seq_lens"],
+                            b["extend_lens"], b["starts"], HEAD_DIM**-0.5, out,
+                            max_extend_len=b["max_extend_len"], config=config)
 
 
 def main() -> None:
-    global SIDE
-    SIDE = torch.cuda.Stream()
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="extend_attn.json")
     ap.add_argument("--cases", nargs="*", help="case names (default: all)")
-    ap.add_argument("--classes-only", action="store_true",
-                    help="time only the two classes' configs (inline and split riders)")
     a = ap.parse_args()
     flush = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")
     evict_ms = graph_ms(lambda: None, flush)
@@ -113,8 +99,6 @@ def main() -> None:
                   for c in classes for bn in (64, 128)]
                + [ExtendConfig(rows // 4, 4, bn, w, s, 128, True, dbn) for rows, bn, w, s, dbn in
                   itertools.product((32, 64), (64, 128), (4, 8), (2, 3), (64, 128))])
-    if a.classes_only:
-        configs = configs[:6]
     result = {"device": torch.cuda.get_device_name(),
               "classes": [list(vars(c).values()) for c in classes], "cases": {}}
     for name, requests in CASES.items():
@@ -135,14 +119,6 @@ def main() -> None:
             rows.append({"config": list(vars(cfg).values()), "us": ms * 1e3,
                          "kv_gbps": b["kv_gbytes"] / ms * 1e3, "default": cfg == default,
                          "max_err": (out.float() - ref.float()).abs().max().item()})
-        for split in ("decode", "concurrent"):  # session 17: riders through decode_riders
-            out = torch.empty_like(b["q"])
-            run(b, out, None, split)
-            ms = kernel_ms(lambda b=b, out=out, s=split: run(b, out, None, s), flush, evict_ms)
-            rows.append({"config": None, "riders": split, "us": ms * 1e3,
-                         "kv_gbps": b["kv_gbytes"] / ms * 1e3, "default": False,
-                         "max_err": (out.float() - ref.float()).abs().max().item()})
-            print(f"   {ms * 1e3:6.1f} us riders {split} err {rows[-1]['max_err']:.1e}")
         result["cases"][name] = rows
         d = next(r for r in rows if r.get("default"))
         print(f"{name}: default {d['us']:.1f} us ({d['kv_gbps']:.0f} GB/s of K/V); fastest "

@@ -15,16 +15,12 @@ older buffer stay valid.
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 
 from gearshift.attention.base import AttentionBackend, KVCache
 from gearshift.attention.kernels.decode import (
     alloc_decode_counters,
     decode_attention,
-    decode_riders,
     num_sms,
     pick_num_kv_splits,
     workspace_row,
@@ -34,33 +30,11 @@ from gearshift.attention.kernels.tree import pick_tree_kv_splits, tree_attention
 from gearshift.forward_batch import ForwardBatch
 from gearshift.models.kernels.rope import rope_and_store_kv
 
-RIDER_MODES = ("inline", "decode", "concurrent")
-
-
-def riders_mode() -> str:
-    """GEARSHIFT_EXTEND_RIDERS: where an EXTEND batch's 1-token requests (decoders riding
-    along with prefill chunks) are attended. `inline`: in the extend kernel (its decoder
-    path); `decode`: decode_riders, then the extend kernel over the chunks; `concurrent`:
-    the two launches on two streams (CUDA), so the memory-bound decoders and the
-    compute-bound chunk tiles share the SMs."""
-    mode = os.environ.get("GEARSHIFT_EXTEND_RIDERS", "inline").lower()
-    if mode not in RIDER_MODES:
-        raise ValueError(f"GEARSHIFT_EXTEND_RIDERS must be one of {RIDER_MODES}, not {mode!r}")
-    return mode
-
 
 class TritonBackend(AttentionBackend):
-    def __init__(self, kv: KVCache, sm_scale: float, max_kv_splits: int = 32,
-                 riders: str | None = None) -> None:
+    def __init__(self, kv: KVCache, sm_scale: float, max_kv_splits: int = 32) -> None:
         super().__init__(kv, sm_scale)
         self.max_kv_splits = max_kv_splits
-        self.riders = riders or riders_mode()  # see riders_mode
-        assert self.riders in RIDER_MODES, self.riders
-        # EXTEND: 1-token requests through the decode kernel (decode_riders), the rest
-        # through the extend kernel; else all in the extend kernel (its decoder path)
-        self.split_riders = self.riders != "inline"
-        self._side = (torch.cuda.Stream(kv.k.device)
-                      if self.riders == "concurrent" and kv.k.is_cuda else None)
         self.num_kv_heads = kv.k.shape[2]
         self.sm_count = num_sms(kv.k.device)
         # (num_heads, head_dim) -> (max batch rows, flat fp32 scratch)
@@ -143,46 +117,8 @@ class TritonBackend(AttentionBackend):
     def extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         # q: [num_tokens, num_heads, head_dim], requests packed back to back
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        k, v = self.kv.k[layer_id], self.kv.v[layer_id]
-        args = (fb.req_pool_indices, fb.seq_lens, fb.extend_lens, fb.extend_start_loc)
-        riders, chunks = self.launches(fb)
-        return extend_with_riders(q, k, v, self.kv.req_to_token, *args, self.sm_scale, out,
-                                  max_extend_len=fb.max_extend_len, riders=riders,
-                                  chunks=chunks, side=self._side)
-
-    def launches(self, fb: ForwardBatch) -> tuple[bool, bool]:
-        """(decode_riders, extend kernel) launches of an EXTEND batch, from host data only.
-
-        A padded batch (an EXTEND graph, captured with placeholder lengths) takes both; an
-        eager one only what its lengths need. Without split_riders the extend kernel
-        attends every request."""
-        if not self.split_riders:
-            return False, True
-        if fb.batch_size != fb.padded_batch_size:
-            return True, True
-        lens = fb.extend_lens_cpu
-        return 1 in lens, any(n > 1 for n in lens)
-
-
-def extend_with_riders(q, k, v, req_to_token, req_pool_indices, seq_lens, extend_lens,
-                       extend_start_loc, sm_scale: float, out: torch.Tensor, *,
-                       max_extend_len: int, riders: bool, chunks: bool,
-                       side: torch.cuda.Stream | None = None) -> torch.Tensor:
-    """An EXTEND batch's attention into `out`: `riders`: the 1-token requests through
-    decode_riders (else the extend kernel takes them); `chunks`: the other requests through
-    the extend kernel. With both and a `side` stream, the riders' launch runs there,
-    forked after and joined before this stream's work (captured as parallel graph branches)."""
-    args = (q, k, v, req_to_token, req_pool_indices, seq_lens, extend_lens, extend_start_loc,
-            sm_scale, out)
-    side = side if riders and chunks else None
-    if side is not None:  # fork: `out` is allocated before it, on this stream
-        main = torch.cuda.current_stream(q.device)
-        side.wait_stream(main)
-    if chunks:
-        extend_attention(*args, max_extend_len=max_extend_len, skip_riders=riders)
-    if riders:
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            decode_riders(*args, pdl=side is None)  # no programmatic launch across streams
-    if side is not None:  # join
-        main.wait_stream(side)
-    return out
+        return extend_attention(
+            q, self.kv.k[layer_id], self.kv.v[layer_id], self.kv.req_to_token,
+            fb.req_pool_indices, fb.seq_lens, fb.extend_lens, fb.extend_start_loc,
+            self.sm_scale, out, max_extend_len=fb.max_extend_len,
+        )

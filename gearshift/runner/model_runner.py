@@ -87,7 +87,7 @@ class ModelRunner:
                 from gearshift.attention.kernels.extend import warmup_extend
 
                 warmup_extend(self.kv.k[0], self.kv.v[0], self.kv.req_to_token,
-                              self.model.config.num_heads, self.attn.split_riders)
+                              self.model.config.num_heads)
         if not (self.config.use_cuda_graphs and self.config.attention_backend == "triton"):
             return
         t0 = time.perf_counter()

@@ -12,7 +12,6 @@ import torch
 
 from gearshift.attention.base import KVCache
 from gearshift.attention.kernels import extend as extend_kernels
-from gearshift.attention.kernels.decode import decode_riders
 from gearshift.attention.kernels.extend import (
     extend_attention,
     extend_config,
@@ -57,58 +56,16 @@ def extend_batch(kv: KVCache, rows: torch.Tensor, requests: list[tuple[int, int]
     )
 
 
-@pytest.mark.parametrize("riders", ["inline", "decode", "concurrent"])
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim",
                          [(4, 4, 64), (8, 2, 128), (8, 1, 32), (6, 2, 48)])
-def test_backend_extend_matches_torch(slot_pool, device, num_heads, num_kv_heads, head_dim,
-                                      riders):
-    """Decoders riding along in the extend kernel's decoder path, through the decode
-    kernel after it, or beside it on a second stream (on a GPU): the same attention."""
+def test_backend_extend_matches_torch(slot_pool, device, num_heads, num_kv_heads, head_dim):
     kv, rows = slot_pool([p + n for p, n in REQUESTS], num_kv_heads, head_dim, num_layers=2)
     fb = extend_batch(kv, rows, REQUESTS)
     q = torch.randn(fb.num_tokens, num_heads, head_dim, device=device)
     scale = head_dim ** -0.5
     expected = TorchBackend(kv, scale).extend(q, 1, fb)
-    actual = TritonBackend(kv, scale, riders=riders).extend(q, 1, fb)
+    actual = TritonBackend(kv, scale).extend(q, 1, fb)
     torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
-
-
-def test_riders_and_chunks_write_only_their_own_rows(slot_pool, device):
-    """decode_riders writes the 1-token requests' rows and nothing else; the extend kernel
-    with skip_riders writes every other row and leaves the riders' alone."""
-    requests = [(40, 1), (0, 23), (7, 1), (12, 5), (3, 0), (63, 1)]
-    kv, rows = slot_pool([p + n for p, n in requests], 2, 32, seed=11)
-    fb = extend_batch(kv, rows, requests)
-    q = torch.randn(fb.num_tokens, 8, 32, device=device)
-    expected = TorchBackend(kv, 0.2).extend(q, 0, fb)
-    args = (q, kv.k[0], kv.v[0], kv.req_to_token, fb.req_pool_indices, fb.seq_lens,
-            fb.extend_lens, fb.extend_start_loc, 0.2)
-    rider_rows = torch.tensor([0, 24, 30], device=device)  # token rows of the 1-token requests
-    is_rider = torch.zeros(fb.num_tokens, dtype=torch.bool, device=device)
-    is_rider[rider_rows] = True
-    riders = decode_riders(*args, torch.full_like(q, float("nan")))
-    chunks = extend_attention(*args, torch.full_like(q, float("nan")),
-                              max_extend_len=fb.max_extend_len, skip_riders=True)
-    assert riders[~is_rider].isnan().all() and chunks[is_rider].isnan().all()
-    torch.testing.assert_close(riders[is_rider], expected[is_rider], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(chunks[~is_rider], expected[~is_rider], atol=1e-4, rtol=1e-4)
-
-
-def test_backend_launches_follow_the_batch(slot_pool, device):
-    """An eager batch launches what its lengths need; a padded one (an EXTEND graph,
-    captured with placeholder lengths) both kernels; without split_riders only the extend
-    kernel."""
-    kv, rows = slot_pool([8, 8, 8], 1, 16, seed=12)
-    split, inline = TritonBackend(kv, 0.25, riders="decode"), TritonBackend(kv, 0.25,
-                                                                              riders="inline")
-    mixed = extend_batch(kv, rows[:2], [(7, 1), (0, 8)])
-    chunks = extend_batch(kv, rows[:1], [(0, 8)])
-    decoders = extend_batch(kv, rows[:2], [(7, 1), (7, 1)])
-    assert split.launches(mixed) == (True, True) and inline.launches(mixed) == (False, True)
-    assert split.launches(chunks) == (False, True) and split.launches(decoders) == (True, False)
-    graph = extend_batch(kv, rows[:2], [(0, 8), (0, 0)])
-    graph.batch_size = 0  # ExtendGraphRunner's capture batch: rows padded, no real request
-    assert split.launches(graph) == (True, True)
 
 
 def test_extend_forward_stores_new_kv_then_attends(slot_pool, device):
@@ -235,41 +192,15 @@ def compiled_variants() -> int:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled variants exist on a GPU only")
-@pytest.mark.parametrize("split_riders", [True, False])
-def test_warmup_compiles_every_variant_serving_needs(slot_pool, split_riders):
+def test_warmup_compiles_every_variant_serving_needs(slot_pool):
     requests = [(600, 1)] * 63 + [(0, 512)]
     kv, rows = slot_pool([p + n for p, n in requests], 8, 128, dtype=torch.bfloat16, seed=8)
-    warmup_extend(kv.k[0], kv.v[0], kv.req_to_token, 32, split_riders)
-    compiled = compiled_variants(), decode_variants()
-    backend = TritonBackend(kv, 128 ** -0.5, riders="decode" if split_riders else "inline")
+    warmup_extend(kv.k[0], kv.v[0], kv.req_to_token, 32)
+    compiled = compiled_variants()
     for batch in (requests, requests[:1], requests[-1:], [(3, 17), (0, 1)]):
         fb = extend_batch(kv, rows[:len(batch)], batch)
         q = torch.randn(fb.num_tokens, 32, 128, device="cuda", dtype=torch.bfloat16)
         expected = TorchBackend(kv, 128 ** -0.5).extend(q, 0, fb)
-        torch.testing.assert_close(backend.extend(q, 0, fb), expected, atol=2e-2, rtol=2e-2)
-    assert (compiled_variants(), decode_variants()) == compiled
-
-
-def decode_variants() -> int:
-    from gearshift.attention.kernels import decode
-
-    return sum(len(c[0]) for c in decode._decode_split_kernel.device_caches.values())
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="a second stream needs a GPU")
-def test_concurrent_riders_replay_in_a_cuda_graph(slot_pool):
-    """riders=concurrent forks the riders' launch onto a second stream and joins it: a
-    CUDA graph captures both branches, and its replay on new queries matches torch."""
-    requests = [(600, 1)] * 20 + [(40, 300)] + [(90, 1)] * 5
-    kv, rows = slot_pool([p + n for p, n in requests], 8, 128, dtype=torch.bfloat16, seed=13)
-    fb = extend_batch(kv, rows, requests)
-    backend = TritonBackend(kv, 128 ** -0.5, riders="concurrent")
-    q = torch.randn(fb.num_tokens, 32, 128, device="cuda", dtype=torch.bfloat16)
-    backend.extend(q, 0, fb)  # compiles outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = backend.extend(q, 0, fb)
-    q.copy_(torch.randn_like(q))
-    graph.replay()
-    torch.testing.assert_close(out, TorchBackend(kv, 128 ** -0.5).extend(q, 0, fb),
-                               atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(run_kernel(kv, fb, q, 128 ** -0.5), expected,
+                                   atol=2e-2, rtol=2e-2)
+    assert compiled_variants() == compiled

@@ -83,7 +83,7 @@ def _merge_head(
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, ReqToToken, ReqPoolIdx, SeqLens, Work, Count, Out, ExtendLens, ExtendStart,
+    Q, K, V, ReqToToken, ReqPoolIdx, SeqLens, Work, Count, Out,
     sm_scale_log2,
     stride_qb, stride_qh,
     stride_ks, stride_kh,
@@ -95,18 +95,12 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    PDL: tl.constexpr, RIDERS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if RIDERS:  # request b of an EXTEND batch: only a 1-token one is ours, at its token row
-        if tl.load(ExtendLens + b) != 1:
-            return
-        t = tl.load(ExtendStart + b).to(tl.int64)
-    else:
-        t = b
 
     seq_len = tl.load(SeqLens + b)
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -122,7 +116,7 @@ def _decode_split_kernel(
     mask_d = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_h  # [BLOCK_H] query heads of this KV group
 
-    q_ptrs = Q + t * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
@@ -150,7 +144,7 @@ def _decode_split_kernel(
 
     l_i = tl.where(nonempty, l_i, 1.0)  # >= 1 when non-empty; keeps an empty split finite
     if NUM_SPLITS == 1:  # the one split is the answer (zeros for seq_len 0): no merge
-        o_ptrs = Out + t * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        o_ptrs = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, (acc / l_i[:, None]).to(Out.dtype.element_ty),
                  mask=mask_h[:, None] & mask_d[None, :])
     else:
@@ -270,8 +264,6 @@ def decode_attention(
     counters: torch.Tensor | None = None,  # [>= bs, num_kv_heads] int32, all zero
     fused_merge: bool | None = None,  # None: GEARSHIFT_DECODE_MERGE (default separate)
     blocks: tuple[int, int, int] | None = None,  # stage 1 (BLOCK_N, warps, stages); None: default
-    riders: tuple[torch.Tensor, torch.Tensor] | None = None,  # see decode_riders
-    pdl_launch: bool = True,  # False: no programmatic launch (a side stream's first kernel)
 ) -> torch.Tensor:
     """Attention of one new query per request over its cached keys; returns `out`.
 
@@ -280,20 +272,15 @@ def decode_attention(
     safe; without them fresh buffers are allocated.
     """
     bs, num_heads, head_dim = q.shape
-    if riders is not None:
-        bs = req_pool_indices.shape[0]  # requests, not query tokens
-        assert num_kv_splits == 1 and not fused_merge, "riders take one split, no merge"
-        fused_merge = False
     num_kv_heads = k_cache.shape[1]
     assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
     assert q.stride(2) == 1 and k_cache.stride(2) == 1 and v_cache.stride(2) == 1
     assert out.stride(2) == 1 and req_to_token.stride(1) == 1
-    if workspace is None and num_kv_splits > 1:  # one split writes `out` directly
+    if workspace is None:
         workspace = alloc_decode_workspace(bs, num_heads, head_dim, num_kv_splits, q.device)
-    if workspace is not None:
-        assert workspace.dtype == torch.float32 and workspace.stride(3) == 1
-        assert workspace.shape[0] >= bs and workspace.shape[1] == num_heads
-        assert workspace.shape[2] >= num_kv_splits and workspace.shape[3] >= head_dim + 1
+    assert workspace.dtype == torch.float32 and workspace.stride(3) == 1
+    assert workspace.shape[0] >= bs and workspace.shape[1] == num_heads
+    assert workspace.shape[2] >= num_kv_splits and workspace.shape[3] >= head_dim + 1
     fused = FUSED_MERGE_DEFAULT if fused_merge is None else fused_merge
     if fused and counters is None:
         counters = alloc_decode_counters(bs, num_kv_heads, q.device)
@@ -311,27 +298,23 @@ def decode_attention(
         bs, num_kv_heads, num_kv_splits, num_sms(q.device))
     # per-request scalars are read at unit stride: materialise expanded views
     req_pool_indices, seq_lens = req_pool_indices.contiguous(), seq_lens.contiguous()
-    use_pdl = pdl_launch and pdl.enabled(q.device)
-    launch = pdl.launch_kwargs(q.device) if use_pdl else {}
+    use_pdl, launch = pdl.enabled(q.device), pdl.launch_kwargs(q.device)
     _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](
-        q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-        out if workspace is None else workspace,  # Work is unused at one split
+        q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, workspace,
         counters if fused else seq_lens, out,  # Count is unused (any tensor) when separate
-        *(riders or (seq_lens, seq_lens)),  # ExtendLens, ExtendStart: unused unless riders
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1),
         req_to_token.stride(0),
-        *(workspace.stride()[:3] if workspace is not None else (0, 0, 0)),
+        workspace.stride(0), workspace.stride(1), workspace.stride(2),
         counters.stride(0) if fused else 0,
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits,
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n,
         BLOCK_S=block_s, FUSED_MERGE=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
-        PDL=use_pdl, RIDERS=riders is not None, num_warps=num_warps, num_stages=num_stages,
-        **launch,
+        PDL=use_pdl, num_warps=num_warps, num_stages=num_stages, **launch,
     )
     if fused or num_kv_splits == 1:  # one split: stage 1 wrote `out` itself
         return out
@@ -344,33 +327,3 @@ def decode_attention(
         PDL=use_pdl, num_warps=4 if block_d >= 128 else 2, num_stages=1, **launch,
     )
     return out
-
-
-def decode_riders(
-    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]: an EXTEND batch's queries
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,  # [bs] int
-    seq_lens: torch.Tensor,  # [bs] int
-    extend_lens: torch.Tensor,  # [bs] int: new tokens of each request
-    extend_start_loc: torch.Tensor,  # [bs] int: first row of each request in q
-    sm_scale: float,
-    out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: only the riders' rows written
-    *,
-    pdl: bool = True,  # programmatic dependent launch where the GPU has it
-) -> torch.Tensor:
-    """Decode attention for the 1-token requests of an EXTEND batch (decoders riding along
-    with prefill chunks in a mixed step), at their token rows; other requests' rows are
-    left alone (extend_attention(..., skip_riders=True) writes them).
-
-    One split, so no workspace and no merge: a program per (request, KV head), those of
-    requests with extend_len != 1 exit at once. The grid depends on the number of request
-    rows only, so an EXTEND graph keeps it. The decoders read their K/V at the decode
-    kernel's bandwidth instead of as tiles of the extend kernel, whose resources (registers,
-    shared memory) are sized for prefill tiles.
-    """
-    return decode_attention(
-        q, k_cache, v_cache, req_to_token, req_pool_indices.contiguous(), seq_lens, sm_scale,
-        out, num_kv_splits=1, fused_merge=False,
-        riders=(extend_lens.contiguous(), extend_start_loc.contiguous()), pdl_launch=pdl)

@@ -46,12 +46,10 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _find_tile(ExtendLens, bs, tile, BLOCK_T: tl.constexpr, SCAN: tl.constexpr,
-               SKIP_RIDERS: tl.constexpr):
+def _find_tile(ExtendLens, bs, tile, BLOCK_T: tl.constexpr, SCAN: tl.constexpr):
     """(request, tiles of that request, index among them) of global tile `tile`.
 
-    The request is -1 when `tile` lies past the last tile of the batch. SKIP_RIDERS:
-    1-token requests own no tile (decode_riders attends them).
+    The request is -1 when `tile` lies past the last tile of the batch.
     """
     req = tl.zeros([], dtype=tl.int32) - 1
     req_tiles = tl.zeros([], dtype=tl.int32)
@@ -61,8 +59,6 @@ def _find_tile(ExtendLens, bs, tile, BLOCK_T: tl.constexpr, SCAN: tl.constexpr,
         offs = c0 + tl.arange(0, SCAN)
         lens = tl.load(ExtendLens + offs, mask=offs < bs, other=0).to(tl.int32)
         n = (lens + BLOCK_T - 1) // BLOCK_T  # [SCAN] tiles per request
-        if SKIP_RIDERS:
-            n = tl.where(lens == 1, 0, n)
         end = base + tl.cumsum(n, 0)  # [SCAN] one past each request's last tile
         hit = (end - n <= tile) & (tile < end)  # at most one True in the whole batch
         req = tl.maximum(req, tl.max(tl.where(hit, offs, -1), 0))
@@ -132,13 +128,11 @@ def _extend_kernel(
     BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, SCAN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DECODE_ROWS: tl.constexpr, DEC_M: tl.constexpr, DEC_BLOCK_N: tl.constexpr,
-    SKIP_RIDERS: tl.constexpr,
 ):
     head_blocks: tl.constexpr = (GROUP + BLOCK_G - 1) // BLOCK_G
     kv_head = tl.program_id(1) // head_blocks
     g_start = (tl.program_id(1) % head_blocks) * BLOCK_G
-    b, req_tiles, local = _find_tile(ExtendLens, bs, tl.program_id(0), BLOCK_T, SCAN,
-                                   SKIP_RIDERS)
+    b, req_tiles, local = _find_tile(ExtendLens, bs, tl.program_id(0), BLOCK_T, SCAN)
     if b < 0:
         return
     m_start = (req_tiles - 1 - local) * BLOCK_T  # longest tile first
@@ -305,7 +299,6 @@ def extend_attention(
     *,
     max_extend_len: int,  # host int: max(extend_lens), bounds the grid
     config: ExtendConfig | None = None,  # None: extend_config(...) (an override is for tuning)
-    skip_riders: bool = False,  # leave 1-token requests' rows alone (decode_riders does them)
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its prefix and themselves."""
     num_tokens, num_heads, head_dim = q.shape
@@ -339,15 +332,15 @@ def extend_attention(
         BLOCK_T=cfg.block_t, BLOCK_G=cfg.block_g, BLOCK_N=cfg.block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), SCAN=cfg.scan,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
-        DECODE_ROWS=cfg.decode_rows and not skip_riders, DEC_M=max(16, triton.next_power_of_2(cfg.block_g)),
-        DEC_BLOCK_N=cfg.dec_block_n, SKIP_RIDERS=skip_riders,
+        DECODE_ROWS=cfg.decode_rows, DEC_M=max(16, triton.next_power_of_2(cfg.block_g)),
+        DEC_BLOCK_N=cfg.dec_block_n,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
 
 def warmup_extend(k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
-                  num_heads: int, split_riders: bool = False) -> None:
+                  num_heads: int) -> None:
     """Compile the model's extend variants (one per step class) before serving (Triton
     compiles lazily).
 
@@ -356,8 +349,7 @@ def warmup_extend(k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: to
     class's config, with the index dtypes of ForwardBatch (req_pool_indices int64, the
     others int32). Query strides are only specialised by divisibility by 16, so a
     packed-qkv view of q reuses the variant compiled for a contiguous q whenever head_dim
-    is a multiple of 16. split_riders: the variants that leave 1-token requests to
-    decode_riders, and decode_riders itself.
+    is a multiple of 16.
     """
     device = k_cache.device
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
@@ -366,11 +358,8 @@ def warmup_extend(k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: to
     one = torch.ones(1, dtype=torch.int32, device=device)
     configs = dict.fromkeys(extend_config(k_cache.dtype, num_heads, num_kv_heads, head_dim,
                                           capability, heavy) for heavy in (False, True))
-    args = (q, k_cache, v_cache, req_to_token, torch.zeros(1, dtype=torch.int64, device=device),
-            one, one, torch.zeros(1, dtype=torch.int32, device=device), 1.0, torch.empty_like(q))
     for cfg in configs:
-        extend_attention(*args, max_extend_len=1, config=cfg, skip_riders=split_riders)
-    if split_riders:
-        from gearshift.attention.kernels.decode import decode_riders
-
-        decode_riders(*args)
+        extend_attention(q, k_cache, v_cache, req_to_token,
+                         torch.zeros(1, dtype=torch.int64, device=device), one, one,
+                         torch.zeros(1, dtype=torch.int32, device=device), 1.0,
+                         torch.empty_like(q), max_extend_len=1, config=cfg)
