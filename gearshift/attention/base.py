@@ -3,7 +3,9 @@
 Data flow: ModelRunner picks one backend (registry below) -> every Attention layer calls
 `q = backend.rope_and_store(q, k, v, positions, cos, sin, layer_id, fb)` (rotates q and k,
 writes K/V at fb.out_cache_loc; one fused kernel in the Triton backend on CUDA) and then
-`backend.attend(q, layer_id, fb)`, which dispatches on fb.tree / fb.mode. Callers whose
+`backend.attend(q, layer_id, fb)`, which dispatches on fb.tree / fb.mode; or both at once
+through `backend.rope_store_attend(...)` (the Triton backend's DECODE: inside the decode
+kernel). Callers whose
 q/k are already rotated use `backend.forward(q, k, v, layer_id, fb)` (store + attend).
 
 KV buffers live in `KVCache` (one tensor each for K and V):
@@ -67,6 +69,13 @@ class AttentionBackend(ABC):
         q, k = ops.rope(q, k, positions, cos, sin)
         self.store_kv(k, v, layer_id, fb)
         return q
+
+    def rope_store_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        """rope_and_store, then attend (a backend may do both in one kernel)."""
+        q = self.rope_and_store(q, k, v, positions, cos, sin, layer_id, fb)
+        return self.attend(q, layer_id, fb)
 
     def attend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         """q: [num_tokens, num_heads, head_dim] over the K/V already stored; same shape out."""

@@ -15,10 +15,13 @@ older buffer stay valid.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from gearshift.attention.base import AttentionBackend, KVCache
 from gearshift.attention.kernels.decode import (
+    RopeInputs,
     alloc_decode_counters,
     decode_attention,
     num_sms,
@@ -27,7 +30,7 @@ from gearshift.attention.kernels.decode import (
 )
 from gearshift.attention.kernels.extend import extend_attention
 from gearshift.attention.kernels.tree import pick_tree_kv_splits, tree_attention
-from gearshift.forward_batch import ForwardBatch
+from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.models.kernels.rope import rope_and_store_kv
 
 
@@ -35,6 +38,9 @@ class TritonBackend(AttentionBackend):
     def __init__(self, kv: KVCache, sm_scale: float, max_kv_splits: int = 32) -> None:
         super().__init__(kv, sm_scale)
         self.max_kv_splits = max_kv_splits
+        # DECODE: RoPE + K/V store inside the decode kernel (GEARSHIFT_DECODE_ROPE=fused,
+        # default) or the RoPE kernel first (separate)
+        self.decode_rope = os.environ.get("GEARSHIFT_DECODE_ROPE", "fused") == "fused"
         self.num_kv_heads = kv.k.shape[2]
         self.sm_count = num_sms(kv.k.device)
         # (num_heads, head_dim) -> (max batch rows, flat fp32 scratch)
@@ -87,8 +93,18 @@ class TritonBackend(AttentionBackend):
         return rope_and_store_kv(q, k, v, positions, cos, sin, self.kv.k[layer_id],
                                  self.kv.v[layer_id], fb.out_cache_loc)
 
-    def decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
-        # q: [padded_bs, num_heads, head_dim]
+    def rope_store_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        # DECODE: RoPE and the K/V store inside the decode kernel (no launch of their own)
+        if self.decode_rope and fb.mode is ForwardMode.DECODE and fb.tree is None:
+            return self.decode(q, layer_id, fb,
+                               RopeInputs(k, v, positions, cos, sin, fb.out_cache_loc))
+        return super().rope_store_attend(q, k, v, positions, cos, sin, layer_id, fb)
+
+    def decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch,
+               rope: RopeInputs | None = None) -> torch.Tensor:
+        # q: [padded_bs, num_heads, head_dim] (unrotated with `rope`)
         bs, num_heads, head_dim = q.shape
         splits = self.num_kv_splits(bs)
         workspace = self._decode_workspace(bs, num_heads, head_dim, splits)  # sizes counters too
@@ -96,7 +112,7 @@ class TritonBackend(AttentionBackend):
         return decode_attention(
             q, self.kv.k[layer_id], self.kv.v[layer_id], self.kv.req_to_token,
             fb.req_pool_indices, fb.seq_lens, self.sm_scale, out,
-            num_kv_splits=splits, workspace=workspace, counters=self._counters,
+            num_kv_splits=splits, workspace=workspace, counters=self._counters, rope=rope,
         )
 
     def tree(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:

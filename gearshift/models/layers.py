@@ -116,8 +116,9 @@ class Attention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = attn.rope_and_store(q, k, v, positions, self.rope.cos, self.rope.sin, self.layer_id, fb)
-        return attn.attend(q, self.layer_id, fb).reshape(t, self.q_size)  # [T, Hq * D]
+        o = attn.rope_store_attend(q, k, v, positions, self.rope.cos, self.rope.sin,
+                                   self.layer_id, fb)
+        return o.reshape(t, self.q_size)  # [T, Hq * D]
 
 
 class MLP(nn.Module):

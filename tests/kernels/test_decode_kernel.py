@@ -176,3 +176,64 @@ def test_decode_half_precision_on_gpu(slot_pool, dtype):
     expected = TorchBackend(kv, 128 ** -0.5).decode(q, 0, fb)
     actual = TritonBackend(kv, 128 ** -0.5).decode(q, 0, fb)
     torch.testing.assert_close(actual, expected, atol=2e-2, rtol=2e-2)
+
+
+def rope_tables(max_pos: int, head_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    ang = torch.arange(max_pos, dtype=torch.float32)[:, None] * inv[None, :]
+    return ang.cos().to(device), ang.sin().to(device)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,num_padded",
+                         [(8, 2, 64, 0), (4, 4, 32, 2), (6, 2, 48, 1)])
+def test_rope_inside_decode_matches_rope_store_then_decode(slot_pool, device, num_heads,
+                                                           num_kv_heads, head_dim, num_padded):
+    """DECODE on the Triton backend (rope_store_attend): RoPE and the K/V store inside the
+    decode kernel give the output and the cache of the RoPE + store launch followed by
+    attention (torch backend), padded rows included."""
+    kv, rows = slot_pool(SEQ_LENS, num_kv_heads, head_dim, num_layers=2, seed=5)
+    ref_kv = KVCache(kv.k.clone(), kv.v.clone(), kv.req_to_token.clone())
+    fb = decode_batch(kv, rows, SEQ_LENS, num_padded)
+    bs = fb.padded_batch_size
+    qkv = torch.randn(bs, (num_heads + 2 * num_kv_heads) * head_dim, device=device)
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim,
+                         num_kv_heads * head_dim], dim=-1)  # strided views, as in the model
+    q, k, v = (t.view(bs, -1, head_dim) for t in (q, k, v))
+    cos, sin = rope_tables(300, head_dim, device)
+    scale = head_dim ** -0.5
+    expected = TorchBackend(ref_kv, scale).rope_store_attend(q.clone(), k.clone(), v, fb.positions,
+                                                             cos, sin, 1, fb)
+    backend = TritonBackend(kv, scale)
+    assert backend.decode_rope
+    actual = backend.rope_store_attend(q, k, v, fb.positions, cos, sin, 1, fb)
+    torch.testing.assert_close(actual[:len(SEQ_LENS)], expected[:len(SEQ_LENS)],
+                               atol=1e-4, rtol=1e-4)
+    real = fb.out_cache_loc[:len(SEQ_LENS)]
+    torch.testing.assert_close(kv.k[1, real], ref_kv.k[1, real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kv.v[1, real], ref_kv.v[1, real])
+    torch.testing.assert_close(kv.k[0], ref_kv.k[0])  # other layers untouched
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 2, 32])
+def test_rope_inside_decode_any_split_count(slot_pool, device, num_kv_splits):
+    """The split holding the new key stores and attends it, whatever the split count (and
+    a 1-key request, whose only key is the new one)."""
+    from gearshift.attention.kernels.decode import RopeInputs
+
+    num_heads, num_kv_heads, head_dim = 8, 2, 64
+    kv, rows = slot_pool(SEQ_LENS, num_kv_heads, head_dim, seed=6)
+    ref_kv = KVCache(kv.k.clone(), kv.v.clone(), kv.req_to_token.clone())
+    fb = decode_batch(kv, rows, SEQ_LENS)
+    q = torch.randn(len(SEQ_LENS), num_heads, head_dim, device=device)
+    k = torch.randn(len(SEQ_LENS), num_kv_heads, head_dim, device=device)
+    v = torch.randn_like(k)
+    cos, sin = rope_tables(300, head_dim, device)
+    expected = TorchBackend(ref_kv, 0.125).rope_store_attend(q.clone(), k.clone(), v,
+                                                             fb.positions, cos, sin, 0, fb)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, kv.k[0], kv.v[0], kv.req_to_token, fb.req_pool_indices, fb.seq_lens,
+                     0.125, out, num_kv_splits=num_kv_splits,
+                     rope=RopeInputs(k, v, fb.positions, cos, sin, fb.out_cache_loc))
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(kv.k, ref_kv.k, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kv.v, ref_kv.v)

@@ -28,6 +28,9 @@ from triton.compiler import ASTSource
 from gearshift.attention.kernels import decode
 from gearshift.models.kernels import activation, norm, rope, skinny_gemm
 
+DECODE_PTRS = {"ReqToToken": "*i32", "ReqPoolIdx": "*i64", "SeqLens": "*i32", "Work": "*fp32",
+               "Count": "*i32", "Positions": "*i64", "Cos": "*fp32", "Sin": "*fp32",
+               "OutCacheLoc": "*i64"}
 KERNELS = {  # name -> (jit function, pointer types, constexprs)
     "skinny_gated": (skinny_gemm._skinny_gemm_kernel, {}, dict(
         HAS_BIAS=False, EVEN_K=True, GATED=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256,
@@ -37,11 +40,14 @@ KERNELS = {  # name -> (jit function, pointer types, constexprs)
     "rope_store": (rope._rope_kernel, {"Positions": "*i64", "Cos": "*fp32", "Sin": "*fp32",
                                        "OutCacheLoc": "*i64"},
                    dict(HALF=64, BLOCK_H=8, BLOCK_D=64, STORE_KV=True)),
-    "decode_split": (decode._decode_split_kernel, {"ReqToToken": "*i32", "ReqPoolIdx": "*i64",
-                                                   "SeqLens": "*i32", "Work": "*fp32",
-                                                   "Count": "*i32"},
+    "decode_split": (decode._decode_split_kernel, DECODE_PTRS,
                      dict(GROUP=4, HEAD_DIM=128, NUM_SPLITS=2, BLOCK_H=16, BLOCK_D=128,
-                          BLOCK_N=64, BLOCK_S=2, DOT_PRECISION="tf32", FUSED_MERGE=False)),
+                          BLOCK_N=64, BLOCK_S=2, DOT_PRECISION="tf32", FUSED_MERGE=False,
+                          ROPE=False)),
+    "decode_rope": (decode._decode_split_kernel, DECODE_PTRS,
+                    dict(GROUP=4, HEAD_DIM=128, NUM_SPLITS=1, BLOCK_H=16, BLOCK_D=128,
+                         BLOCK_N=64, BLOCK_S=1, DOT_PRECISION="tf32", FUSED_MERGE=False,
+                         ROPE=True)),
 }
 FLOATS = {"eps", "inv_num_cols", "sm_scale_log2"}
 GEMM = skinny_gemm._skinny_gemm_kernel  # its M, N, K are sizes (decode's K is the cache)

@@ -33,12 +33,21 @@ replays reuse it without a memset; calls sharing one buffer must not run concurr
 
     split programs of (b, kv_head):  s0 ─┐ s1 ─┐ ... s{n-1} ─┐   ticket = atomic_add(Count, 1)
                                          └─────┴──────────────┴─► ticket n-1: merge, Count = 0
+
+RoPE inside (`rope=RopeInputs(...)`, the DECODE step on the Triton backend): q and this
+step's k arrive unrotated from the qkv projection, so the step needs no RoPE + K/V store
+launch of its own. Every split program rotates its group's q (fp32, rounded to q's dtype,
+as the RoPE kernel does). The split holding position seq_len - 1 (the new token) rotates
+k, stores k and v at out_cache_loc, and attends to that key from registers; the loop
+stops one key short. No program reads the new slot, so no ordering between programs is
+needed. Other paths (extend, VERIFY, trees) keep models/kernels/rope.py.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -82,10 +91,19 @@ def _merge_head(
 
 
 @triton.jit
+def _rotate(x, x_sw, cos, sin):
+    """Neox RoPE of x given x_sw (x with its halves swapped) and the signed sin (-sin on the
+    first half), in fp32, rounded back to x's dtype as the RoPE kernel rounds."""
+    return (x.to(tl.float32) * cos + x_sw.to(tl.float32) * sin).to(x.dtype)
+
+
+@triton.jit
 def _decode_split_kernel(
     Q, K, V, ReqToToken, ReqPoolIdx, SeqLens, Work, Count, Out,
+    KNew, VNew, Positions, Cos, Sin, OutCacheLoc,  # ROPE only (else any tensors)
     sm_scale_log2,
     stride_qb, stride_qh,
+    stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cos,
     stride_ks, stride_kh,
     stride_vs, stride_vh,
     stride_rt,
@@ -95,8 +113,11 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, ROPE: tl.constexpr,
 ):
+    # ROPE (see "RoPE inside" in the module docstring): q and this step's k arrive
+    # unrotated; the split holding the last position stores rotated k and v at
+    # OutCacheLoc[b] and attends to that key from registers, the loop reads the rest.
     pdl_wait(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -106,7 +127,12 @@ def _decode_split_kernel(
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
-    nonempty = start < end  # an empty split (past a short sequence) runs no loop, stores nothing
+    if ROPE:  # the new key (position seq_len - 1) comes from registers, not the loop
+        owner = (seq_len > 0) & (split == (seq_len - 1) // tl.maximum(split_len, 1))
+        end = tl.minimum(end, seq_len - 1)
+        nonempty = (start < end) | owner
+    else:
+        nonempty = start < end  # an empty split (past a short sequence) runs no loop, stores nothing
     row = tl.load(ReqPoolIdx + b).to(tl.int64)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -118,6 +144,17 @@ def _decode_split_kernel(
 
     q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
+    if ROPE:
+        half: tl.constexpr = HEAD_DIM // 2
+        first = offs_d < half
+        swap = tl.where(first, offs_d + half, offs_d - half)  # the other half's element
+        sin_sign = tl.where(first, -1.0, 1.0)
+        table = tl.load(Positions + b).to(tl.int64) * stride_cos + offs_d % half
+        cos = tl.load(Cos + table, mask=mask_d, other=0.0)  # [BLOCK_D] fp32, halves repeated
+        sin = tl.load(Sin + table, mask=mask_d, other=0.0) * sin_sign
+        q_sw = tl.load(q_ptrs + (swap - offs_d)[None, :], mask=mask_h[:, None] & mask_d[None, :],
+                       other=0.0)
+        q = _rotate(q, q_sw, cos[None, :], sin[None, :])
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -141,6 +178,24 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     pdl_trigger(PDL)
+    if ROPE:  # this step's key: rotated, stored by the owner split, attended from registers
+        kn_ptrs = KNew + b * stride_knb + kv_head * stride_knh + offs_d
+        k_new = _rotate(tl.load(kn_ptrs, mask=mask_d, other=0.0),
+                        tl.load(kn_ptrs + (swap - offs_d), mask=mask_d, other=0.0), cos, sin)
+        v_new = tl.load(VNew + b * stride_vnb + kv_head * stride_vnh + offs_d, mask=mask_d,
+                        other=0.0)
+        slot = tl.load(OutCacheLoc + b).to(tl.int64)
+        own_d = offs_d < tl.where(owner, HEAD_DIM, 0)  # [BLOCK_D] all of head_dim, or none
+        tl.store(K + slot * stride_ks + kv_head * stride_kh + offs_d, k_new, mask=own_d)
+        tl.store(V + slot * stride_vs + kv_head * stride_vh + offs_d, v_new, mask=own_d)
+        s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * sm_scale_log2
+        m_new = tl.where(owner, tl.maximum(m_i, s_new), m_i)  # [BLOCK_H]
+        alpha = tl.where(owner, tl.exp2(m_i - m_new), 1.0)  # (-inf - -inf: not the owner's)
+        p_new = tl.where(owner, tl.exp2(s_new - m_new), 0.0)
+        l_i = l_i * alpha + p_new
+        acc = acc * alpha[:, None] + (p_new.to(v_new.dtype).to(tl.float32)[:, None]
+                                      * v_new.to(tl.float32)[None, :])
+        m_i = m_new
 
     l_i = tl.where(nonempty, l_i, 1.0)  # >= 1 when non-empty; keeps an empty split finite
     if NUM_SPLITS == 1:  # the one split is the answer (zeros for seq_len 0): no merge
@@ -185,6 +240,29 @@ def _decode_merge_kernel(
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     _merge_head(Work + b * stride_wb + head * stride_wh, Out + b * stride_ob + head * stride_oh,
                 seq_len, split_len, stride_ws, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D)
+
+
+@dataclass(frozen=True)
+class RopeInputs:
+    """What decode_attention needs to rotate q and k itself and store this step's K/V
+    (one per request: decode has one token a request)."""
+
+    k: torch.Tensor  # [bs, num_kv_heads, head_dim] unrotated, unit stride over head_dim
+    v: torch.Tensor  # [bs, num_kv_heads, head_dim]
+    positions: torch.Tensor  # [bs] int: the token's position (seq_len - 1)
+    cos: torch.Tensor  # [max_pos, head_dim / 2] fp32 (RotaryEmbedding's table)
+    sin: torch.Tensor  # [max_pos, head_dim / 2] fp32, same strides as cos
+    out_cache_loc: torch.Tensor  # [bs] int: the slot this step's K/V go to
+
+    def check(self, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+        bs, _, head_dim = q.shape
+        assert self.k.shape == self.v.shape == (bs, k_cache.shape[1], head_dim)
+        assert self.k.dtype == self.v.dtype == k_cache.dtype
+        assert self.k.stride(2) == 1 and self.v.stride(2) == 1 and head_dim % 2 == 0
+        assert self.cos.dtype == self.sin.dtype == torch.float32
+        assert self.cos.shape[1] == head_dim // 2 and self.cos.stride() == self.sin.stride()
+        assert self.cos.stride(1) == 1
+        assert self.positions.shape == self.out_cache_loc.shape == (bs,)
 
 
 @functools.cache
@@ -264,12 +342,15 @@ def decode_attention(
     counters: torch.Tensor | None = None,  # [>= bs, num_kv_heads] int32, all zero
     fused_merge: bool | None = None,  # None: GEARSHIFT_DECODE_MERGE (default separate)
     blocks: tuple[int, int, int] | None = None,  # stage 1 (BLOCK_N, warps, stages); None: default
+    rope: RopeInputs | None = None,  # q and this step's k unrotated: see RopeInputs
 ) -> torch.Tensor:
     """Attention of one new query per request over its cached keys; returns `out`.
 
     Pass a persistent `workspace` (see alloc_decode_workspace) and, for the fused merge,
     persistent zeroed `counters` (alloc_decode_counters; left zeroed) to stay CUDA-graph
-    safe; without them fresh buffers are allocated.
+    safe; without them fresh buffers are allocated. With `rope`, q is unrotated and this
+    step's K/V are not in the cache yet: the kernel rotates q and k and stores k and v
+    (module docstring, "RoPE inside").
     """
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -299,11 +380,16 @@ def decode_attention(
     # per-request scalars are read at unit stride: materialise expanded views
     req_pool_indices, seq_lens = req_pool_indices.contiguous(), seq_lens.contiguous()
     use_pdl, launch = pdl.enabled(q.device), pdl.launch_kwargs(q.device)
+    if rope is not None:
+        rope.check(q, k_cache)
+    r = rope or RopeInputs(q, q, seq_lens, seq_lens, seq_lens, seq_lens)  # unused stand-ins
     _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](
         q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, workspace,
         counters if fused else seq_lens, out,  # Count is unused (any tensor) when separate
+        r.k, r.v, r.positions.contiguous(), r.cos, r.sin, r.out_cache_loc.contiguous(),
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1),
+        r.k.stride(0), r.k.stride(1), r.v.stride(0), r.v.stride(1), r.cos.stride(0),
         k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1),
         req_to_token.stride(0),
@@ -314,7 +400,8 @@ def decode_attention(
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n,
         BLOCK_S=block_s, FUSED_MERGE=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
-        PDL=use_pdl, num_warps=num_warps, num_stages=num_stages, **launch,
+        PDL=use_pdl, ROPE=rope is not None, num_warps=num_warps, num_stages=num_stages,
+        **launch,
     )
     if fused or num_kv_splits == 1:  # one split: stage 1 wrote `out` itself
         return out
