@@ -54,7 +54,6 @@ from gearshift.models.kernels.norm import rms_norm
 from gearshift.models.kernels.pdl import pdl_trigger, pdl_wait, prefetch_rows_l2
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_SQ_ROWS = os.environ.get("GEARSHIFT_RMS_SQ", "rows") == "rows"  # session 17's A/B
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,6 @@ def _skinny_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, RMS: tl.constexpr, ACCUMULATE: tl.constexpr,
     W, stride_wn, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
-    SQ_ROWS: tl.constexpr,
 ):
     # Row blocks vary fastest (programs sharing a weight tile run together); rows past M
     # and K past the end read as zero. GATED: W is [gate; up]; the up rows of these
@@ -155,9 +153,7 @@ def _skinny_tma_kernel(
     _enter(W, off_n + tl.arange(0, BLOCK_N), N, stride_wn, GATED, PDL, PREFETCH, LINE)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # RMS: the squares summed per row each K block (SQ_ROWS: [BLOCK_M] registers) or
-    # elementwise, reduced after the loop ([BLOCK_M, BLOCK_K] registers)
-    sq = tl.zeros((BLOCK_M, 1 if SQ_ROWS else BLOCK_K), dtype=tl.float32)
+    sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         x = x_desc.load([off_m, k0])  # [BLOCK_M, BLOCK_K]
         acc = tl.dot(x, tl.trans(w_desc.load([off_n, k0])), acc)
@@ -165,10 +161,7 @@ def _skinny_tma_kernel(
             acc_up = tl.dot(x, tl.trans(w_desc.load([N + off_n, k0])), acc_up)
         if RMS:
             xf = x.to(tl.float32)
-            if SQ_ROWS:
-                sq += tl.sum(xf * xf, 1, keep_dims=True)
-            else:
-                sq += xf * xf
+            sq += xf * xf
     pdl_trigger(PDL)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
@@ -243,7 +236,7 @@ def skinny_linear(
             NUM_STAGES=1 if _INTERPRET else config.num_stages,
             RMS=rms is not None, ACCUMULATE=accumulate,
             W=weight, stride_wn=weight.stride(0), PDL=use_pdl, PREFETCH=prefetch, LINE=line,
-            SQ_ROWS=_SQ_ROWS, num_warps=1 if _INTERPRET else config.num_warps, **launch,
+            num_warps=1 if _INTERPRET else config.num_warps, **launch,
         )
         return out
     _skinny_gemm_kernel[(triton.cdiv(n, config.block_n) * triton.cdiv(m, config.block_m),)](

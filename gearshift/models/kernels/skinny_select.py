@@ -70,8 +70,7 @@ CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
     64: (SkinnyConfig(64, 32, 128, 4, 4), SkinnyConfig(64, 16, 128, 4, 4),
          SkinnyConfig(64, 128, 128, 8, 4), SkinnyConfig(64, 64, 128, 4, 4),
          SkinnyConfig(64, 128, 128, 4, 4), SkinnyConfig(64, 64, 128, 4, 6, tma=True),
-         SkinnyConfig(64, 32, 256, 4, 4, tma=True), SkinnyConfig(64, 64, 128, 4, 4, tma=True),
-         SkinnyConfig(64, 32, 128, 4, 6, tma=True)),
+         SkinnyConfig(64, 32, 256, 4, 4, tma=True), SkinnyConfig(64, 64, 128, 4, 4, tma=True)),
 }
 
 
