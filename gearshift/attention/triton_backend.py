@@ -1,9 +1,11 @@
 """Triton attention backend: split-K decode and causal flash extend over the slot pool.
 
-Data flow: Attention layer -> TritonBackend.rope_and_store (on CUDA one fused kernel,
-models/kernels/rope.py: rotates q in place, writes rotated K and V at out_cache_loc) ->
-AttentionBackend.attend -> TritonBackend.decode / .extend / .tree -> kernels/decode.py,
-kernels/extend.py, kernels/tree.py.
+Data flow: Attention layer -> TritonBackend.rope_store_attend. DECODE (default,
+GEARSHIFT_DECODE_ROPE=fused): the decode kernel rotates q and k and stores K/V itself
+(kernels/decode.py, RopeInputs). Otherwise -> TritonBackend.rope_and_store (on CUDA one
+fused kernel, models/kernels/rope.py: rotates q in place, writes rotated K and V at
+out_cache_loc) -> AttentionBackend.attend -> TritonBackend.decode / .extend / .tree ->
+kernels/decode.py, kernels/extend.py, kernels/tree.py.
 
 Decode is CUDA-graph safe: its grid depends only on the padded batch size (the number
 of KV splits is a function of it), and its fp32 scratch comes from one persistent buffer

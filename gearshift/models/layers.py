@@ -2,8 +2,9 @@
 (q/k/v fused into one projection), gated MLP (gate/up fused).
 
 Data flow: models/llama.py composes these; Attention hands q/k/v and RotaryEmbedding's
-cos/sin tables to the attention backend chosen by the runner (`rope_and_store`: rotate,
-write K/V to the slot pool; then `attend`). With the norm weights folded into the
+cos/sin tables to the attention backend chosen by the runner (`rope_store_attend`:
+rotate, write K/V to the slot pool, attend; the Triton backend's decode does all three in
+one kernel). With the norm weights folded into the
 products after them (LlamaForCausalLM.fold_norms), small steps run
 DecoderLayer.forward_fused instead of forward:
 
