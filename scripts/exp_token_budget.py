@@ -38,7 +38,10 @@ def main() -> int:
     t0 = time.perf_counter()
     llm = LLM(args.preset or None, load_format="dummy" if args.preset else "safetensors",
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=max(budgets))
-    result = {"env": environment(llm), "build_s": time.perf_counter() - t0, "runs": []}
+    from gearshift.models.kernels.skinny_select import CHOOSER
+
+    result = {"env": environment(llm), "build_s": time.perf_counter() - t0, "runs": [],
+              "skinny_gemm": CHOOSER.report()}  # the start-up picks and their timings
     sched = llm.engine.scheduler
     for rnd in range(args.passes):
         order = budgets if rnd % 2 == 0 else budgets[::-1]
