@@ -9,9 +9,10 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 date -u +%FT%TZ > "$OUT/log.txt"
 for v in 1 0 1 0; do
   echo "wide warps $v offline:" >> "$OUT/log.txt"
+  tag=$v.$RANDOM
   GEARSHIFT_SKINNY_WIDE_WARPS=$v timeout 95 python scripts/exp_token_budget.py --budgets 512 \
-    --passes 1 --out "$OUT/tb_$v.$RANDOM.json" > "$OUT/run_$v.$RANDOM.log" 2>&1
-  grep -h "^budget" "$OUT"/run_$v.*.log | tail -1 >> "$OUT/log.txt"
+    --passes 1 --out "$OUT/tb_$tag.json" > "$OUT/run_$tag.log" 2>&1
+  grep "^budget" "$OUT/run_$tag.log" >> "$OUT/log.txt"
 done
 date -u +%FT%TZ >> "$OUT/log.txt"
 cat "$OUT/log.txt"
