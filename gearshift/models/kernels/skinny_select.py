@@ -72,9 +72,6 @@ CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
          SkinnyConfig(64, 128, 128, 4, 4), SkinnyConfig(64, 64, 128, 4, 6, tma=True),
          SkinnyConfig(64, 32, 256, 4, 4, tma=True), SkinnyConfig(64, 64, 128, 4, 4, tma=True)),
 }
-if os.environ.get("GEARSHIFT_SKINNY_WIDE_WARPS") == "1":  # session 17's experiment
-    CANDIDATES[64] += (SkinnyConfig(64, 64, 128, 8, 6, tma=True),
-                       SkinnyConfig(64, 64, 128, 8, 4, tma=True))
 
 
 def tma_capable(device: torch.device) -> bool:
