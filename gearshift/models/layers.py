@@ -25,7 +25,6 @@ from gearshift.attention.base import AttentionBackend
 from gearshift.config import ModelConfig, RopeScaling
 from gearshift.forward_batch import ForwardBatch
 from gearshift.models import ops
-from gearshift.models.kernels import l2_prefetch
 
 
 class RMSNorm(nn.Module):
@@ -162,8 +161,6 @@ class DecoderLayer(nn.Module):
         each residual add inside the product before it, so no norm kernel runs between."""
         attn_mod, mlp = self.self_attn, self.mlp
         qkv = ops.rms_linear(r, attn_mod.qkv_proj, self.input_layernorm)
-        with l2_prefetch.during(attn_mod.o_proj.weight):  # experiment, off by default
-            o = attn_mod.attend_qkv(positions, qkv, fb, attn)
-        ops.linear_accumulate(o, attn_mod.o_proj, r)
+        ops.linear_accumulate(attn_mod.attend_qkv(positions, qkv, fb, attn), attn_mod.o_proj, r)
         act = ops.rms_linear(r, mlp.gate_up_proj, self.post_attention_layernorm, gated=True)
         ops.linear_accumulate(act, mlp.down_proj, r)

@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gearshift.models.kernels import l2_prefetch, pdl
+from gearshift.models.kernels import pdl
 from gearshift.models.kernels.pdl import pdl_enter, pdl_trigger, pdl_wait
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -113,7 +113,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    PDL: tl.constexpr, ROPE: tl.constexpr, KV_EVICT: tl.constexpr,
+    PDL: tl.constexpr, ROPE: tl.constexpr,
 ):
     # ROPE (see "RoPE inside" in the module docstring): q and this step's k arrive
     # unrotated; the split holding the last position stores rotated k and v at
@@ -165,9 +165,9 @@ def _decode_split_kernel(
         slots = tl.load(ReqToToken + row * stride_rt + pos, mask=mask_n, other=0).to(tl.int64)
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(K + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0, eviction_policy=KV_EVICT)  # [BLOCK_N, BLOCK_D]
+                    mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(V + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0, eviction_policy=KV_EVICT)  # [BLOCK_N, BLOCK_D]
+                    mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
         s = s * sm_scale_log2
         s = tl.where(mask_n[None, :], s, float("-inf"))
@@ -400,9 +400,7 @@ def decode_attention(
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n,
         BLOCK_S=block_s, FUSED_MERGE=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
-        PDL=use_pdl, ROPE=rope is not None,
-        KV_EVICT="evict_first" if l2_prefetch.ENABLED else "",  # see models/kernels/l2_prefetch
-        num_warps=num_warps, num_stages=num_stages,
+        PDL=use_pdl, ROPE=rope is not None, num_warps=num_warps, num_stages=num_stages,
         **launch,
     )
     if fused or num_kv_splits == 1:  # one split: stage 1 wrote `out` itself
