@@ -30,6 +30,10 @@ from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool  # noqa: E402
 from gearshift.scheduler.scheduler import Scheduler  # noqa: E402
 
 H200 = dict(base=4.5, per_dec=0.030, pf_small=0.015, pf_big=0.0205, knee=256)
+# session 17's final code: batch-1 decode 4.24 ms, 64-row decode 5.83 ms, the 512-token
+# mixed step 13.8 ms (prefill slopes scaled from session 8's by its 452-token chunk)
+H200_S17 = dict(base=4.24, per_dec=0.0248, pf_small=0.0154, pf_big=0.021, knee=256)
+COSTS = {"s8": H200, "s17": H200_S17}
 
 
 def step_ms(plan, base, per_dec, pf_small, pf_big, knee) -> float:
@@ -88,10 +92,12 @@ WHAT_IF = {
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--what-if", action="store_true", help="kernel speed-ups x three policies")
+    p.add_argument("--costs", choices=sorted(COSTS), default="s8",
+                   help="step-cost fit: session 8's (the what-if's base) or session 17's")
     a = p.parse_args()
     print("| policy | tok/s | steps | mixed steps | mean running |\n|---|---:|---:|---:|---:|")
     for name, fn in POLICIES.items():
-        r = simulate(fn, H200)
+        r = simulate(fn, COSTS[a.costs])
         print(f"| {name} | {r['tok_per_s']:,.0f} | {r['steps']} | {r['mixed']} | {r['mean_running']:.1f} |")
     if a.what_if:
         names = ("budget 256", "budget 384", "decoders + 256")
