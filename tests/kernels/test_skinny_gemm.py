@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from gearshift.models.kernels.skinny_gemm import SkinnyConfig, skinny_linear
-from gearshift.models.reference_ops import silu_and_mul_ref
+from gearshift.models.reference_ops import rms_norm_ref, silu_and_mul_ref
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -286,3 +286,42 @@ def test_chooser_times_in_interleaved_rounds_and_keeps_the_fastest(monkeypatch):
     assert chooser._measure(key, torch.zeros(64, 32, dtype=torch.float16), None) is None
     assert order == [None, cfg, None, cfg]
     assert chooser.timings[key] == {"cublas": 1.0, sel._name(cfg): 1.5}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_tma_split_k_matches_linear(dtype, split_k):
+    """K cut into split_k ranges (the last one short or empty), partials summed by the
+    last split of each tile: the plain, biased, gated, norm-inside and accumulating
+    products all match, twice in a row (the tickets are left zero for the next call)."""
+    from gearshift.models.kernels.skinny_gemm import splitk_buffers
+
+    cfg = SkinnyConfig(block_m=16, block_n=16, block_k=32, tma=True, split_k=split_k)
+    for _ in range(2):
+        _check(3, 48, 96, dtype, bias=False, config=cfg)
+        _check(19, 37, 72, dtype, bias=True, config=cfg)  # 2 row blocks, ragged K and N
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(5, 72, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(2 * 21, 72, generator=g) / 72**0.5).to(DEVICE, dtype)
+    want = silu_and_mul_ref(F.linear(x.float(), w.float()))
+    torch.testing.assert_close(skinny_linear(x, w, config=cfg, gated=True).float(), want,
+                               rtol=1e-2, atol=1e-2)
+    norm = torch.ones(72, device=DEVICE, dtype=dtype)
+    rms = F.linear(rms_norm_ref(x.float(), norm.float(), 1e-6), w.float())
+    torch.testing.assert_close(skinny_linear(x, w, config=cfg, rms=(norm, 1e-6)).float(), rms,
+                               rtol=1e-2, atol=1e-2)
+    out = torch.randn(5, 42, generator=g).to(DEVICE, dtype)
+    want = out.float() + F.linear(x.float(), w.float())
+    skinny_linear(x, w, config=cfg, out=out, accumulate=True)
+    torch.testing.assert_close(out.float(), want, rtol=1e-2, atol=1e-2)
+    assert not splitk_buffers(torch.device(DEVICE), 1, 1)[1].any()  # tickets back to zero
+
+
+def test_split_k_candidates_are_named_apart():
+    """The chooser keys its timings by name: split-K tilings (opt-in candidates) must not
+    share one with the one-split tiling of the same tile."""
+    import gearshift.models.kernels.skinny_select as sel
+
+    configs = set(sel.CANDIDATES[64] + sel.SPLITK_CANDIDATES[64])
+    assert len({sel._name(c) for c in configs}) == len(configs)
+    assert all("_sk" in sel._name(c) and c.tma for c in sel.SPLITK_CANDIDATES[64])

@@ -72,6 +72,17 @@ CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
          SkinnyConfig(64, 128, 128, 4, 4), SkinnyConfig(64, 64, 128, 4, 6, tma=True),
          SkinnyConfig(64, 32, 256, 4, 4, tma=True), SkinnyConfig(64, 64, 128, 4, 4, tma=True)),
 }
+# Split-K TMA tilings (prepared in session 17, not yet measured on a GPU: opt in with
+# GEARSHIFT_SKINNY_SPLITK=1). At 64 rows qkv runs 96 programs of 64 columns and o_proj 64,
+# under one wave of 132 SMs; cut K in 2 or 4 and every SM streams weights.
+SPLITK_CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
+    64: (SkinnyConfig(64, 64, 128, 4, 4, tma=True, split_k=2),
+         SkinnyConfig(64, 64, 128, 4, 4, tma=True, split_k=4),
+         SkinnyConfig(64, 128, 128, 4, 4, tma=True, split_k=4)),
+}
+if os.environ.get("GEARSHIFT_SKINNY_SPLITK") == "1":
+    for _rows, _extra in SPLITK_CANDIDATES.items():
+        CANDIDATES[_rows] += _extra
 
 
 def tma_capable(device: torch.device) -> bool:
@@ -204,6 +215,7 @@ def kernel_ms(fn, flush: torch.Tensor, evict_ms: float) -> float:
 
 def _name(cfg: SkinnyConfig) -> str:
     name = f"skinny_m{cfg.block_m}_n{cfg.block_n}_k{cfg.block_k}_w{cfg.num_warps}_s{cfg.num_stages}"
+    name += f"_sk{cfg.split_k}" if cfg.split_k > 1 else ""
     return name + "_tma" if cfg.tma else name
 
 
