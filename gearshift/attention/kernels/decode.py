@@ -190,8 +190,9 @@ def _decode_split_kernel(
         tl.store(V + slot * stride_vs + kv_head * stride_vh + offs_d, v_new, mask=own_d)
         s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * sm_scale_log2
         m_new = tl.where(owner, tl.maximum(m_i, s_new), m_i)  # [BLOCK_H]
-        alpha = tl.where(owner, tl.exp2(m_i - m_new), 1.0)  # (-inf - -inf: not the owner's)
-        p_new = tl.where(owner, tl.exp2(s_new - m_new), 0.0)
+        # other splits keep their state: alpha 1, p 0 (no -inf - -inf on the way)
+        alpha = tl.exp2(tl.where(owner, m_i - tl.where(owner, m_new, 0.0), 0.0))
+        p_new = tl.exp2(tl.where(owner, s_new - m_new, float("-inf")))
         l_i = l_i * alpha + p_new
         acc = acc * alpha[:, None] + (p_new.to(v_new.dtype).to(tl.float32)[:, None]
                                       * v_new.to(tl.float32)[None, :])
