@@ -6,6 +6,8 @@ MLP's SiLU-and-mul in the same launch) against the unfused torch path; the TMA t
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -322,6 +324,23 @@ def test_split_k_candidates_are_named_apart():
     share one with the one-split tiling of the same tile."""
     import gearshift.models.kernels.skinny_select as sel
 
-    configs = set(sel.CANDIDATES[64] + sel.SPLITK_CANDIDATES[64])
-    assert len({sel._name(c) for c in configs}) == len(configs)
-    assert all("_sk" in sel._name(c) and c.tma for c in sel.SPLITK_CANDIDATES[64])
+    for rows, extra in sel.SPLITK_CANDIDATES.items():
+        configs = set(sel.CANDIDATES[rows] + extra)
+        assert len({sel._name(c) for c in configs}) == len(configs)
+        assert all("_sk" in sel._name(c) and c.tma and c.block_m == rows for c in extra)
+
+
+def test_split_k_candidates_join_only_when_asked():
+    """GEARSHIFT_SKINNY_SPLITK=1 (read at import) adds the split-K tilings to the chooser's
+    candidates; without it none is timed."""
+    import subprocess
+    import sys
+
+    code = ("from gearshift.models.kernels import skinny_select as s; "
+            "print(sum(c.split_k > 1 for cs in s.CANDIDATES.values() for c in cs))")
+    counts = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, env={**os.environ, "GEARSHIFT_SKINNY_SPLITK": flag}
+                             ).stdout.strip() for flag in ("1", "0")]
+    import gearshift.models.kernels.skinny_select as sel
+    assert counts == [str(sum(map(len, sel.SPLITK_CANDIDATES.values()))), "0"]
+

@@ -74,8 +74,11 @@ CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
 }
 # Split-K TMA tilings (prepared in session 17, not yet measured on a GPU: opt in with
 # GEARSHIFT_SKINNY_SPLITK=1). At 64 rows qkv runs 96 programs of 64 columns and o_proj 64,
-# under one wave of 132 SMs; cut K in 2 or 4 and every SM streams weights.
+# at 1-16 rows qkv's 128-column tiling 48: under one wave of 132 SMs. Cut K in 2 or 4 and
+# every SM streams weights.
 SPLITK_CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
+    16: (SkinnyConfig(16, 128, 256, 4, 4, tma=True, split_k=4),
+         SkinnyConfig(16, 64, 256, 4, 4, tma=True, split_k=2)),
     64: (SkinnyConfig(64, 64, 128, 4, 4, tma=True, split_k=2),
          SkinnyConfig(64, 64, 128, 4, 4, tma=True, split_k=4),
          SkinnyConfig(64, 128, 128, 4, 4, tma=True, split_k=4)),
