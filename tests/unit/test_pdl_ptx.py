@@ -2,7 +2,9 @@
 (sm90, compiled on the CPU): a kernel launched with programmatic dependent launch reads and
 writes nothing before `griddepcontrol.wait` (the kernel before it may still run), except the
 skinny GEMM's L2 prefetch of its weight rows, and lets the next kernel launch
-(`griddepcontrol.launch_dependents`). Without PDL the kernels contain neither.
+(`griddepcontrol.launch_dependents`). Without PDL the kernels contain neither. Compiling
+the TMA GEMM with split-K (its tickets, the early return) here also catches an sm90
+compile error that the CPU's interpreter runs would not.
 
 The GPU tests run the engine with PDL on; this one fails if a kernel touches memory before
 its wait, which a GPU run would show only as a rare race. It compiles in a subprocess:
@@ -31,7 +33,12 @@ from gearshift.models.kernels import activation, norm, rope, skinny_gemm
 DECODE_PTRS = {"ReqToToken": "*i32", "ReqPoolIdx": "*i64", "SeqLens": "*i32", "Work": "*fp32",
                "Count": "*i32", "Positions": "*i64", "Cos": "*fp32", "Sin": "*fp32",
                "OutCacheLoc": "*i64"}
+TMA_PTRS = {"x_desc": "tensordesc<bf16[64, 128]>", "w_desc": "tensordesc<bf16[64, 128]>",
+            "Work": "*fp32", "Count": "*i32"}
 KERNELS = {  # name -> (jit function, pointer types, constexprs)
+    "skinny_tma_splitk": (skinny_gemm._skinny_tma_kernel, TMA_PTRS, dict(
+        HAS_BIAS=False, GATED=True, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, NUM_STAGES=4, RMS=True,
+        ACCUMULATE=False, PREFETCH=256, LINE=64, SPLIT_K=2)),
     "skinny_gated": (skinny_gemm._skinny_gemm_kernel, {}, dict(
         HAS_BIAS=False, EVEN_K=True, GATED=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256,
         ACCUMULATE=True, PREFETCH=512, LINE=64)),
@@ -51,6 +58,7 @@ KERNELS = {  # name -> (jit function, pointer types, constexprs)
 }
 FLOATS = {"eps", "inv_num_cols", "sm_scale_log2"}
 GEMM = skinny_gemm._skinny_gemm_kernel  # its M, N, K are sizes (decode's K is the cache)
+SIZED_K = (GEMM, skinny_gemm._skinny_tma_kernel)
 pdl = sys.argv[1] == "on"
 report = {}
 for name, (fn, ptr_types, consts) in KERNELS.items():
@@ -62,8 +70,10 @@ for name, (fn, ptr_types, consts) in KERNELS.items():
             constexprs[(i,)] = consts[p.name]
         elif p.name in FLOATS:
             sig[p.name] = "fp32"
-        elif p.name[0].isupper() and p.name not in ("M", "N") and (p.name, fn) != ("K", GEMM):
-            sig[p.name] = ptr_types.get(p.name, "*bf16")
+        elif p.name in ptr_types:
+            sig[p.name] = ptr_types[p.name]
+        elif p.name[0].isupper() and p.name not in ("M", "N") and not (p.name == "K" and fn in SIZED_K):
+            sig[p.name] = "*bf16"
         else:
             sig[p.name] = "i32"
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
@@ -97,9 +107,9 @@ def test_pdl_kernels_wait_before_touching_memory():
         assert at["wait"] is not None and at["trigger"] is not None, name
         assert at["memory"] is not None and at["wait"] < at["memory"], (name, at)
         assert at["wait"] < at["trigger"], (name, at)  # one kernel launched ahead at most
-    gemm = report["skinny_gated"]
-    assert gemm["prefetch"] is not None and gemm["prefetch"] < gemm["wait"]
-    assert gemm["trigger"] > gemm["memory"]  # after the K loop's loads, not at the top
+    for gemm in (report["skinny_gated"], report["skinny_tma_splitk"]):
+        assert gemm["prefetch"] is not None and gemm["prefetch"] < gemm["wait"]
+        assert gemm["trigger"] > gemm["memory"]  # after the K loop's loads, not at the top
 
 
 def test_without_pdl_no_grid_dependency_ops():
