@@ -9,6 +9,7 @@ graphs cover every step) and the scheduler's budget is set per run; budgets run 
 interleaved passes. Writes JSON (per run: tok/s, steps per mode, medians, rows per step).
 
 Usage: python scripts/exp_token_budget.py --budgets 160,192,256,2048 --passes 2 --out x.json
+       python scripts/exp_token_budget.py --budgets 512,d256,d320 --passes 2   (dN: decoders + N)
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import time
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="llama-3.1-8b")
-    p.add_argument("--budgets", default="160,192,224,256,384,2048")
+    p.add_argument("--budgets", default="160,192,224,256,384,2048",
+                   help="step token budgets; dN: this step's decoders + N (SGLang's mixed chunk: "
+                        "the prefill chunk's tokens do not shrink as more requests decode)")
     p.add_argument("--passes", type=int, default=2)
     p.add_argument("--num-prompts", type=int, default=256)
     p.add_argument("--input-len", type=int, default=512)
@@ -34,10 +37,11 @@ def main() -> int:
     from gearshift.bench.offline import environment, run_offline
     from gearshift.runner.jit_log import triton_compiles
 
-    budgets = [int(b) for b in args.budgets.split(",")]
+    budgets = args.budgets.split(",")
     t0 = time.perf_counter()
+    widest = max(int(b[1:]) + args.max_num_seqs if b.startswith("d") else int(b) for b in budgets)
     llm = LLM(args.preset or None, load_format="dummy" if args.preset else "safetensors",
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=max(budgets))
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=widest)
     from gearshift.models.kernels.skinny_select import CHOOSER
 
     result = {"env": environment(llm), "build_s": time.perf_counter() - t0, "runs": [],
@@ -46,7 +50,7 @@ def main() -> int:
     for rnd in range(args.passes):
         order = budgets if rnd % 2 == 0 else budgets[::-1]
         for b in order:
-            sched.max_num_batched_tokens = b
+            set_budget(sched, b, widest)
             measured = len(chooser_table())
             with triton_compiles() as compiles:
                 r = run_offline(llm, num_prompts=args.num_prompts, input_len=args.input_len,
@@ -65,7 +69,7 @@ def main() -> int:
                 "triton_compiles": list(compiles), "chooser_new_shapes": len(chooser_table()) - measured,
                 "slowest_steps": slowest}
             result["runs"].append(run)
-            print(f"budget {b:5d} pass {rnd}: {r['output_tok_per_s']:8.1f} tok/s, "
+            print(f"budget {b:>5} pass {rnd}: {r['output_tok_per_s']:8.1f} tok/s, "
                   f"{r['steps']} steps ({len(ext)} mixed, {run['extend_s']:.2f} s; "
                   f"{r['decode_steps']} decode, {run['decode_s']:.2f} s), "
                   f"mean running {run['mean_running']:.1f}; {len(compiles)} Triton compiles, "
@@ -74,6 +78,23 @@ def main() -> int:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
     return 0
+
+
+def set_budget(sched, budget: str, widest: int) -> None:
+    """A fixed step budget ("512"), or "dN": before every plan, the budget is the running
+    requests that decode plus N (at most `widest`, what the engine's graphs cover)."""
+    sched.__dict__.pop("schedule", None)  # the class's schedule again
+    if not budget.startswith("d"):
+        sched.max_num_batched_tokens = int(budget)
+        return
+    extra, plan = int(budget[1:]), type(sched).schedule
+
+    def schedule():
+        decoding = sum(r.num_computed_tokens >= len(r.prompt_token_ids) for r in sched.running)
+        sched.max_num_batched_tokens = min(decoding + extra, widest)
+        return plan(sched)
+
+    sched.schedule = schedule
 
 
 def chooser_table() -> dict:
