@@ -42,7 +42,10 @@ class TritonBackend(AttentionBackend):
         self.max_kv_splits = max_kv_splits
         # DECODE: RoPE + K/V store inside the decode kernel (GEARSHIFT_DECODE_ROPE=fused,
         # default) or the RoPE kernel first (separate)
-        self.decode_rope = os.environ.get("GEARSHIFT_DECODE_ROPE", "fused") == "fused"
+        rope = os.environ.get("GEARSHIFT_DECODE_ROPE", "fused").lower()
+        if rope not in ("fused", "separate"):
+            raise ValueError(f"GEARSHIFT_DECODE_ROPE must be 'fused' or 'separate', not {rope!r}")
+        self.decode_rope = rope == "fused"
         self.num_kv_heads = kv.k.shape[2]
         self.sm_count = num_sms(kv.k.device)
         # (num_heads, head_dim) -> (max batch rows, flat fp32 scratch)

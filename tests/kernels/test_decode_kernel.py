@@ -237,3 +237,14 @@ def test_rope_inside_decode_any_split_count(slot_pool, device, num_kv_splits):
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(kv.k, ref_kv.k, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(kv.v, ref_kv.v)
+
+
+def test_decode_rope_knob(slot_pool, monkeypatch):
+    """GEARSHIFT_DECODE_ROPE: fused (default) or separate; anything else is an error that
+    names the knob, not a silent fallback."""
+    kv, _ = slot_pool([4], 1, 16)
+    monkeypatch.setenv("GEARSHIFT_DECODE_ROPE", "separate")
+    assert not TritonBackend(kv, 0.25).decode_rope
+    monkeypatch.setenv("GEARSHIFT_DECODE_ROPE", "fuse")
+    with pytest.raises(ValueError, match="GEARSHIFT_DECODE_ROPE"):
+        TritonBackend(kv, 0.25)
