@@ -6,18 +6,13 @@
 set -uo pipefail
 OUT=$(realpath "${OUT:-out}"); mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-BS1=(bench offline --preset llama-3.1-8b --load-format dummy --max-num-seqs 64 --num-prompts 1
-     --input-len 1024 --output-len 128)
+source "$(dirname "$0")/device_common.sh"
 date -u +%FT%TZ > "$OUT/log.txt"
 for v in fused separate fused separate; do
-  echo "rope $v bs1:" >> "$OUT/log.txt"
-  GEARSHIFT_DECODE_ROPE=$v timeout 100 python -m gearshift.cli "${BS1[@]}" \
-    --output-json "$OUT/bs1_$v.$RANDOM.json" 2>&1 | grep -E "decode_step_ms_median |decode_device" >> "$OUT/log.txt"
+  GEARSHIFT_DECODE_ROPE=$v bs1_run "rope $v" "$v.$RANDOM"
 done
 for v in fused separate fused separate; do
-  echo "rope $v offline:" >> "$OUT/log.txt"
-  GEARSHIFT_DECODE_ROPE=$v timeout 110 python scripts/exp_token_budget.py --budgets 512 \
-    --passes 1 --out "$OUT/token_budget_$v.$RANDOM.json" 2>&1 | grep "^budget" >> "$OUT/log.txt"
+  GEARSHIFT_DECODE_ROPE=$v offline_run "rope $v" "$v.$RANDOM"
 done
 timeout 170 python -m pytest -q -p no:cacheprovider tests/kernels/test_decode_kernel.py \
   tests/gpu/test_gpu_engine.py > "$OUT/gpu_tests.log" 2>&1
