@@ -16,7 +16,10 @@ bs1_run() {
 # tok/s, steps, the chooser's picks in its JSON); its summary line into the log
 offline_run() {
   echo "$1 offline:" >> "$OUT/log.txt"
+  local log="$OUT/run.log"  # one log for every run (the device returns few files)
+  echo "== $1 ($2)" >> "$log"
   timeout 110 python scripts/exp_token_budget.py --budgets 512 --passes 1 \
-    --out "$OUT/tb_$2.json" > "$OUT/run_$2.log" 2>&1
-  grep "^budget" "$OUT/run_$2.log" >> "$OUT/log.txt" || tail -5 "$OUT/run_$2.log" >> "$OUT/log.txt"
+    --out "$OUT/tb_$2.json" > "$log.part" 2>&1
+  grep "^budget" "$log.part" >> "$OUT/log.txt" || tail -5 "$log.part" >> "$OUT/log.txt"
+  cat "$log.part" >> "$log"; rm -f "$log.part"
 }

@@ -64,7 +64,9 @@ class SkinnyConfig:
     num_warps: int = 4
     num_stages: int = 4
     tma: bool = False  # x and W through tensor descriptors (see the module docstring)
-    split_k: int = 1  # tma only: K cut into this many ranges, one program each ("split-K")
+    # tma only, M <= block_m: one program per SM, each streaming an equal share of the
+    # (column tile, K block) units (stream-K: models/kernels/skinny_streamk.py)
+    stream_k: bool = False
 
 
 @triton.jit
@@ -140,7 +142,6 @@ def _skinny_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, RMS: tl.constexpr, ACCUMULATE: tl.constexpr,
     W, stride_wn, PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
-    Work, Count, SPLIT_K: tl.constexpr,
 ):
     # Row blocks vary fastest (programs sharing a weight tile run together); rows past M
     # and K past the end read as zero. GATED: W is [gate; up]; the up rows of these
@@ -149,21 +150,14 @@ def _skinny_tma_kernel(
     # rms_norm(x) @ W.T = rstd * (x @ W.T), rstd from each row's squares, summed from the
     # x tiles the dot streams anyway (elementwise, reduced once after the loop).
     # ACCUMULATE: out += x @ W.T (the residual stream).
-    # SPLIT_K > 1: the SPLIT_K programs of a tile are adjacent; each covers one K range
-    # and stores its fp32 partials in Work; the last to finish (a ticket from Count) sums
-    # them in split order (deterministic) and runs the epilogue (_splitk_reduce).
     num_m = tl.cdiv(M, BLOCK_M)
-    tile = tl.program_id(0) // SPLIT_K
-    split = tl.program_id(0) % SPLIT_K
-    off_m = (tile % num_m) * BLOCK_M
-    off_n = (tile // num_m) * BLOCK_N
-    k_len = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    off_m = (tl.program_id(0) % num_m) * BLOCK_M
+    off_n = (tl.program_id(0) // num_m) * BLOCK_N
     _enter(W, off_n + tl.arange(0, BLOCK_N), N, stride_wn, GATED, PDL, PREFETCH, LINE)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-    for k0 in tl.range(split * k_len, tl.minimum(split * k_len + k_len, K), BLOCK_K,
-                       num_stages=NUM_STAGES):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         x = x_desc.load([off_m, k0])  # [BLOCK_M, BLOCK_K]
         acc = tl.dot(x, tl.trans(w_desc.load([off_n, k0])), acc)
         if GATED:
@@ -172,12 +166,17 @@ def _skinny_tma_kernel(
             xf = x.to(tl.float32)
             sq += xf * xf
     pdl_trigger(PDL)
-    sq_rows = tl.sum(sq, 1)  # [BLOCK_M]
-    if SPLIT_K > 1:
-        last, acc, acc_up, sq_rows = _splitk_reduce(
-            Work, Count, tile, split, acc, acc_up, sq_rows, GATED, RMS, SPLIT_K, BLOCK_M, BLOCK_N)
-        if not last:
-            return
+    tile_epilogue(acc, acc_up, tl.sum(sq, 1), off_m, off_n, M, N, K, B, Out, stride_om, eps,
+                  HAS_BIAS, GATED, RMS, ACCUMULATE, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def tile_epilogue(acc, acc_up, sq_rows, off_m, off_n, M, N, K, B, Out, stride_om, eps,
+                  HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RMS: tl.constexpr,
+                  ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A TMA tile's output from its fp32 sums over all of K: the norm's rstd (RMS; sq_rows:
+    each row's sum of squares of x), the bias, SiLU-and-mul (GATED), + out (ACCUMULATE),
+    rounded once."""
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -194,40 +193,6 @@ def _skinny_tma_kernel(
     if ACCUMULATE:
         acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _splitk_reduce(Work, Count, tile, split, acc, acc_up, sq_rows, GATED: tl.constexpr,
-                   RMS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
-    """Store this split's partials at Work[tile, split]; the tile's last split to arrive
-    (ticket SPLIT_K - 1) gets the sums over every split, in split order, and zeroes the
-    tile's ticket again. -> (last, acc, acc_up, sq_rows)."""
-    per: tl.constexpr = BLOCK_M * BLOCK_N * (2 if GATED else 1) + BLOCK_M
-    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    offs_m = tl.arange(0, BLOCK_M)
-    base = Work + tile.to(tl.int64) * (SPLIT_K * per)
-    mine = base + split * per
-    tl.store(mine + offs, acc)
-    if GATED:
-        tl.store(mine + BLOCK_M * BLOCK_N + offs, acc_up)
-    if RMS:
-        tl.store(mine + per - BLOCK_M + offs_m, sq_rows)
-    tl.debug_barrier()  # every thread's partial is stored before the release below
-    ticket = tl.atomic_add(Count + tile, 1, sem="acq_rel", scope="gpu")
-    last = ticket == SPLIT_K - 1
-    if last:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        sq_rows = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for s in range(SPLIT_K):  # .cg: at L2, never an L1 line another SM's store left stale
-            acc += tl.load(base + s * per + offs, cache_modifier=".cg")
-            if GATED:
-                acc_up += tl.load(base + s * per + BLOCK_M * BLOCK_N + offs, cache_modifier=".cg")
-            if RMS:
-                sq_rows += tl.load(base + s * per + per - BLOCK_M + offs_m, cache_modifier=".cg")
-        tl.atomic_xchg(Count + tile, 0)  # zero again for the next call / graph replay
-    return last, acc, acc_up, sq_rows
 
 
 def tma_ready(*tensors: torch.Tensor) -> bool:
@@ -248,6 +213,7 @@ def skinny_linear(
     gated: bool = False,
     rms: tuple[torch.Tensor, float] | None = None,  # (unit norm weight [K], eps)
     accumulate: bool = False,
+    programs: int | None = None,  # stream_k configs: the program count (default: one per SM)
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)`: one program per (config.block_m rows, block_n columns)
     tile (the serving chooser uses one row block: M <= block_m). `gated`: the MLP's
@@ -275,24 +241,25 @@ def skinny_linear(
     prefetch = prefetch if prefetch >= line else 0
     launch = pdl.launch_kwargs(x.device)
     if tma:
-        tiles = triton.cdiv(n, config.block_n) * triton.cdiv(m, config.block_m)
-        split = config.split_k
-        work, count = splitk_buffers(x.device, tiles * split * (
-            config.block_m * config.block_n * (2 if gated else 1) + config.block_m),
-            tiles) if split > 1 else (out, out)  # unused at one split
-        _skinny_tma_kernel[(tiles * split,)](
-            TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
-            TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
-            bias if bias is not None else weight, out, m, n, k, out.stride(0),
-            0.0 if rms is None else rms[1],
+        args = (TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
+                TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
+                bias if bias is not None else weight, out, m, n, k, out.stride(0),
+                0.0 if rms is None else rms[1])
+        consts = dict(
             HAS_BIAS=bias is not None, GATED=gated,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             NUM_STAGES=1 if _INTERPRET else config.num_stages,
             RMS=rms is not None, ACCUMULATE=accumulate,
             W=weight, stride_wn=weight.stride(0), PDL=use_pdl, PREFETCH=prefetch, LINE=line,
-            Work=work, Count=count, SPLIT_K=split,
             num_warps=1 if _INTERPRET else config.num_warps, **launch,
         )
+        if config.stream_k:
+            from gearshift.models.kernels.skinny_streamk import launch_streamk
+
+            launch_streamk(args, consts, config, m, n, k, gated, x.device, programs)
+        else:
+            _skinny_tma_kernel[(triton.cdiv(n, config.block_n) * triton.cdiv(m, config.block_m),)](
+                *args, **consts)
         return out
     _skinny_gemm_kernel[(triton.cdiv(n, config.block_n) * triton.cdiv(m, config.block_m),)](
         x, weight, bias if bias is not None else weight, out, m, n, k,
@@ -304,29 +271,6 @@ def skinny_linear(
         num_stages=1 if _INTERPRET else config.num_stages, **launch,
     )
     return out
-
-
-_SPLITK: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # device -> (work, count)
-_RETIRED: list[torch.Tensor] = []  # outgrown buffers, kept for graphs that captured them
-
-
-def splitk_buffers(device: torch.device, work_numel: int,
-                   tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split-K scratch of `device`: fp32 partials (>= work_numel) and int32 tickets
-    (>= tiles, all zero; every call leaves them zero). One pair serves every call: calls on
-    one stream run one after another (under PDL a kernel waits before touching memory).
-    Grown, never freed, so CUDA graphs captured against an older pair stay valid; grow
-    them before capture (the chooser's timing at first use does)."""
-    work, count = _SPLITK.get(device, (None, None))
-    if work is None or work.numel() < work_numel or count.numel() < tiles:
-        if work is not None:
-            _RETIRED.extend((work, count))
-        work = torch.empty(max(work_numel, 0 if work is None else work.numel(), 1),
-                           dtype=torch.float32, device=device)
-        count = torch.zeros(max(tiles, 0 if count is None else count.numel(), 1),
-                            dtype=torch.int32, device=device)
-        _SPLITK[device] = work, count
-    return work, count
 
 
 def _pow2_floor(n: int) -> int:

@@ -72,19 +72,22 @@ CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
          SkinnyConfig(64, 128, 128, 4, 4), SkinnyConfig(64, 64, 128, 4, 6, tma=True),
          SkinnyConfig(64, 32, 256, 4, 4, tma=True), SkinnyConfig(64, 64, 128, 4, 4, tma=True)),
 }
-# Split-K TMA tilings (prepared in session 17, not yet measured on a GPU: opt in with
-# GEARSHIFT_SKINNY_SPLITK=1). At 64 rows qkv runs 96 programs of 64 columns and o_proj 64,
-# at 1-16 rows qkv's 128-column tiling 48: under one wave of 132 SMs. Cut K in 2 or 4 and
-# every SM streams weights.
-SPLITK_CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
-    16: (SkinnyConfig(16, 128, 256, 4, 4, tma=True, split_k=4),
-         SkinnyConfig(16, 64, 256, 4, 4, tma=True, split_k=2)),
-    64: (SkinnyConfig(64, 64, 128, 4, 4, tma=True, split_k=2),
-         SkinnyConfig(64, 64, 128, 4, 4, tma=True, split_k=4),
-         SkinnyConfig(64, 128, 128, 4, 4, tma=True, split_k=4)),
+# Stream-K TMA tilings (skinny_streamk.py: one program an SM, each streaming an equal
+# share of the weights), opt-in with GEARSHIFT_SKINNY_STREAMK=1 until measured on a GPU:
+# the tile shapes the chooser picks among the one-wave TMA tilings (session 18's picks:
+# qkv m64 n64 6 stages, gate_up m64 n64, down m64 n32 k256; at 1-16 rows n128).
+STREAMK_CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
+    16: (SkinnyConfig(16, 128, 128, 4, 4, tma=True, stream_k=True),
+         SkinnyConfig(16, 64, 256, 4, 4, tma=True, stream_k=True),
+         SkinnyConfig(16, 32, 256, 4, 6, tma=True, stream_k=True)),
+    32: (SkinnyConfig(32, 64, 128, 4, 6, tma=True, stream_k=True),
+         SkinnyConfig(32, 32, 256, 4, 4, tma=True, stream_k=True)),
+    64: (SkinnyConfig(64, 64, 128, 4, 4, tma=True, stream_k=True),
+         SkinnyConfig(64, 64, 128, 4, 6, tma=True, stream_k=True),
+         SkinnyConfig(64, 32, 256, 4, 4, tma=True, stream_k=True)),
 }
-if os.environ.get("GEARSHIFT_SKINNY_SPLITK") == "1":
-    for _rows, _extra in SPLITK_CANDIDATES.items():
+if os.environ.get("GEARSHIFT_SKINNY_STREAMK") == "1":
+    for _rows, _extra in STREAMK_CANDIDATES.items():
         CANDIDATES[_rows] += _extra
 
 
@@ -218,7 +221,7 @@ def kernel_ms(fn, flush: torch.Tensor, evict_ms: float) -> float:
 
 def _name(cfg: SkinnyConfig) -> str:
     name = f"skinny_m{cfg.block_m}_n{cfg.block_n}_k{cfg.block_k}_w{cfg.num_warps}_s{cfg.num_stages}"
-    name += f"_sk{cfg.split_k}" if cfg.split_k > 1 else ""
+    name += "_sk" if cfg.stream_k else ""
     return name + "_tma" if cfg.tma else name
 
 
