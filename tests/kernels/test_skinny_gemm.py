@@ -26,13 +26,13 @@ SMALL = SkinnyConfig(block_m=16, block_n=16, block_k=32)
 
 
 def _check(m: int, n: int, k: int, dtype: torch.dtype, *, bias: bool, config: SkinnyConfig,
-           x_stride_pad: int = 0, programs: int | None = None) -> None:
+           x_stride_pad: int = 0) -> None:
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     x_full = torch.randn(m, k + x_stride_pad, generator=g).to(DEVICE, dtype)
     x = x_full[:, :k]
     w = (torch.randn(n, k, generator=g) / k**0.5).to(DEVICE, dtype)
     b = torch.randn(n, generator=g).to(DEVICE, dtype) if bias else None
-    got = skinny_linear(x, w, b, config=config, programs=programs)
+    got = skinny_linear(x, w, b, config=config)
     ref = F.linear(x.float(), w.float(), None if b is None else b.float())
     assert got.shape == (m, n) and got.dtype == dtype
     # one rounding of an fp32 accumulation: within half an ulp of the output dtype, plus the
@@ -135,7 +135,6 @@ def test_rms_inside_the_product(dtype, gated):
     """rms=(unit weight, eps) with the norm weight g folded into W: the product of
     rms_norm(x, g) with the unfolded W. TMA tilings compute rstd in the kernel; a pointer
     tiling runs the norm kernel first."""
-    from gearshift.models.reference_ops import rms_norm_ref
 
     g = torch.Generator().manual_seed(11 + gated)
     m, n, k = 3, 21, 64
@@ -195,7 +194,6 @@ def test_linear_writes_into_out(monkeypatch):
 
 
 def test_margin_from_the_environment():
-    import os
     import subprocess
     import sys
 
@@ -288,73 +286,4 @@ def test_chooser_times_in_interleaved_rounds_and_keeps_the_fastest(monkeypatch):
     assert chooser._measure(key, torch.zeros(64, 32, dtype=torch.float16), None) is None
     assert order == [None, cfg, None, cfg]
     assert chooser.timings[key] == {"cublas": 1.0, sel._name(cfg): 1.5}
-
-
-STREAMK = SkinnyConfig(block_m=16, block_n=16, block_k=32, tma=True, stream_k=True)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("programs", [1, 2, 5, 9, 64])
-def test_stream_k_matches_linear(dtype, programs):
-    """Stream-K (skinny_streamk.py) over 1 program (every tile whole), 2 (whole tiles and
-    cut ones), 5 (every tile cut, a program holding parts of two), 9 (one K block each) and
-    more programs than units (capped): the plain, biased (ragged K and N), gated,
-    norm-inside and accumulating products all match, twice in a row (the tickets are left
-    zero for the next call), and a repeat is bit-identical."""
-    from gearshift.models.kernels.skinny_streamk import streamk_buffers
-
-    for _ in range(2):
-        _check(3, 48, 96, dtype, bias=False, config=STREAMK, programs=programs)  # 3 x 3 units
-        _check(16, 37, 70, dtype, bias=True, config=STREAMK, programs=programs)
-    g = torch.Generator().manual_seed(9)
-    x = torch.randn(5, 72, generator=g).to(DEVICE, dtype)
-    w = (torch.randn(2 * 21, 72, generator=g) / 72**0.5).to(DEVICE, dtype)
-    want = silu_and_mul_ref(F.linear(x.float(), w.float()))
-    got = skinny_linear(x, w, config=STREAMK, gated=True, programs=programs)
-    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
-    assert torch.equal(got, skinny_linear(x, w, config=STREAMK, gated=True, programs=programs))
-    norm = torch.ones(72, device=DEVICE, dtype=dtype)
-    for gated in (False, True):
-        h = F.linear(rms_norm_ref(x.float(), norm.float(), 1e-6), w.float())
-        torch.testing.assert_close(
-            skinny_linear(x, w, config=STREAMK, rms=(norm, 1e-6), gated=gated,
-                          programs=programs).float(),
-            silu_and_mul_ref(h) if gated else h, rtol=1e-2, atol=1e-2)
-    out = torch.randn(5, 42, generator=g).to(DEVICE, dtype)
-    want = out.float() + F.linear(x.float(), w.float())
-    skinny_linear(x, w, config=STREAMK, out=out, accumulate=True, programs=programs)
-    torch.testing.assert_close(out.float(), want, rtol=1e-2, atol=1e-2)
-    assert not streamk_buffers(torch.device(DEVICE), 1, 1)[1].any()  # tickets back to zero
-
-
-def test_stream_k_serves_one_row_block():
-    x = torch.zeros(17, 32, dtype=torch.float16, device=DEVICE)
-    with pytest.raises(AssertionError, match="one row block"):
-        skinny_linear(x, torch.zeros(16, 32, dtype=torch.float16, device=DEVICE), config=STREAMK)
-
-
-def test_stream_k_candidates_are_named_apart():
-    """The chooser keys its timings by name: stream-K tilings (opt-in candidates) must not
-    share one with the one-tile-a-program tiling of the same tile."""
-    import gearshift.models.kernels.skinny_select as sel
-
-    for rows, extra in sel.STREAMK_CANDIDATES.items():
-        configs = set(sel.CANDIDATES[rows] + extra)
-        assert len({sel._name(c) for c in configs}) == len(configs)
-        assert all(sel._name(c).endswith("_sk_tma") and c.block_m == rows for c in extra)
-
-
-def test_stream_k_candidates_join_only_when_asked():
-    """GEARSHIFT_SKINNY_STREAMK=1 (read at import) adds the stream-K tilings to the
-    chooser's candidates; without it none is timed."""
-    import subprocess
-    import sys
-
-    code = ("from gearshift.models.kernels import skinny_select as s; "
-            "print(sum(c.stream_k for cs in s.CANDIDATES.values() for c in cs))")
-    counts = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True, env={**os.environ, "GEARSHIFT_SKINNY_STREAMK": flag}
-                             ).stdout.strip() for flag in ("1", "0")]
-    import gearshift.models.kernels.skinny_select as sel
-    assert counts == [str(sum(map(len, sel.STREAMK_CANDIDATES.values()))), "0"]
 

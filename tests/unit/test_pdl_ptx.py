@@ -3,8 +3,8 @@
 writes nothing before `griddepcontrol.wait` (the kernel before it may still run), except the
 skinny GEMM's L2 prefetch of its weight rows, and lets the next kernel launch
 (`griddepcontrol.launch_dependents`). Without PDL the kernels contain neither. Compiling
-the stream-K TMA GEMM (its tickets, the epilogue inside the loop) here also catches an
-sm90 compile error that the CPU's interpreter runs would not.
+the TMA GEMM here also catches an sm90 compile error that the CPU's interpreter runs would
+not.
 
 The GPU tests run the engine with PDL on; this one fails if a kernel touches memory before
 its wait, which a GPU run would show only as a rare race. It compiles in a subprocess:
@@ -28,20 +28,16 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from gearshift.attention.kernels import decode
-from gearshift.models.kernels import activation, norm, rope, skinny_gemm, skinny_streamk
+from gearshift.models.kernels import activation, norm, rope, skinny_gemm
 
 DECODE_PTRS = {"ReqToToken": "*i32", "ReqPoolIdx": "*i64", "SeqLens": "*i32", "Work": "*fp32",
                "Count": "*i32", "Positions": "*i64", "Cos": "*fp32", "Sin": "*fp32",
                "OutCacheLoc": "*i64"}
-TMA_PTRS = {"x_desc": "tensordesc<bf16[64, 128]>", "w_desc": "tensordesc<bf16[64, 128]>",
-            "Work": "*fp32", "Count": "*i32"}
+TMA_PTRS = {"x_desc": "tensordesc<bf16[64, 128]>", "w_desc": "tensordesc<bf16[64, 128]>"}
 KERNELS = {  # name -> (jit function, pointer types, constexprs)
     "skinny_tma": (skinny_gemm._skinny_tma_kernel, TMA_PTRS, dict(
         HAS_BIAS=False, GATED=True, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, NUM_STAGES=4, RMS=True,
         ACCUMULATE=False, PREFETCH=256, LINE=64)),
-    "skinny_streamk": (skinny_streamk._skinny_streamk_kernel, TMA_PTRS, dict(
-        HAS_BIAS=False, GATED=True, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, NUM_STAGES=4, RMS=True,
-        ACCUMULATE=True, PREFETCH=256, LINE=64)),
     "skinny_gated": (skinny_gemm._skinny_gemm_kernel, {}, dict(
         HAS_BIAS=False, EVEN_K=True, GATED=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256,
         ACCUMULATE=True, PREFETCH=512, LINE=64)),
@@ -61,7 +57,7 @@ KERNELS = {  # name -> (jit function, pointer types, constexprs)
 }
 FLOATS = {"eps", "inv_num_cols", "sm_scale_log2"}
 GEMM = skinny_gemm._skinny_gemm_kernel  # its M, N, K are sizes (decode's K is the cache)
-SIZED_K = (GEMM, skinny_gemm._skinny_tma_kernel, skinny_streamk._skinny_streamk_kernel)
+SIZED_K = (GEMM, skinny_gemm._skinny_tma_kernel)
 pdl = sys.argv[1] == "on"
 report = {}
 for name, (fn, ptr_types, consts) in KERNELS.items():
@@ -110,7 +106,7 @@ def test_pdl_kernels_wait_before_touching_memory():
         assert at["wait"] is not None and at["trigger"] is not None, name
         assert at["memory"] is not None and at["wait"] < at["memory"], (name, at)
         assert at["wait"] < at["trigger"], (name, at)  # one kernel launched ahead at most
-    for gemm in (report["skinny_gated"], report["skinny_tma"], report["skinny_streamk"]):
+    for gemm in (report["skinny_gated"], report["skinny_tma"]):
         assert gemm["prefetch"] is not None and gemm["prefetch"] < gemm["wait"]
         assert gemm["trigger"] > gemm["memory"]  # after the K loop's loads, not at the top
 

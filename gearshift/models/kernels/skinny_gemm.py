@@ -64,9 +64,6 @@ class SkinnyConfig:
     num_warps: int = 4
     num_stages: int = 4
     tma: bool = False  # x and W through tensor descriptors (see the module docstring)
-    # tma only, M <= block_m: one program per SM, each streaming an equal share of the
-    # (column tile, K block) units (stream-K: models/kernels/skinny_streamk.py)
-    stream_k: bool = False
 
 
 @triton.jit
@@ -213,7 +210,6 @@ def skinny_linear(
     gated: bool = False,
     rms: tuple[torch.Tensor, float] | None = None,  # (unit norm weight [K], eps)
     accumulate: bool = False,
-    programs: int | None = None,  # stream_k configs: the program count (default: one per SM)
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)`: one program per (config.block_m rows, block_n columns)
     tile (the serving chooser uses one row block: M <= block_m). `gated`: the MLP's
@@ -253,13 +249,8 @@ def skinny_linear(
             W=weight, stride_wn=weight.stride(0), PDL=use_pdl, PREFETCH=prefetch, LINE=line,
             num_warps=1 if _INTERPRET else config.num_warps, **launch,
         )
-        if config.stream_k:
-            from gearshift.models.kernels.skinny_streamk import launch_streamk
-
-            launch_streamk(args, consts, config, m, n, k, gated, x.device, programs)
-        else:
-            _skinny_tma_kernel[(triton.cdiv(n, config.block_n) * triton.cdiv(m, config.block_m),)](
-                *args, **consts)
+        _skinny_tma_kernel[(triton.cdiv(n, config.block_n) * triton.cdiv(m, config.block_m),)](
+            *args, **consts)
         return out
     _skinny_gemm_kernel[(triton.cdiv(n, config.block_n) * triton.cdiv(m, config.block_m),)](
         x, weight, bias if bias is not None else weight, out, m, n, k,

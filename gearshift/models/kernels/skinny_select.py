@@ -72,25 +72,6 @@ CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
          SkinnyConfig(64, 128, 128, 4, 4), SkinnyConfig(64, 64, 128, 4, 6, tma=True),
          SkinnyConfig(64, 32, 256, 4, 4, tma=True), SkinnyConfig(64, 64, 128, 4, 4, tma=True)),
 }
-# Stream-K TMA tilings (skinny_streamk.py: one program an SM, each streaming an equal
-# share of the weights), opt-in with GEARSHIFT_SKINNY_STREAMK=1 until measured on a GPU:
-# the tile shapes the chooser picks among the one-wave TMA tilings (session 18's picks:
-# qkv m64 n64 6 stages, gate_up m64 n64, down m64 n32 k256; at 1-16 rows n128).
-STREAMK_CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
-    16: (SkinnyConfig(16, 128, 128, 4, 4, tma=True, stream_k=True),
-         SkinnyConfig(16, 64, 256, 4, 4, tma=True, stream_k=True),
-         SkinnyConfig(16, 32, 256, 4, 6, tma=True, stream_k=True)),
-    32: (SkinnyConfig(32, 64, 128, 4, 6, tma=True, stream_k=True),
-         SkinnyConfig(32, 32, 256, 4, 4, tma=True, stream_k=True)),
-    64: (SkinnyConfig(64, 64, 128, 4, 4, tma=True, stream_k=True),
-         SkinnyConfig(64, 64, 128, 4, 6, tma=True, stream_k=True),
-         SkinnyConfig(64, 32, 256, 4, 4, tma=True, stream_k=True)),
-}
-if os.environ.get("GEARSHIFT_SKINNY_STREAMK") == "1":
-    for _rows, _extra in STREAMK_CANDIDATES.items():
-        CANDIDATES[_rows] += _extra
-
-
 def tma_capable(device: torch.device) -> bool:
     """Tensor-memory-accelerator loads: a CUDA GPU of compute capability >= 9 and a Triton
     with host tensor descriptors."""
@@ -221,7 +202,6 @@ def kernel_ms(fn, flush: torch.Tensor, evict_ms: float) -> float:
 
 def _name(cfg: SkinnyConfig) -> str:
     name = f"skinny_m{cfg.block_m}_n{cfg.block_n}_k{cfg.block_k}_w{cfg.num_warps}_s{cfg.num_stages}"
-    name += "_sk" if cfg.stream_k else ""
     return name + "_tma" if cfg.tma else name
 
 
