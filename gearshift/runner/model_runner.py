@@ -166,12 +166,13 @@ class ModelRunner:
         return None
 
     def _forward_logits(self, fb: ForwardBatch):
-        """-> logits [padded_bs, vocab] (and aux features [T, 3H] when capturing)."""
+        """-> logits [padded_bs, vocab] in the model dtype, for sample() (and aux features
+        [T, 3H] when capturing)."""
         if self.capture:
             hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn, self.capture)
-            return self.model.compute_logits(hidden[fb.logits_indices]), aux
+            return self.model.compute_logits(hidden[fb.logits_indices], fp32=False), aux
         hidden = self.model(fb.input_ids, fb.positions, fb, self.attn)  # [T, hidden]
-        return self.model.compute_logits(hidden[fb.logits_indices])
+        return self.model.compute_logits(hidden[fb.logits_indices], fp32=False)
 
     @torch.inference_mode()
     def run(self, fb: ForwardBatch, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:

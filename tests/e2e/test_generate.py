@@ -181,3 +181,31 @@ def test_model_without_tokenizer_takes_token_ids(
     with pytest.raises((ValueError, RuntimeError), match="(?i)tokenizer"):
         bare.generate(["a string prompt needs a tokenizer"], _greedy(4))
     assert_idle_invariant(bare)
+
+
+def test_sampler_reads_logits_in_the_model_dtype(tiny_llama_dir: Path, make_llm, monkeypatch) -> None:
+    """Steps hand the sampler the lm_head product in the model dtype (no [B, vocab] fp32
+    copy a step): bf16 here, and the greedy and seeded tokens are those of fp32 logits."""
+    import torch
+
+    from gearshift.models.llama import LlamaForCausalLM
+    from gearshift.runner import model_runner
+
+    seen, sample = [], model_runner.sample
+
+    def spy(logits, sb):
+        seen.append(logits.dtype)
+        return sample(logits, sb)
+
+    monkeypatch.setattr(model_runner, "sample", spy)
+    params = [_greedy(12), SamplingParams(max_tokens=12, temperature=0.8, seed=3, ignore_eos=True)]
+    llm = make_llm(tiny_llama_dir, dtype="bfloat16")
+    got = [o.token_ids for o in llm.generate(ID_PROMPTS[:2], params)]
+    assert seen and set(seen) == {torch.bfloat16}
+
+    compute = LlamaForCausalLM.compute_logits
+    monkeypatch.setattr(LlamaForCausalLM, "compute_logits",
+                        lambda self, h, out=None, mm_out=None, fp32=True: compute(self, h, out, mm_out))
+    seen.clear()
+    want = [o.token_ids for o in make_llm(tiny_llama_dir, dtype="bfloat16").generate(ID_PROMPTS[:2], params)]
+    assert set(seen) == {torch.float32} and got == want
