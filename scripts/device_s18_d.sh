@@ -23,5 +23,6 @@ offline_run "new" new.1
 (cd "$OLD" && PYTHONPATH=$OLD offline_run "old" old.1)
 offline_run "new" new.2
 (cd "$OLD" && PYTHONPATH=$OLD offline_run "old" old.2)
+rm -f "$OUT"/tb_old.*.json "$OUT/tb_new.2.json" "$OUT/bs1_old.json"  # the device returns <= 8 files
 date -u +%FT%TZ >> "$OUT/log.txt"
 cat "$OUT/log.txt"
