@@ -82,7 +82,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             from gearshift.runner.kernels.sample import warmup as warmup_sampler
 
-            warmup_sampler(self.model.config.vocab_size, self.device)
+            warmup_sampler(self.model.config.vocab_size, self.device, (self.dtype, torch.float32))
             if self.config.attention_backend == "triton":
                 from gearshift.attention.kernels.extend import warmup_extend
 

@@ -184,18 +184,21 @@ def test_launch_plan_covers_the_vocabulary():
 @pytest.mark.skipif(not HAS_CUDA, reason="compiles happen on a GPU (the interpreter compiles nothing)")
 def test_after_the_warmup_no_step_compiles():
     """The runner's start-up `warmup` compiles every variant: afterwards rows of any count,
-    greedy or sampled, reuse them. Mixed steps ask for logits of 1..N rows, and a compile
-    is tenths of a second inside a step (session 14: 15 of them, up to 0.46 s a step, in
-    the first offline run before this)."""
+    greedy or sampled, on logits of either warmed dtype, reuse them (session 18: bf16
+    logits for plain steps compiled three variants inside the first offline run). Mixed
+    steps ask for logits of 1..N rows, and a compile is tenths of a second inside a step
+    (session 14: 15 of them, up to 0.46 s a step, in the first offline run before this)."""
     from gearshift.runner.jit_log import triton_compiles
     from gearshift.runner.kernels.sample import warmup
 
     vocab = 32000
-    warmup(vocab, DEVICE)
+    warmup(vocab, DEVICE, (torch.bfloat16, torch.float32))  # as ModelRunner on a bf16 model
     with triton_compiles() as compiles:
         for rows in (2, 3, 5, 13, 16, 17, 40, 64, 100, 700):
-            logits = torch.randn(rows, vocab, device=DEVICE)
             zeros = torch.zeros(rows, device=DEVICE, dtype=torch.int64)
-            for greedy_only in (True, False):
-                race_argmax(logits, torch.rand(rows, device=DEVICE), zeros, zeros, greedy_only=greedy_only)
+            for dtype in (torch.bfloat16, torch.float32):  # plain steps; speculative paths
+                logits = torch.randn(rows, vocab, device=DEVICE, dtype=dtype)
+                for greedy_only in (True, False):
+                    race_argmax(logits, torch.rand(rows, device=DEVICE), zeros, zeros,
+                                greedy_only=greedy_only)
     assert compiles.available and list(compiles) == []

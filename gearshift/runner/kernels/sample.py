@@ -182,12 +182,15 @@ def race_argmax(
     return tokens
 
 
-def warmup(vocab: int, device: torch.device | str) -> None:
+def warmup(vocab: int, device: torch.device | str,
+           dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> None:
     """Compile every variant a step can ask for (greedy-only or not, either tile width) on
-    fp32 logits, before serving: with the integer arguments unspecialised these are all of
+    logits of each of `dtypes` (the model's own: plain steps; fp32: the speculative
+    paths), before serving: with the integer arguments unspecialised these are all of
     them, so no step compiles (tenths of a second each)."""
-    logits = torch.zeros(1, vocab, device=device)
     ones, zeros = torch.ones(1, device=device), torch.zeros(1, device=device, dtype=torch.int64)
-    for block in (NARROW, WIDE):
-        for greedy_only in (True, False):
-            race_argmax(logits, ones, zeros, zeros, greedy_only=greedy_only, block=block)
+    for dtype in dict.fromkeys(dtypes):
+        logits = torch.zeros(1, vocab, device=device, dtype=dtype)
+        for block in (NARROW, WIDE):
+            for greedy_only in (True, False):
+                race_argmax(logits, ones, zeros, zeros, greedy_only=greedy_only, block=block)
