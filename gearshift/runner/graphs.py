@@ -73,6 +73,18 @@ def pick_bucket(sizes: list[int], n: int) -> int | None:
     return sizes[i] if i < len(sizes) else None
 
 
+def fastest_at_or_above(times: dict[int, float]) -> dict[int, int]:
+    """size -> the size >= it whose graph replays fastest (itself on ties): a step padded
+    further runs no slower where cuBLAS's tiling of the smaller shape is worse (session
+    18, H200, the 8B's gate_up: 275.7 us at 448 rows against 163.7 at 512)."""
+    route, best = {}, None
+    for size in sorted(times, reverse=True):
+        if best is None or times[size] <= times[best]:
+            best = size
+        route[size] = best
+    return route
+
+
 @torch.inference_mode()
 def capture_graphs(sizes: list[int], batch_for, forward, pool):
     """Capture `forward(batch_for(size))` for every size, largest first (later graphs reuse
@@ -200,6 +212,23 @@ class ExtendGraphRunner:
     def capture(self) -> None:
         self.graphs, self.outputs, self.pool = capture_graphs(
             self.sizes, self.buf.capture_batch, self.forward_logits, self.pool)
+
+    def replay_ms(self, repeats: int = 5) -> dict[int, float]:
+        """Median device ms of each captured graph replayed on its capture batch (the
+        dummy request's tokens: its KV goes to slot 0 only)."""
+        times = {}
+        for size, graph in self.graphs.items():
+            self.buf.capture_batch(size)
+            runs = []
+            for _ in range(repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                runs.append(start.elapsed_time(end))
+            times[size] = sorted(runs)[len(runs) // 2]
+        return times
 
     def replay(self, fb: ForwardBatch):
         t = fb.num_tokens

@@ -24,6 +24,7 @@ from gearshift.runner.graphs import (
     ExtendGraphRunner,
     ShapeGraphs,
     extend_token_buckets,
+    fastest_at_or_above,
     pick_bucket,
 )
 from gearshift.runner.sampler import SamplingBatch, sample
@@ -66,6 +67,7 @@ class ModelRunner:
         self.graphs: DecodeGraphRunner | None = None
         self.extend_graphs: ExtendGraphRunner | None = None
         self.extend_sizes: list[int] = []  # padded token counts of EXTEND steps (graph buckets)
+        self.extend_route: dict[int, int] = {}  # bucket -> the graph its steps run in
         self.extend_rows = config.max_num_seqs + 1  # per-request rows of a padded EXTEND batch
         self.shape_graphs: ShapeGraphs | None = None  # VERIFY / DRAFT graphs, captured lazily
         self.capture: tuple[int, ...] = ()  # target layers whose outputs the draft consumes
@@ -100,6 +102,11 @@ class ModelRunner:
                                                    self.device)
             self.extend_graphs.capture()
             self.extend_sizes, pool = sizes, self.extend_graphs.pool
+            times = self.extend_graphs.replay_ms()
+            self.extend_route = fastest_at_or_above(times)
+            log.info("extend graph replay ms %s; padded further: %s",
+                     {s: round(ms, 2) for s, ms in times.items()},
+                     {s: r for s, r in self.extend_route.items() if r != s} or "none")
         self.graphs = DecodeGraphRunner(self._forward_logits, self.config.max_num_seqs, self.device,
                                         pool)
         self.graphs.capture()
@@ -151,8 +158,10 @@ class ModelRunner:
         return self.graphs.padded_size(bs) if self.graphs else bs
 
     def extend_pad(self, num_tokens: int) -> int | None:
-        """Padded token count of an EXTEND step (its graph bucket), None: eager, unpadded."""
-        return pick_bucket(self.extend_sizes, num_tokens)
+        """Padded token count of an EXTEND step: the fastest captured graph at or above its
+        bucket (graphs.fastest_at_or_above, timed at capture), None: eager, unpadded."""
+        bucket = pick_bucket(self.extend_sizes, num_tokens)
+        return self.extend_route.get(bucket, bucket)
 
     def padding(self, plan: StepPlan) -> Padding | None:
         """The graph shape `plan` will run in, for BatchBuilder.prepare(plan, padding);

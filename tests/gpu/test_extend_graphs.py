@@ -129,3 +129,20 @@ def test_extend_graphs_with_eagle3_draft(tiny_llama_dir, tmp_path, spec):
     assert _generate(llm, prompts) == ref
     assert llm.engine.runner.graph_stats()["extend_graphed"] == len(checked) > 0
     assert llm.spec_stats()["proposed"] > 0
+
+
+def test_every_bucket_is_routed_to_a_graph_at_or_above_it(tiny_llama_dir) -> None:
+    """Start-up times every EXTEND graph and routes each bucket to the fastest one at or
+    above it; steps pad to that route."""
+    llm = _llm(tiny_llama_dir, max_num_batched_tokens=256)
+    runner = llm.engine.runner
+    sizes = runner.extend_sizes
+    assert sizes and set(runner.extend_route) == set(sizes)
+    assert all(runner.extend_route[s] >= s and runner.extend_route[s] in sizes for s in sizes)
+    times = runner.extend_graphs.replay_ms(repeats=3)
+    for s in sizes:
+        assert times[runner.extend_route[s]] > 0
+        assert runner.extend_pad(s) == runner.extend_route[s]
+    out = llm.generate(_prompts()[:4], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    assert all(len(o.token_ids) == 8 for o in out)
+    assert_idle_invariant(llm)

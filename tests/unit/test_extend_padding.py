@@ -17,7 +17,12 @@ from checkpoints import random_prompts
 from gearshift import SamplingParams
 from gearshift.forward_batch import ForwardMode
 from gearshift.runner import graphs as graphs_mod
-from gearshift.runner.graphs import ExtendGraphRunner, extend_token_buckets, pick_bucket
+from gearshift.runner.graphs import (
+    ExtendGraphRunner,
+    extend_token_buckets,
+    fastest_at_or_above,
+    pick_bucket,
+)
 from gearshift.scheduler.batch import Padding, Stager, pad_batch, stage_forward
 
 
@@ -30,6 +35,24 @@ def test_extend_token_buckets() -> None:
     sizes = extend_token_buckets(200)
     assert [pick_bucket(sizes, n) for n in (1, 64, 65, 199, 200, 201)] == \
         [64, 64, 128, 200, 200, None]
+
+
+def test_fastest_graph_at_or_above() -> None:
+    """Each bucket runs in the fastest captured graph of its size or larger (ties: the
+    smallest): session 18's H200 timings made 448 tokens slower than 512."""
+    times = {64: 3.0, 128: 3.5, 192: 3.4, 256: 4.0, 448: 17.0, 512: 14.0, 576: 16.0}
+    assert fastest_at_or_above(times) == {64: 64, 128: 192, 192: 192, 256: 256, 448: 512,
+                                          512: 512, 576: 576}
+    assert fastest_at_or_above({64: 1.0, 128: 1.0}) == {64: 64, 128: 128}
+    assert fastest_at_or_above({}) == {}
+
+
+def test_extend_pad_follows_the_route(make_llm, tiny_llama_dir) -> None:
+    runner = make_llm(tiny_llama_dir).engine.runner
+    runner.extend_sizes = [64, 128, 192]
+    assert [runner.extend_pad(n) for n in (1, 64, 65, 192, 193)] == [64, 64, 128, 192, None]
+    runner.extend_route = {64: 64, 128: 192, 192: 192}
+    assert [runner.extend_pad(n) for n in (1, 64, 65, 192, 193)] == [64, 64, 192, 192, None]
 
 
 def _staged(rows, prefix, extend, ids, loc, num_real):
