@@ -58,7 +58,7 @@ def test_auto_measures_outside_captures(tiny_llama_dir, chooser):
     assert c.table, "decode shapes were measured during the graph warm-up"
     assert c.skipped_in_capture == 0
     for row in c.report():
-        assert row["choice"] == "cublas" or row["choice"].startswith("skinny_")
+        assert row["choice"] in ("cublas", skinny_select.CUBLASLT) or row["choice"].startswith("skinny_")
         assert row["kind"] in skinny_select.KINDS
         assert row["ms"]["cublas"] > 0 and len(row["ms"]) > 1
 

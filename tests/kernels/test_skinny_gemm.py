@@ -287,3 +287,52 @@ def test_chooser_times_in_interleaved_rounds_and_keeps_the_fastest(monkeypatch):
     assert order == [None, cfg, None, cfg]
     assert chooser.timings[key] == {"cublas": 1.0, sel._name(cfg): 1.5}
 
+
+
+def test_chooser_times_cublaslt_and_runs_the_cublas_form_under_it(monkeypatch):
+    """Where torch can switch to cuBLASLt, the cuBLAS form is timed through it too: taken by
+    the margin over cuBLAS, and then the kernel must beat cuBLASLt by the margin. The
+    wrappers run the chosen form with cuBLASLt preferred for that call only."""
+    from gearshift.models.kernels import skinny_select as sel
+
+    cfg = SkinnyConfig(16, 32, 256, 4, 4)
+    ran, state = [], ["cublas"]
+
+    def lib(backend=None):  # torch's switch (a CPU build cannot select cuBLASLt)
+        if backend is not None:
+            state.append(backend)
+        return state[-1]
+
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lib)
+
+    def fake_linear(x, w, b=None, *, config, **fusions):
+        ran.append(config)
+
+    def fake_time(fn):
+        ran.clear()
+        settings = len(state)
+        fn()
+        under_lt = "cublaslt" in state[settings:]  # set during the call
+        return timing["kernel" if ran else "lt" if under_lt else "cublas"]
+
+    monkeypatch.setattr(sel, "CANDIDATES", {16: (cfg,)})
+    monkeypatch.setattr(sel, "skinny_linear", fake_linear)
+    monkeypatch.setattr(sel, "lt_available", lambda device: True)
+    chooser = sel.SkinnyChooser("auto")
+    monkeypatch.setattr(chooser, "_time", fake_time)
+    key = (1, 64, 32, torch.float16, False, "acc")
+    w = torch.zeros(64, 32, dtype=torch.float16)
+    for timing, want in (  # noqa: B007 (fake_time reads `timing`)({"cublas": 1.0, "lt": 0.9, "kernel": 0.95}, sel.CUBLASLT),
+                         ({"cublas": 1.0, "lt": 0.9, "kernel": 0.8}, cfg),
+                         ({"cublas": 1.0, "lt": 0.99, "kernel": 0.99}, None)):
+        assert chooser._measure(key, w, None) == want
+    assert set(chooser.timings[key]) == {"cublas", sel.CUBLASLT, sel._name(cfg)}
+    assert lib() == "cublas"  # restored after timing
+
+    seen = []
+    monkeypatch.setattr(chooser, "choose", lambda *a, **k: sel.CUBLASLT)
+    monkeypatch.setattr(sel, "CHOOSER", chooser)
+    monkeypatch.setattr(sel, "linear_ref", lambda *a: seen.append(lib()) or a[0])
+    x = torch.zeros(2, 32, dtype=torch.float16)
+    sel.linear(x, w)
+    assert seen == ["cublaslt"] and lib() == "cublas"

@@ -22,8 +22,12 @@ tilings only) and `acc` (out += x @ W.T, the residual stream; session 15). Each 
 timed against its cuBLAS form (+ the SiLU kernel, the norm kernel first, `addmm_`), so a
 fusion is taken where the launch it saves outweighs the kernel's loss to cuBLAS.
 
+Each kind's cuBLAS form is also timed through cuBLASLt (CUBLASLT, session 18) where torch
+can switch to it, and taken by the same margin.
+
 Data flow: models/ops.linear / gated_linear / rms_linear / linear_accumulate ->
-choose(x, weight, bias, kind) -> SkinnyConfig | None (the cuBLAS form).
+choose(x, weight, bias, kind) -> SkinnyConfig | None (the cuBLAS form) | CUBLASLT (the
+cuBLAS form through cuBLASLt).
 """
 
 from __future__ import annotations
@@ -49,6 +53,11 @@ _DTYPES = (torch.float16, torch.bfloat16)
 # plain: F.linear; gated: + SiLU-and-mul; rms / gated_rms: of rms_norm(x), the norm weight
 # folded into W (TMA tilings only); acc: out += x @ W.T (the residual stream)
 KINDS = ("plain", "gated", "rms", "gated_rms", "acc")
+# a choice: the cuBLAS form through cuBLASLt (torch.backends.cuda.preferred_blas_library),
+# timed beside torch's default back end. Session 18 (H200, scripts/bench_blas_library.py):
+# at 64 rows cuBLASLt ran the 8B's down in 31.9 us against cuBLAS's 35.1 (the skinny
+# kernel's 33.7) and gate_up in 59.1 against 62.2; equal on qkv, o_proj and lm_head.
+CUBLASLT = "cublaslt"
 _RMS_KINDS = ("rms", "gated_rms")
 # per row block: a few tilings (session 5's H200 microbenchmark picked the first ones).
 # The wide 8-warp tiling: session 13's, the one 64-row tiling to beat cuBLAS by the margin
@@ -102,15 +111,16 @@ class SkinnyChooser:
         if mode not in ("auto", "off", "on"):
             raise ValueError(f"GEARSHIFT_SKINNY_GEMM must be auto, off or on, not {mode!r}")
         self.mode = mode
-        self.table: dict[tuple, SkinnyConfig | None] = {}
+        self.table: dict[tuple, SkinnyConfig | str | None] = {}
         self.timings: dict[tuple, dict[str, float]] = {}  # key -> {candidate: ms per call}
         self.skipped_in_capture = 0
         self._flush: torch.Tensor | None = None
         self._evict_ms: float | None = None
 
     def choose(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               kind: str = "plain") -> SkinnyConfig | None:
-        """The kernel config to run this product with, or None: cuBLAS (+ SiLU kernel)."""
+               kind: str = "plain") -> SkinnyConfig | str | None:
+        """The kernel config to run this product with, or its cuBLAS form (+ SiLU kernel):
+        None (torch's default BLAS) or CUBLASLT (run under `blas_library`)."""
         m = x.shape[0]
         if (self.mode == "off" or not x.is_cuda or x.dim() != 2 or m > MAX_ROWS or m == 0
                 or x.dtype not in _DTYPES or x.stride(-1) != 1 or weight.stride(-1) != 1):
@@ -126,13 +136,16 @@ class SkinnyChooser:
         self.table[key] = self._measure(key, weight, bias)
         return self.table[key]
 
-    def _measure(self, key: tuple, weight: torch.Tensor, bias: torch.Tensor | None) -> SkinnyConfig | None:
+    def _measure(self, key: tuple, weight: torch.Tensor,
+                 bias: torch.Tensor | None) -> SkinnyConfig | str | None:
         rows = key[0]
         if self._flush is None:
             self._flush = torch.zeros(64 << 20, dtype=torch.float32, device=weight.device)
         x = torch.randn(rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
         cublas, kernel = _products(key[5], x, weight, bias)
         fns, times = {"cublas": cublas}, {}
+        if lt_available(weight.device):
+            fns[CUBLASLT] = lambda: _under(CUBLASLT, cublas)
         for cfg in candidates(rows, weight.device, key[5]):
             try:
                 kernel(cfg)  # compile it (outside any capture)
@@ -149,11 +162,12 @@ class SkinnyChooser:
                 times[name] = min(times.get(name, float("inf")), self._time(fn))
         self.timings[key] = times
         self._flush = None  # 256 MB: back to the allocator, not held for the process's life
+        blas = CUBLASLT if times.get(CUBLASLT, float("inf")) <= SKINNY_MARGIN * times["cublas"] else None
         configs = [c for c in candidates(rows, weight.device, key[5]) if _name(c) in fns]
         if not configs:
-            return None
+            return blas
         best = min(configs, key=lambda c: times[_name(c)])
-        return best if times[_name(best)] <= SKINNY_MARGIN * times["cublas"] else None
+        return best if times[_name(best)] <= SKINNY_MARGIN * times[blas or "cublas"] else blas
 
     def _time(self, fn) -> float:
         """ms per call: _REPEATS x (evict L2, fn) captured in one CUDA graph, less the same
@@ -167,7 +181,8 @@ class SkinnyChooser:
         """One row per measured shape: the choice and each candidate's ms per call."""
         return [{"rows": k[0], "n": k[1], "k": k[2], "dtype": str(k[3]).removeprefix("torch."),
                  "bias": k[4], "kind": k[5],
-                 "choice": _name(self.table[k]) if self.table[k] else "cublas",
+                 "choice": (_name(self.table[k]) if isinstance(self.table[k], SkinnyConfig)
+                            else self.table[k] or "cublas"),
                  "ms": self.timings.get(k, {})} for k in self.table]
 
 
@@ -224,6 +239,25 @@ def _cublas(x, weight, bias, gated, rms=None):
     return silu_and_mul(h) if gated else h
 
 
+def lt_available(device: torch.device) -> bool:
+    """Can torch run a product through cuBLASLt here (a CUDA device; the switch exists)?"""
+    return device.type == "cuda" and hasattr(torch.backends.cuda, "preferred_blas_library")
+
+
+def _under(choice: str | None, fn, *args):
+    """fn(*args), under cuBLASLt when `choice` is CUBLASLT: torch's BLAS preference is
+    process-wide, so it is set for the call and restored (inside a capture the graph keeps
+    the kernels chosen then)."""
+    if choice != CUBLASLT:
+        return fn(*args)
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    try:
+        return fn(*args)
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
 CHOOSER = SkinnyChooser()
 
 
@@ -233,8 +267,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     `out` ([rows, N], 2-D x, no bias): the product is written there (the logits' buffer)."""
     if x.dim() == 2:
         cfg = CHOOSER.choose(x, weight, bias)
-        if cfg is not None:
+        if isinstance(cfg, SkinnyConfig):
             return skinny_linear(x, weight, bias, config=cfg, out=out)
+        return _under(cfg, linear_ref, x, weight, bias, out)
     return linear_ref(x, weight, bias, out)
 
 
@@ -243,8 +278,9 @@ def gated_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     where CHOOSER picks the kernel, else cuBLAS and the SiLU kernel."""
     if x.dim() == 2:
         cfg = CHOOSER.choose(x, weight, None, "gated")
-        if cfg is not None:
+        if isinstance(cfg, SkinnyConfig):
             return skinny_linear(x, weight, config=cfg, gated=True)
+        return _under(cfg, _cublas, x, weight, None, True)
     return _cublas(x, weight, None, True)
 
 
@@ -255,8 +291,9 @@ def rms_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     one launch where CHOOSER picks the TMA kernel, else the norm kernel, then the product."""
     if x.dim() == 2:
         cfg = CHOOSER.choose(x, weight, bias, "gated_rms" if gated else "rms")
-        if cfg is not None:
+        if isinstance(cfg, SkinnyConfig):
             return skinny_linear(x, weight, bias, config=cfg, gated=gated, rms=norm)
+        return _under(cfg, _cublas, x, weight, bias, gated, norm)
     return _cublas(x, weight, bias, gated, norm)
 
 
@@ -264,6 +301,6 @@ def linear_accumulate(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) 
     """out += x @ weight.T in place (the residual stream): the skinny kernel's epilogue
     where CHOOSER picks it, else cuBLAS (addmm_, beta 1)."""
     cfg = CHOOSER.choose(x, weight, None, "acc") if x.dim() == 2 else None
-    if cfg is not None:
+    if isinstance(cfg, SkinnyConfig):
         return skinny_linear(x, weight, config=cfg, out=out, accumulate=True)
-    return out.addmm_(x, weight.t())
+    return _under(cfg, out.addmm_, x, weight.t())
