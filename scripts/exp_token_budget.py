@@ -45,7 +45,9 @@ def main() -> int:
     from gearshift.models.kernels.skinny_select import CHOOSER
 
     result = {"env": environment(llm), "build_s": time.perf_counter() - t0, "runs": [],
-              "skinny_gemm": CHOOSER.report()}  # the start-up picks and their timings
+              "skinny_gemm": CHOOSER.report(),  # the start-up picks and their timings
+              # EXTEND graph bucket -> the graph its steps run in (ModelRunner.extend_route)
+              "extend_route": getattr(llm.engine.runner, "extend_route", {})}
     sched = llm.engine.scheduler
     for rnd in range(args.passes):
         order = budgets if rnd % 2 == 0 else budgets[::-1]
