@@ -120,7 +120,7 @@ class SkinnyChooser:
     def choose(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                kind: str = "plain") -> SkinnyConfig | str | None:
         """The kernel config to run this product with, or its cuBLAS form (+ SiLU kernel):
-        None (torch's default BLAS) or CUBLASLT (run under `blas_library`)."""
+        None (torch's default BLAS) or CUBLASLT (run it through `_under`)."""
         m = x.shape[0]
         if (self.mode == "off" or not x.is_cuda or x.dim() != 2 or m > MAX_ROWS or m == 0
                 or x.dtype not in _DTYPES or x.stride(-1) != 1 or weight.stride(-1) != 1):
