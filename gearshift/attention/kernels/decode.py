@@ -299,13 +299,16 @@ def decode_blocks(batch_size: int, num_kv_heads: int, num_kv_splits: int,
     short contexts) and the grid fits in ~2 waves; else 64 (many splits: a 1k context cut
     32 ways leaves 32 keys a split; more than 2 waves: batch 64 at 640 context took 50.9 us
     a layer with 128 against 46.1 us with 64). Session 13, H200: 128 won at batch 4-32
-    (batch 32: 24.6 against 29.6 us).
+    (batch 32: 24.6 against 29.6 us). One split over more than ~2 waves (large batches)
+    runs 2 warps a program: session 18, batch 64 at 640 context, four runs of
+    scripts/bench_decode_attn.py: 45.0 / 43.7 / 41.5 / 42.9 us against 46.2 / 45.3 / 42.9 /
+    44.2 with 4.
     """
     if _INTERPRET:
         return 16, 1, 1
     if num_kv_splits <= 8 and batch_size * num_kv_heads * num_kv_splits <= 2 * sm_count:
         return 128, 4, 2
-    return 64, 4, 2
+    return (64, 2, 2) if num_kv_splits == 1 else (64, 4, 2)
 
 
 def workspace_row(head_dim: int) -> int:
