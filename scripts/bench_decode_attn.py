@@ -87,9 +87,11 @@ def main() -> None:
         rows = case(bs, ctx, configs, flush, evict_ms)
         result["cases"][spec] = rows
         ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
-        default = next(r for r in rows if r.get("default"))
-        print(f"batch {bs}, context {ctx}: default {default['us']:.1f} us "
-              f"({default['gbps']:.0f} GB/s), splits {default['splits']}, blocks {default['blocks']}")
+        default = next((r for r in rows if r.get("default") and "us" in r), None)
+        print(f"batch {bs}, context {ctx}: " + (
+            f"default {default['us']:.1f} us ({default['gbps']:.0f} GB/s), splits "
+            f"{default['splits']}, blocks {default['blocks']}" if default
+            else "the engine's default config is not in --blocks"))
         for r in ok[:5]:
             print(f"   {r['us']:6.1f} us ({r['gbps']:5.0f} GB/s) splits {r['splits']:2d} "
                   f"blocks {r['blocks']} err {r['max_err']:.1e}")
