@@ -16,6 +16,7 @@ import torch
 
 from gearshift.forward_batch import ForwardMode
 from gearshift.policy.cost import CostModel
+from gearshift.runner.graphs import replay_ms
 from gearshift.scheduler.batch import Stager, forward_batch, stage_forward
 
 
@@ -98,11 +99,4 @@ def _time_verify(runner, tokens: int) -> float:
 
 def _time_graph(graph, repeats: int = 5) -> float:
     """Device ms of one replay (the graphs' static inputs point at the dummy row / slot)."""
-    graph.replay()  # warm up
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeats
+    return replay_ms(graph, repeats)

@@ -85,6 +85,19 @@ def fastest_at_or_above(times: dict[int, float]) -> dict[int, int]:
     return route
 
 
+def replay_ms(graph: torch.cuda.CUDAGraph, repeats: int = 5) -> float:
+    """Device ms of one replay of `graph` on whatever its static inputs hold: one warm-up
+    replay, then the mean of `repeats`."""
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
 @torch.inference_mode()
 def capture_graphs(sizes: list[int], batch_for, forward, pool):
     """Capture `forward(batch_for(size))` for every size, largest first (later graphs reuse
@@ -214,20 +227,12 @@ class ExtendGraphRunner:
             self.sizes, self.buf.capture_batch, self.forward_logits, self.pool)
 
     def replay_ms(self, repeats: int = 5) -> dict[int, float]:
-        """Median device ms of each captured graph replayed on its capture batch (the
-        dummy request's tokens: its KV goes to slot 0 only)."""
+        """Device ms of one replay of each captured graph on its capture batch (the dummy
+        request's tokens: its KV goes to slot 0 only)."""
         times = {}
         for size, graph in self.graphs.items():
             self.buf.capture_batch(size)
-            runs = []
-            for _ in range(repeats):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                runs.append(start.elapsed_time(end))
-            times[size] = sorted(runs)[len(runs) // 2]
+            times[size] = replay_ms(graph, repeats)
         return times
 
     def replay(self, fb: ForwardBatch):
