@@ -49,6 +49,9 @@ CASES = {
     "mixed_graph": DECODERS + [(316, 196)] + [EMPTY] * 4,
     "mixed512_graph": DECODERS + [(60, 452)] + [EMPTY] * 4,
     "chunk256_graph": [(256, 256)] + [EMPTY] * 64,
+    # session 19: mixed512_graph's two parts alone (does the launch overlap them?)
+    "dec60_graph": DECODERS + [EMPTY] * 5,
+    "chunk452_graph": [(60, 452)] + [EMPTY] * 64,
 }
 
 
@@ -98,7 +101,7 @@ def main() -> None:
                + [dataclasses.replace(c, decode_rows=True, dec_block_n=bn)
                   for c in classes for bn in (64, 128)]
                + [ExtendConfig(rows // 4, 4, bn, w, s, 128, True, dbn) for rows, bn, w, s, dbn in
-                  itertools.product((32, 64), (64, 128), (4, 8), (2, 3), (64, 128))])
+                  itertools.product((32, 64, 128), (64, 128), (4, 8), (2, 3), (64, 128))])
     result = {"device": torch.cuda.get_device_name(),
               "classes": [list(vars(c).values()) for c in classes], "cases": {}}
     for name, requests in CASES.items():

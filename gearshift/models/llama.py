@@ -57,7 +57,7 @@ class LlamaForCausalLM(nn.Module):
         concatenated: [T, len(capture) * hidden] (EAGLE-3 features)."""
         h, residual = self.embed_tokens(input_ids), None
         aux: dict[int, torch.Tensor] = {}
-        if self.norms_folded and input_ids.shape[0] <= ops.FUSED_MAX_ROWS:
+        if self.norms_folded and input_ids.shape[0] <= ops.FUSED_PATH_MAX_ROWS:
             for i, layer in enumerate(self.layers):  # h: the residual stream, in place
                 layer.forward_fused(positions, h, fb, attn)
                 if i in capture:

@@ -73,6 +73,8 @@ def gated_linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
 # 7,464 tok/s (decode steps 4.71 s against 4.77), although without PDL the graphed
 # 64-row step read 176.4 us a layer fused against 174.7 plain.
 FUSED_MAX_ROWS = 64
+# experiment (session 19): the fused path above the skinny chooser's rows (cuBLAS forms)
+FUSED_PATH_MAX_ROWS = int(__import__('os').environ.get('GEARSHIFT_FUSED_PATH_MAX_ROWS', FUSED_MAX_ROWS))
 
 
 def rms_linear(x: torch.Tensor, layer: torch.nn.Linear, norm, gated: bool = False) -> torch.Tensor:
