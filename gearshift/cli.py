@@ -33,7 +33,7 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
                    help="plan each step only after the previous one finished (debugging)")
     g.add_argument("--no-fuse-norms", action="store_true",
                    help="keep RMSNorm and residual adds in their own kernels (default on CUDA "
-                        "with TMA: inside the GEMMs of steps up to 64 tokens)")
+                        "with TMA: inside the GEMMs where they can be, else the norm alone)")
     g.add_argument("--seed", type=int, default=0)
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", choices=["eagle3", "draft", "ngram"],

@@ -147,8 +147,10 @@ class EngineConfig:
     cuda_graphs: bool = True  # decode graphs per padded batch size (CUDA only)
     extend_graph_max_tokens: int = 2048  # EXTEND graphs per padded token count up to this; 0 = off
     overlap_schedule: bool = True  # plan + prepare step n+1 while step n runs on the device
-    # fold the layers' RMSNorm weights into qkv / gate_up and run norms and residual adds
-    # inside the GEMMs of steps <= 64 tokens (CUDA GPUs with TMA only; models/llama.py)
+    # fold the layers' RMSNorm weights into qkv / gate_up and run every step on the fused
+    # path: norms and residual adds inside the GEMMs (<= 64 tokens, where the chooser takes
+    # the kernels), else RMSNorm alone + cuBLAS with the add in addmm_ (CUDA GPUs with TMA
+    # only; models/llama.py)
     fuse_norms: bool = True
     gc_freeze: bool | None = None  # gc.freeze() the start-up heap (engine/gc_control.py); None: on CUDA
     seed: int = 0

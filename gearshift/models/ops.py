@@ -65,16 +65,9 @@ def gated_linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
     return silu_and_mul_ref(linear_ref(x, layer.weight, layer.bias))
 
 
-# forwards of at most this many tokens run a model with folded norms (LlamaForCausalLM.
-# fold_norms) on the fused path: the RMSNorm inside the next product, the residual add in
-# the one before. Also the skinny GEMM's row limit (skinny_select.MAX_ROWS), since those
-# products are what the fused path needs; larger steps are compute-bound. Session 16
-# (H200, 8B, PDL on): the fused path up to 64 rows against up to 32, offline 7,512 against
-# 7,464 tok/s (decode steps 4.71 s against 4.77), although without PDL the graphed
-# 64-row step read 176.4 us a layer fused against 174.7 plain.
+# the skinny GEMM chooser's row limit (skinny_select.MAX_ROWS): products of more rows run
+# cuBLAS (their TMA tilings lost to it at 128-512 rows: sessions 16 and 19).
 FUSED_MAX_ROWS = 64
-# experiment (session 19): the fused path above the skinny chooser's rows (cuBLAS forms)
-FUSED_PATH_MAX_ROWS = int(__import__('os').environ.get('GEARSHIFT_FUSED_PATH_MAX_ROWS', FUSED_MAX_ROWS))
 
 
 def rms_linear(x: torch.Tensor, layer: torch.nn.Linear, norm, gated: bool = False) -> torch.Tensor:

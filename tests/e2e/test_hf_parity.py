@@ -155,16 +155,23 @@ def test_triton_backend_interpreted_matches_hf(tiny_qwen3_dir: Path, hf_oracle) 
 
 
 @torch.no_grad()
-def test_folded_norms_match_hf(tiny_model_dir: Path, make_llm, hf_oracle) -> None:
+def test_folded_norms_match_hf(tiny_model_dir: Path, make_llm, hf_oracle, monkeypatch) -> None:
     """fold_norms (on CUDA with TMA the runner applies it at load): the RMSNorm weights
-    folded into qkv / gate_up. Forwards of <= 64 tokens then run DecoderLayer.forward_fused
-    (norm inside the product after it, residual add inside the product before it), larger
-    ones the norm kernels with unit weights. Both paths against HF: logits of a 20-token
-    prompt (fused) and of a 100-token one (unfused), and greedy generation (fused decode
-    steps after an unfused or fused prefill)."""
+    folded into qkv / gate_up. Every forward then runs DecoderLayer.forward_fused (norm
+    inside the product after it, residual add inside the product before it; above the
+    skinny chooser's 64 rows the norm alone, then cuBLAS) and never the add + norm layer
+    (it raises here). Against HF: logits of a 20-token prompt and of a 100-token one, and
+    greedy generation."""
+    from gearshift.models.layers import DecoderLayer
+
     llm = make_llm(tiny_model_dir)
     model = llm.engine.runner.model
     model.fold_norms()
+
+    def unfused(*args, **kwargs):
+        raise AssertionError("a folded model ran the add + norm layer")
+
+    monkeypatch.setattr(DecoderLayer, "forward", unfused)
     assert model.norms_folded
     assert all(bool((layer.input_layernorm.weight == 1).all()) for layer in model.layers)
     hf = hf_oracle(tiny_model_dir)

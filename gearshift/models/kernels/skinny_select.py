@@ -44,7 +44,7 @@ from gearshift.models.kernels.skinny_gemm import SkinnyConfig, TensorDescriptor,
 from gearshift.models.ops import FUSED_MAX_ROWS
 from gearshift.models.reference_ops import linear_ref
 
-MAX_ROWS = FUSED_MAX_ROWS  # the fused decoder path runs where these products can
+MAX_ROWS = FUSED_MAX_ROWS  # more rows: the cuBLAS forms (the fused path runs at any size)
 # the kernel must take <= SKINNY_MARGIN x cuBLAS's time (GEARSHIFT_SKINNY_MARGIN: experiments)
 SKINNY_MARGIN = float(os.environ.get("GEARSHIFT_SKINNY_MARGIN", "0.97"))
 _REPEATS = 10
