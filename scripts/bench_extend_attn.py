@@ -90,6 +90,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="extend_attn.json")
     ap.add_argument("--cases", nargs="*", help="case names (default: all)")
+    ap.add_argument("--classes-only", action="store_true",
+                    help="time the two step classes' configs (decoder path off / on) only")
     a = ap.parse_args()
     flush = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")
     evict_ms = graph_ms(lambda: None, flush)
@@ -101,7 +103,8 @@ def main() -> None:
                + [dataclasses.replace(c, decode_rows=True, dec_block_n=bn)
                   for c in classes for bn in (64, 128)]
                + [ExtendConfig(rows // 4, 4, bn, w, s, 128, True, dbn) for rows, bn, w, s, dbn in
-                  itertools.product((32, 64, 128), (64, 128), (4, 8), (2, 3), (64, 128))])
+                  itertools.product((32, 64, 128), (64, 128), (4, 8), (2, 3), (64, 128))
+                  if not a.classes_only])
     result = {"device": torch.cuda.get_device_name(),
               "classes": [list(vars(c).values()) for c in classes], "cases": {}}
     for name, requests in CASES.items():
