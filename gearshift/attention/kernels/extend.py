@@ -148,13 +148,13 @@ def _extend_kernel(
             Q, K, V, Out, ReqToToken, row, kv_head, g_start, q_start, seq_len, extend_len, sm_scale_log2,
             stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot,
             stride_oh, stride_rt, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, DOT_PRECISION,
-            0, 1, DEC_BLOCK_N, DEC_M, True)
+            0, 1, DEC_BLOCK_N, DEC_M)
     else:
         _attend_tile(
             Q, K, V, Out, ReqToToken, row, kv_head, g_start, q_start, seq_len, extend_len, sm_scale_log2,
             stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot,
             stride_oh, stride_rt, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, DOT_PRECISION,
-            m_start, BLOCK_T, BLOCK_N, BLOCK_G, False)
+            m_start, BLOCK_T, BLOCK_N, BLOCK_G)
 
 
 @triton.jit
@@ -164,12 +164,11 @@ def _attend_tile(
     stride_ot, stride_oh, stride_rt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, m_start, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROWS_G: tl.constexpr, ONE_LOOP: tl.constexpr,
+    ROWS_G: tl.constexpr,
 ):
     """BLOCK_T tokens of one request from m_start x the BLOCK_G heads of one KV group from
     g_start, ROWS_G (>= BLOCK_G) tile rows a token: BLOCK_G, or the dot's 16 for a lone
-    decoder token. ONE_LOOP (the decoder path): all keys in one masked loop, one pipeline
-    fill instead of two (the unmasked blocks, then the last one)."""
+    decoder token."""
     prefix = seq_len - extend_len
     offs_r = tl.arange(0, BLOCK_T * ROWS_G)
     offs_t = m_start + offs_r // ROWS_G  # [BLOCK_M] token of each row, within the request
@@ -187,15 +186,12 @@ def _attend_tile(
     l_i = tl.zeros([BLOCK_T * ROWS_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_T * ROWS_G, BLOCK_D], dtype=tl.float32)
     # keys every row sees, in whole blocks; then the rest up to the tile's last query
+    seen_by_all = (prefix + m_start) // BLOCK_N * BLOCK_N
     kv_end = tl.minimum(seq_len, prefix + m_start + BLOCK_T)
-    if ONE_LOOP:
-        seen_by_all = 0
-    else:
-        seen_by_all = (prefix + m_start) // BLOCK_N * BLOCK_N
-        acc, l_i, m_i = _attend_keys(
-            acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, 0, seen_by_all,
-            sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
-            HEAD_DIM, BLOCK_N, BLOCK_D, False, DOT_PRECISION)
+    acc, l_i, m_i = _attend_keys(
+        acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, 0, seen_by_all,
+        sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
+        HEAD_DIM, BLOCK_N, BLOCK_D, False, DOT_PRECISION)
     acc, l_i, m_i = _attend_keys(
         acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, seen_by_all, kv_end,
         sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
