@@ -23,6 +23,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from checkpoints import ARCHS, assert_idle_invariant, make_tiny_checkpoint  # noqa: E402
+from interpreter_compat import interpreter_problem  # noqa: E402
+
+
+def pytest_configure(config) -> None:
+    """On CPU every Triton kernel runs interpreted: stop at once, with the reason, where the
+    interpreter cannot run them (not with ~90 TypeErrors from inside Triton)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" and (problem := interpreter_problem()):
+        raise pytest.UsageError(problem)
 
 
 def _quiet_transformers() -> None:
