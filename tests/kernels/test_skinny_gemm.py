@@ -373,3 +373,61 @@ def test_chooser_times_cublaslt_and_runs_the_cublas_form_under_it(monkeypatch):
     x = torch.zeros(2, 32, dtype=torch.float16)
     sel.linear(x, w)
     assert seen == ["cublaslt"] and lib() == "cublas"
+
+
+def test_stream_sum_reads_every_element_once():
+    """The context timing's eviction (kernels/evict.py): per-program partial sums of the
+    whole buffer, any length, any program count."""
+    from gearshift.models.kernels.evict import stream_sum
+
+    for n, programs in ((10_000, 7), (4096, 1), (12_345, 528)):
+        x = torch.randn(n, device=DEVICE)
+        parts = stream_sum(x, programs=programs)
+        assert parts.numel() <= programs
+        torch.testing.assert_close(parts.sum(), x.sum(), rtol=1e-4, atol=1e-3)
+
+
+def test_context_timing_evicts_with_the_pdl_kernel(monkeypatch):
+    """GEARSHIFT_SKINNY_TIMING=context: each candidate is timed after kernels/evict.py's
+    kernel (it lets the next kernel launch during its tail, as the step's kernels do), the
+    eviction's own time too, and the kernel then needs the 3% margin even under PDL."""
+    from gearshift.models.kernels import skinny_select as sel
+
+    seen = []
+
+    def fake_graph_ms(fn, flush, repeats=sel._REPEATS, evict=None):
+        seen.append(evict)
+        fn()
+        return 2.0 if evict is None else 1.0
+
+    monkeypatch.setattr(sel, "graph_ms", fake_graph_ms)
+    monkeypatch.setattr(sel, "_MARGIN_ENV", None)
+    chooser = sel.SkinnyChooser("auto")
+    chooser._flush = torch.ones(9000, device=DEVICE)
+    monkeypatch.setattr(sel, "TIMING", "alone")
+    chooser._time(lambda: None)
+    assert seen == [None, None]  # flush.sum(), alone and before fn
+    seen.clear()
+    chooser._evict_ms = None
+    monkeypatch.setattr(sel, "TIMING", "context")
+    chooser._time(lambda: None)
+    assert len(seen) == 2 and all(e is not None for e in seen)
+    assert float(seen[0](chooser._flush).sum()) == 9000.0  # it reads the whole buffer
+    monkeypatch.setattr(sel.pdl, "enabled", lambda device: True)  # a GPU with PDL
+    assert sel.kernel_margin(chooser._flush.device) == sel.SKINNY_MARGIN
+    monkeypatch.setattr(sel, "TIMING", "alone")
+    assert sel.kernel_margin(chooser._flush.device) == sel.PDL_KERNEL_MARGIN
+
+
+def test_timing_mode_from_the_environment():
+    import subprocess
+    import sys
+
+    code = "from gearshift.models.kernels import skinny_select as s; print(s.TIMING)"
+    env = {k: v for k, v in os.environ.items() if k != "GEARSHIFT_SKINNY_TIMING"}
+    run = lambda extra: subprocess.run([sys.executable, "-c", code], env={**env, **extra},  # noqa: E731
+                                       capture_output=True, text=True)
+    assert run({}).stdout.strip() == "alone"
+    assert run({"GEARSHIFT_SKINNY_TIMING": "context"}).stdout.strip() == "context"
+    bad = run({"GEARSHIFT_SKINNY_TIMING": "fast"})
+    assert bad.returncode != 0 and "GEARSHIFT_SKINNY_TIMING" in bad.stderr
