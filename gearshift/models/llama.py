@@ -37,7 +37,7 @@ class LlamaForCausalLM(nn.Module):
         follows it (qkv_proj, gate_up_proj: W * g over the input dim, rounded once to the
         weight dtype) and set the norm weights to one. Same model; from then on every
         forward runs each norm inside that product and each residual add inside the
-        product before it (DecoderLayer.forward_fused). Up to ops.FUSED_MAX_ROWS tokens
+        product before it (DecoderLayer.forward_fused). Up to skinny_select.MAX_ROWS tokens
         the skinny kernels do both in one launch where the chooser takes them; larger
         steps run cuBLAS with the norm kernel first (RMSNorm alone: x is already the
         residual stream) and the add in cuBLAS's epilogue (addmm_). Session 19 (H200, 8B,

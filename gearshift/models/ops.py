@@ -65,11 +65,6 @@ def gated_linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
     return silu_and_mul_ref(linear_ref(x, layer.weight, layer.bias))
 
 
-# the skinny GEMM chooser's row limit (skinny_select.MAX_ROWS): products of more rows run
-# cuBLAS (their TMA tilings lost to it at 128-512 rows: sessions 16 and 19).
-FUSED_MAX_ROWS = 64
-
-
 def rms_linear(x: torch.Tensor, layer: torch.nn.Linear, norm, gated: bool = False) -> torch.Tensor:
     """layer(rms_norm(x)) (+ SiLU-and-mul when `gated`) where `norm`'s weight has been folded
     into layer.weight (norm.weight: ones). On CUDA one launch where the chooser took the

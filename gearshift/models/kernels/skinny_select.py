@@ -45,10 +45,11 @@ from gearshift.models.kernels import pdl
 from gearshift.models.kernels.activation import silu_and_mul
 from gearshift.models.kernels.norm import rms_norm
 from gearshift.models.kernels.skinny_gemm import SkinnyConfig, TensorDescriptor, skinny_linear
-from gearshift.models.ops import FUSED_MAX_ROWS
 from gearshift.models.reference_ops import linear_ref
 
-MAX_ROWS = FUSED_MAX_ROWS  # more rows: the cuBLAS forms (the fused path runs at any size)
+# products of more rows run their cuBLAS forms (the TMA tilings lost to cuBLAS at 128-512
+# rows: sessions 16 and 19); the fused decoder path itself runs at any size
+MAX_ROWS = 64
 # a choice must take <= SKINNY_MARGIN x the time of the one it replaces: cuBLASLt against
 # cuBLAS, and the kernel against the cuBLAS form where kernels launch plainly
 # (GEARSHIFT_SKINNY_MARGIN: one margin for every choice, for experiments)
@@ -76,6 +77,8 @@ def kernel_margin(device: torch.device) -> float:
     if _MARGIN_ENV or TIMING == "context":
         return SKINNY_MARGIN
     return PDL_KERNEL_MARGIN if pdl.enabled(device) else SKINNY_MARGIN
+
+
 _REPEATS = 10
 _ROUNDS = 2
 _DTYPES = (torch.float16, torch.bfloat16)
