@@ -16,8 +16,6 @@ the GPU (Triton's OutOfResources at compile time) is skipped, timed as inf.
 GEARSHIFT_SKINNY_GEMM: `auto` (default: measure), `off` (always cuBLAS), `on` (always the
 kernel's first candidate, for tests). GEARSHIFT_SKINNY_MARGIN: one margin for every choice,
 for experiments (session 13 tried 1.0 and 1.03 at batch 1: no gain over run-to-run spread).
-GEARSHIFT_SKINNY_TIMING: `alone` (default) or `context` (each candidate timed after a PDL
-kernel that reads the flush buffer, kernels/evict.py, with the 3% margin; an experiment).
 
 Kinds of product: `plain` (F.linear), `gated` (the MLP's silu_and_mul(F.linear(x)),
 session 14), `rms` / `gated_rms` (of rms_norm(x), the norm weight folded into W; TMA
@@ -64,17 +62,11 @@ SKINNY_MARGIN = float(_MARGIN_ENV or "0.97")
 # went to the TMA kernel (12.5 us alone against cuBLAS's 12.0; 33.0 against cuBLASLt's
 # 30.8); batch 1 4.19 ms either way.
 PDL_KERNEL_MARGIN = 1.10
-# GEARSHIFT_SKINNY_TIMING: `alone` (default: each candidate after flush.sum()) or `context`
-# (after a PDL kernel that reads the flush buffer, kernels/evict.py: the overlap is in the
-# timing, so the 3% margin applies). `context` is an experiment prepared in session 19.
-TIMING = os.environ.get("GEARSHIFT_SKINNY_TIMING", "alone").lower()
-if TIMING not in ("alone", "context"):
-    raise ValueError(f"GEARSHIFT_SKINNY_TIMING must be alone or context, not {TIMING!r}")
 
 
 def kernel_margin(device: torch.device) -> float:
     """The margin the kernel must meet against the cuBLAS form on `device`."""
-    if _MARGIN_ENV or TIMING == "context":
+    if _MARGIN_ENV:
         return SKINNY_MARGIN
     return PDL_KERNEL_MARGIN if pdl.enabled(device) else SKINNY_MARGIN
 
@@ -148,7 +140,6 @@ class SkinnyChooser:
         self.skipped_in_capture = 0
         self._flush: torch.Tensor | None = None
         self._evict_ms: float | None = None
-        self._evict_out: torch.Tensor | None = None  # TIMING context: the eviction's sums
 
     def choose(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                kind: str = "plain") -> SkinnyConfig | str | None:
@@ -205,20 +196,11 @@ class SkinnyChooser:
 
     def _time(self, fn) -> float:
         """ms per call: _REPEATS x (evict L2, fn) captured in one CUDA graph, less the same
-        graph without fn. TIMING `context`: the eviction is kernels/evict.py's PDL kernel,
-        so fn follows a kernel that lets it launch during its tail, as in the step."""
+        graph without fn."""
         fn()  # compile / cuBLAS heuristics outside the capture
-        evict = self._context_evict() if TIMING == "context" else None
         if self._evict_ms is None:
-            self._evict_ms = graph_ms(lambda: None, self._flush, evict=evict)
-        return kernel_ms(fn, self._flush, self._evict_ms, evict=evict)
-
-    def _context_evict(self):
-        from gearshift.models.kernels.evict import stream_sum
-
-        if self._evict_out is None or self._evict_out.device != self._flush.device:
-            self._evict_out = torch.empty(1024, dtype=torch.float32, device=self._flush.device)
-        return lambda flush: stream_sum(flush, out=self._evict_out)
+            self._evict_ms = graph_ms(lambda: None, self._flush)
+        return kernel_ms(fn, self._flush, self._evict_ms)
 
     def report(self) -> list[dict]:
         """One row per measured shape: the choice and each candidate's ms per call."""
@@ -229,18 +211,16 @@ class SkinnyChooser:
                  "ms": self.timings.get(k, {})} for k in self.table]
 
 
-def graph_ms(fn, flush: torch.Tensor, repeats: int = _REPEATS, evict=None) -> float:
+def graph_ms(fn, flush: torch.Tensor, repeats: int = _REPEATS) -> float:
     """ms per (evict L2, fn): `repeats` of them captured in one CUDA graph, the median of
     three replays. The eviction reads `flush` (>= the L2 size; a read leaves no dirty
-    lines to write back inside the timed call): `flush.sum()`, or `evict(flush)` (the
-    context timing's PDL kernel, kernels/evict.py). kernel_ms takes the eviction's time
-    out. Also used by the kernel benches in scripts/."""
-    evict = evict or torch.Tensor.sum
+    lines to write back inside the timed call). kernel_ms takes the eviction's time out.
+    Also used by the kernel benches in scripts/."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(repeats):
-            evict(flush)  # read-only eviction
+            flush.sum()  # read-only eviction
             fn()
     runs = []
     for _ in range(3):
@@ -254,10 +234,10 @@ def graph_ms(fn, flush: torch.Tensor, repeats: int = _REPEATS, evict=None) -> fl
     return statistics.median(runs)
 
 
-def kernel_ms(fn, flush: torch.Tensor, evict_ms: float, evict=None) -> float:
+def kernel_ms(fn, flush: torch.Tensor, evict_ms: float) -> float:
     """ms per call of fn alone: graph_ms less the eviction's own time
-    (evict_ms = graph_ms(lambda: None, flush, evict=evict)), floored at 0.1 us."""
-    return max(graph_ms(fn, flush, evict=evict) - evict_ms, 1e-4)
+    (evict_ms = graph_ms(lambda: None, flush)), floored at 0.1 us."""
+    return max(graph_ms(fn, flush) - evict_ms, 1e-4)
 
 
 def _name(cfg: SkinnyConfig) -> str:
