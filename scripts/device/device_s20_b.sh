@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran at commit b1c4451; the experiment's scripts and kernel code were removed after it.
 # Session 20, call B: (1) cuBLASLt's wider heuristic list against torch's cuBLAS pick on the
 # 8B layer products at 512 and 64 rows (scripts/probe_cublaslt_algos.py); (2) a graphed
 # profile of ten 512-token mixed steps on today's code (where the mixed step's time goes).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran at commit b1c4451; the experiment's scripts and kernel code were removed after it.
 # Session 20, call C: (1) the extend kernel's decoder path, key block x pipeline depth, with
 # each variant's registers / shared memory (scripts/bench_extend_decoders.py); (2) the SM and
 # memory clocks and power through an offline run (nvidia-smi every 100 ms): do the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran at commit b1c4451; the experiment's scripts and kernel code were removed after it.
 # Session 20, call D: attention key loops with their loads issued by hand a block ahead
 # (kernels/prefetch.py). (1) scripts/bench_extend_decoders.py: the extend kernel's decoder
 # path and the decode kernel (RoPE inside, one split), prefetched or not, with registers

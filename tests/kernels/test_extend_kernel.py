@@ -141,14 +141,11 @@ def test_decode_rows_mixed_with_prefills(slot_pool, device, num_heads, num_kv_he
                                     extend_kernels.ExtendConfig(2, 8, 64, 1, 1, 8),
                                     extend_kernels.ExtendConfig(8, 4, 128, 4, 2, 128),
                                     extend_kernels.ExtendConfig(8, 4, 16, 1, 1, 16, False),
-                                    extend_kernels.ExtendConfig(8, 4, 32, 1, 1, 16, True, 16),
-                                    extend_kernels.ExtendConfig(8, 4, 32, 1, 1, 16, True, 16, 0, True),
-                                    extend_kernels.ExtendConfig(8, 4, 16, 1, 1, 16, True, 8, 0, True)])
+                                    extend_kernels.ExtendConfig(8, 4, 32, 1, 1, 16, True, 16)])
 def test_extend_kernel_config_override(slot_pool, device, config):
     """A config override (scripts/bench_extend_attn.py tunes with it): other tile heights,
     key blocks, tile-search chunks, decoders on the token tiles (decode_rows off) or on
-    the decoder path with their own key block, its loads issued by hand a block ahead
-    (dec_prefetch) or not, give the same attention."""
+    the decoder path with their own key block give the same attention."""
     kv, rows = slot_pool([p + n for p, n in REQUESTS], 2, 32, seed=8)
     fb = extend_batch(kv, rows, REQUESTS)
     q = torch.randn(fb.num_tokens, 8, 32, device=device)

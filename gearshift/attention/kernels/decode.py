@@ -53,7 +53,6 @@ import torch
 import triton
 import triton.language as tl
 
-from gearshift.attention.kernels.prefetch import attend_keys_prefetched
 from gearshift.models.kernels import pdl
 from gearshift.models.kernels.pdl import pdl_enter, pdl_trigger, pdl_wait
 
@@ -63,13 +62,6 @@ _MERGE = os.environ.get("GEARSHIFT_DECODE_MERGE", "separate").lower()
 if _MERGE not in ("fused", "separate"):
     raise ValueError(f"GEARSHIFT_DECODE_MERGE must be 'fused' or 'separate', not {_MERGE!r}")
 FUSED_MERGE_DEFAULT = _MERGE == "fused"
-# GEARSHIFT_DECODE_PREFETCH=<block_n>x<warps> (e.g. 32x2): one-split launches (large
-# batches) run stage 1's key loop with its loads issued by hand a block ahead
-# (kernels/prefetch.py) at that block and warp count; an experiment of session 20, off
-# by default ("0")
-_PREFETCH_ENV = os.environ.get("GEARSHIFT_DECODE_PREFETCH", "0")
-PREFETCH_BLOCKS = (tuple(int(x) for x in _PREFETCH_ENV.split("x")) + (1,)
-                   if _PREFETCH_ENV != "0" else None)
 
 
 @triton.jit
@@ -121,7 +113,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    PDL: tl.constexpr, ROPE: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr, ROPE: tl.constexpr,
 ):
     # ROPE (see "RoPE inside" in the module docstring): q and this step's k arrive
     # unrotated; the split holding the last position stores rotated k and v at
@@ -167,30 +159,24 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    if PREFETCH:  # the loads issued by hand one block ahead (kernels/prefetch.py)
-        acc, l_i, m_i = attend_keys_prefetched(
-            acc, l_i, m_i, q, K, V, ReqToToken + row * stride_rt, kv_head, start, end,
-            sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh,
-            HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PRECISION)
-    else:
-        for n0 in range(start, end, BLOCK_N):
-            pos = n0 + offs_n
-            mask_n = pos < end
-            slots = tl.load(ReqToToken + row * stride_rt + pos, mask=mask_n, other=0).to(tl.int64)
-            kv_mask = mask_n[:, None] & mask_d[None, :]
-            k = tl.load(K + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
-                        mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-            v = tl.load(V + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
-                        mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
-            s = s * sm_scale_log2
-            s = tl.where(mask_n[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            m_i = m_new
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        mask_n = pos < end
+        slots = tl.load(ReqToToken + row * stride_rt + pos, mask=mask_n, other=0).to(tl.int64)
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(K + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        v = tl.load(V + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
+        s = s * sm_scale_log2
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
     pdl_trigger(PDL)
     if ROPE:  # this step's key: rotated, stored by the owner split, attended from registers
         kn_ptrs = KNew + b * stride_knb + kv_head * stride_knh + offs_d
@@ -361,7 +347,6 @@ def decode_attention(
     fused_merge: bool | None = None,  # None: GEARSHIFT_DECODE_MERGE (default separate)
     blocks: tuple[int, int, int] | None = None,  # stage 1 (BLOCK_N, warps, stages); None: default
     rope: RopeInputs | None = None,  # q and this step's k unrotated: see RopeInputs
-    prefetch: bool | None = None,  # stage 1's loads by hand a block ahead; None: the env's
 ) -> torch.Tensor:
     """Attention of one new query per request over its cached keys; returns `out`.
 
@@ -396,10 +381,6 @@ def decode_attention(
     block_s = triton.next_power_of_2(num_kv_splits)
     block_n, num_warps, num_stages = blocks or decode_blocks(  # blocks: for tuning benches
         bs, num_kv_heads, num_kv_splits, num_sms(q.device))
-    if prefetch is None:
-        prefetch = PREFETCH_BLOCKS is not None and blocks is None and num_kv_splits == 1
-        if prefetch:
-            block_n, num_warps, num_stages = PREFETCH_BLOCKS
     # per-request scalars are read at unit stride: materialise expanded views
     req_pool_indices, seq_lens = req_pool_indices.contiguous(), seq_lens.contiguous()
     use_pdl, launch = pdl.enabled(q.device), pdl.launch_kwargs(q.device)
@@ -423,8 +404,7 @@ def decode_attention(
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n,
         BLOCK_S=block_s, FUSED_MERGE=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
-        PDL=use_pdl, ROPE=rope is not None, PREFETCH=prefetch,
-        num_warps=num_warps, num_stages=num_stages,
+        PDL=use_pdl, ROPE=rope is not None, num_warps=num_warps, num_stages=num_stages,
         **launch,
     )
     if fused or num_kv_splits == 1:  # one split: stage 1 wrote `out` itself

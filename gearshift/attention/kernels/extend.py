@@ -41,12 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gearshift.attention.kernels.prefetch import attend_keys_prefetched
-
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# GEARSHIFT_EXTEND_DEC_PREFETCH=1: the decoder path's loads issued by hand a block ahead
-# (kernels/prefetch.py) over 64-key blocks; an experiment of session 20, off by default
-_DEC_PREFETCH = os.environ.get("GEARSHIFT_EXTEND_DEC_PREFETCH", "0") == "1"
 _LOG2E = 1.4426950408889634
 
 
@@ -78,10 +73,9 @@ def _attend_keys(
     acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, start, end, sm_scale_log2,
     stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, STAGES: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Online-softmax update of the tile with keys start..end-1 of one request, the loop
-    software-pipelined over STAGES key blocks.
+    """Online-softmax update of the tile with keys start..end-1 of one request.
 
     CAUSAL=False: every row sees every key and end - start is a multiple of BLOCK_N.
     """
@@ -90,7 +84,7 @@ def _attend_keys(
     mask_d = offs_d < HEAD_DIM
     even_d: tl.constexpr = HEAD_DIM == BLOCK_D
     slot_ptrs = ReqToToken + row * stride_rt
-    for n0 in tl.range(start, end, BLOCK_N, num_stages=STAGES):
+    for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n  # [BLOCK_N] key positions
         if CAUSAL:
             mask_n = pos < end
@@ -134,7 +128,6 @@ def _extend_kernel(
     BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, SCAN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DECODE_ROWS: tl.constexpr, DEC_M: tl.constexpr, DEC_BLOCK_N: tl.constexpr,
-    STAGES: tl.constexpr, DEC_STAGES: tl.constexpr, DEC_PREFETCH: tl.constexpr,
 ):
     head_blocks: tl.constexpr = (GROUP + BLOCK_G - 1) // BLOCK_G
     kv_head = tl.program_id(1) // head_blocks
@@ -155,13 +148,13 @@ def _extend_kernel(
             Q, K, V, Out, ReqToToken, row, kv_head, g_start, q_start, seq_len, extend_len, sm_scale_log2,
             stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot,
             stride_oh, stride_rt, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, DOT_PRECISION,
-            0, 1, DEC_BLOCK_N, DEC_M, DEC_STAGES, DEC_PREFETCH)
+            0, 1, DEC_BLOCK_N, DEC_M)
     else:
         _attend_tile(
             Q, K, V, Out, ReqToToken, row, kv_head, g_start, q_start, seq_len, extend_len, sm_scale_log2,
             stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot,
             stride_oh, stride_rt, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, DOT_PRECISION,
-            m_start, BLOCK_T, BLOCK_N, BLOCK_G, STAGES, False)
+            m_start, BLOCK_T, BLOCK_N, BLOCK_G)
 
 
 @triton.jit
@@ -171,7 +164,7 @@ def _attend_tile(
     stride_ot, stride_oh, stride_rt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, m_start, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROWS_G: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr,
+    ROWS_G: tl.constexpr,
 ):
     """BLOCK_T tokens of one request from m_start x the BLOCK_G heads of one KV group from
     g_start, ROWS_G (>= BLOCK_G) tile rows a token: BLOCK_G, or the dot's 16 for a lone
@@ -195,20 +188,14 @@ def _attend_tile(
     # keys every row sees, in whole blocks; then the rest up to the tile's last query
     seen_by_all = (prefix + m_start) // BLOCK_N * BLOCK_N
     kv_end = tl.minimum(seq_len, prefix + m_start + BLOCK_T)
-    if PREFETCH:  # one query token (a decoder): it sees every key up to kv_end = seq_len
-        acc, l_i, m_i = attend_keys_prefetched(
-            acc, l_i, m_i, q, K, V, ReqToToken + row * stride_rt, kv_head, 0, kv_end,
-            sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh,
-            HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PRECISION)
-    else:
-        acc, l_i, m_i = _attend_keys(
-            acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, 0, seen_by_all,
-            sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
-            HEAD_DIM, BLOCK_N, BLOCK_D, False, DOT_PRECISION, STAGES)
-        acc, l_i, m_i = _attend_keys(
-            acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, seen_by_all, kv_end,
-            sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
-            HEAD_DIM, BLOCK_N, BLOCK_D, True, DOT_PRECISION, STAGES)
+    acc, l_i, m_i = _attend_keys(
+        acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, 0, seen_by_all,
+        sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
+        HEAD_DIM, BLOCK_N, BLOCK_D, False, DOT_PRECISION)
+    acc, l_i, m_i = _attend_keys(
+        acc, l_i, m_i, q, q_pos, K, V, ReqToToken, row, kv_head, seen_by_all, kv_end,
+        sm_scale_log2, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
+        HEAD_DIM, BLOCK_N, BLOCK_D, True, DOT_PRECISION)
 
     # every row (even a masked one) saw key seen_by_all <= its position, so l_i > 0
     out = acc / l_i[:, None]
@@ -226,8 +213,6 @@ class ExtendConfig:
     scan: int  # extend_lens read per step of the tile search
     decode_rows: bool = True  # 1-token requests take the decoder path (DEC_M x dec_block_n)
     dec_block_n: int = 64  # keys per inner-loop block on the decoder path
-    dec_stages: int = 0  # pipeline stages of the decoder path's key loops (0: num_stages)
-    dec_prefetch: bool = False  # decoder path: loads issued by hand a block ahead
 
 
 # Mean new tokens per request at or below which a step counts as decode-heavy (decoders
@@ -278,10 +263,9 @@ def extend_config(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_di
         num_warps = 4 if hopper or head_dim <= 64 else 8
         num_stages = 2 if hopper else 3
     dec_block_n = 128 if not _INTERPRET and dtype != torch.float32 and head_dim <= 128 else block_n
-    prefetch = _DEC_PREFETCH and dec_block_n == 128
     block_g = min(triton.next_power_of_2(group), rows)
     return ExtendConfig(rows // block_g, block_g, block_n, num_warps, num_stages, scan,
-                        True, 64 if prefetch else dec_block_n, 0, prefetch)
+                        True, dec_block_n)
 
 
 @functools.cache
@@ -350,8 +334,6 @@ def extend_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
         DECODE_ROWS=cfg.decode_rows, DEC_M=max(16, triton.next_power_of_2(cfg.block_g)),
         DEC_BLOCK_N=cfg.dec_block_n,
-        STAGES=cfg.num_stages, DEC_STAGES=cfg.dec_stages or cfg.num_stages,
-        DEC_PREFETCH=cfg.dec_prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
