@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran at commit 29f2f6e with .cache/lt carried (a copy of sustained.py is under docs/benchmarks/2026-12-01-h200-session20/e-sustained-gemms/).
 # Session 20, call E (carry .cache/lt: b1c4451's kernels/cublaslt.py and sustained.py): the
 # 512-row layer GEMMs under sustained load, at the power cap the offline run sits at
 # (call C: 700 W, SM clocks ~1.5 GHz in mixed steps): cuBLAS's pick against every cuBLASLt

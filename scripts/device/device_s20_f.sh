@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran at commit 29f2f6e; the experiment's script and kernel code were removed after it.
 # Session 20, call F: the decode kernel with each block's slots read one iteration ahead
 # (slots_ahead: the K/V gathers double-buffered by Triton's pipeliner).
 # (1) scripts/bench_decode_ahead.py; (2) offline, alternating: today's kernel against the

@@ -91,12 +91,10 @@ def test_one_split_writes_the_output_without_a_merge(slot_pool, device, monkeypa
     assert bool((work == 7.0).all())
 
 
-@pytest.mark.parametrize("blocks,ahead", [((16, 1, 1), False), ((32, 2, 1), False),
-                                          ((16, 1, 3), True), ((8, 1, 3), True)])
-def test_decode_kernel_block_override(slot_pool, device, blocks, ahead):
+@pytest.mark.parametrize("blocks", [(16, 1, 1), (32, 2, 1)])
+def test_decode_kernel_block_override(slot_pool, device, blocks):
     """The stage-1 block override (scripts/bench_decode_attn.py tunes with it): any KV block
-    length gives the same attention, split lengths rounded to it, each block's slots read
-    in its own iteration or one ahead (slots_ahead)."""
+    length gives the same attention, split lengths rounded to it."""
     num_heads, num_kv_heads, head_dim = 8, 2, 64
     kv, rows = slot_pool(SEQ_LENS, num_kv_heads, head_dim, seed=2)
     fb = decode_batch(kv, rows, SEQ_LENS)
@@ -104,7 +102,7 @@ def test_decode_kernel_block_override(slot_pool, device, blocks, ahead):
     expected = TorchBackend(kv, 0.125).decode(q, 0, fb)
     out = torch.full_like(q, float("nan"))
     decode_attention(q, kv.k[0], kv.v[0], kv.req_to_token, fb.req_pool_indices, fb.seq_lens,
-                     0.125, out, num_kv_splits=4, blocks=blocks, slots_ahead=ahead)
+                     0.125, out, num_kv_splits=4, blocks=blocks)
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
@@ -216,11 +214,10 @@ def test_rope_inside_decode_matches_rope_store_then_decode(slot_pool, device, nu
     torch.testing.assert_close(kv.k[0], ref_kv.k[0])  # other layers untouched
 
 
-@pytest.mark.parametrize("num_kv_splits,ahead", [(1, False), (2, False), (32, False),
-                                                 (1, True), (2, True)])
-def test_rope_inside_decode_any_split_count(slot_pool, device, num_kv_splits, ahead):
+@pytest.mark.parametrize("num_kv_splits", [1, 2, 32])
+def test_rope_inside_decode_any_split_count(slot_pool, device, num_kv_splits):
     """The split holding the new key stores and attends it, whatever the split count (and
-    a 1-key request, whose only key is the new one), slots read ahead or not."""
+    a 1-key request, whose only key is the new one)."""
     from gearshift.attention.kernels.decode import RopeInputs
 
     num_heads, num_kv_heads, head_dim = 8, 2, 64
@@ -236,8 +233,7 @@ def test_rope_inside_decode_any_split_count(slot_pool, device, num_kv_splits, ah
     out = torch.full_like(q, float("nan"))
     decode_attention(q, kv.k[0], kv.v[0], kv.req_to_token, fb.req_pool_indices, fb.seq_lens,
                      0.125, out, num_kv_splits=num_kv_splits,
-                     rope=RopeInputs(k, v, fb.positions, cos, sin, fb.out_cache_loc),
-                     slots_ahead=ahead)
+                     rope=RopeInputs(k, v, fb.positions, cos, sin, fb.out_cache_loc))
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(kv.k, ref_kv.k, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(kv.v, ref_kv.v)

@@ -49,15 +49,11 @@ KERNELS = {  # name -> (jit function, pointer types, constexprs)
     "decode_split": (decode._decode_split_kernel, DECODE_PTRS,
                      dict(GROUP=4, HEAD_DIM=128, NUM_SPLITS=2, BLOCK_H=16, BLOCK_D=128,
                           BLOCK_N=64, BLOCK_S=2, DOT_PRECISION="tf32", FUSED_MERGE=False,
-                          ROPE=False, SLOTS_AHEAD=False)),
+                          ROPE=False)),
     "decode_rope": (decode._decode_split_kernel, DECODE_PTRS,
                     dict(GROUP=4, HEAD_DIM=128, NUM_SPLITS=1, BLOCK_H=16, BLOCK_D=128,
                          BLOCK_N=64, BLOCK_S=1, DOT_PRECISION="tf32", FUSED_MERGE=False,
-                         ROPE=True, SLOTS_AHEAD=False)),
-    "decode_slots_ahead": (decode._decode_split_kernel, DECODE_PTRS,
-                           dict(GROUP=4, HEAD_DIM=128, NUM_SPLITS=1, BLOCK_H=16, BLOCK_D=128,
-                                BLOCK_N=32, BLOCK_S=1, DOT_PRECISION="tf32", FUSED_MERGE=False,
-                                ROPE=True, SLOTS_AHEAD=True)),
+                         ROPE=True)),
 }
 FLOATS = {"eps", "inv_num_cols", "sm_scale_log2"}
 GEMM = skinny_gemm._skinny_gemm_kernel  # its M, N, K are sizes (decode's K is the cache)

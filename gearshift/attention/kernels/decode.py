@@ -62,12 +62,6 @@ _MERGE = os.environ.get("GEARSHIFT_DECODE_MERGE", "separate").lower()
 if _MERGE not in ("fused", "separate"):
     raise ValueError(f"GEARSHIFT_DECODE_MERGE must be 'fused' or 'separate', not {_MERGE!r}")
 FUSED_MERGE_DEFAULT = _MERGE == "fused"
-# GEARSHIFT_DECODE_SLOTS_AHEAD=<block_n>x<warps>x<stages> (an experiment of session 20, off:
-# "0"): one-split launches read each block's slots one iteration ahead (loop-carried), so
-# the K/V gathers depend on no load of their own iteration and Triton's pipeliner (3
-# stages) double-buffers them: the next block's copy is in flight during this block's dots
-_AHEAD_ENV = os.environ.get("GEARSHIFT_DECODE_SLOTS_AHEAD", "0")
-SLOTS_AHEAD_BLOCKS = tuple(int(x) for x in _AHEAD_ENV.split("x")) if _AHEAD_ENV != "0" else None
 
 
 @triton.jit
@@ -119,7 +113,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    PDL: tl.constexpr, ROPE: tl.constexpr, SLOTS_AHEAD: tl.constexpr,
+    PDL: tl.constexpr, ROPE: tl.constexpr,
 ):
     # ROPE (see "RoPE inside" in the module docstring): q and this step's k arrive
     # unrotated; the split holding the last position stores rotated k and v at
@@ -165,22 +159,15 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    slot_ptrs = ReqToToken + row * stride_rt
-    if SLOTS_AHEAD:  # see decode_attention's slots_ahead
-        slots = tl.load(slot_ptrs + start + offs_n, mask=start + offs_n < end, other=0).to(tl.int64)
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         mask_n = pos < end
-        if not SLOTS_AHEAD:
-            slots = tl.load(slot_ptrs + pos, mask=mask_n, other=0).to(tl.int64)
+        slots = tl.load(ReqToToken + row * stride_rt + pos, mask=mask_n, other=0).to(tl.int64)
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(K + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
                     mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(V + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
                     mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-        if SLOTS_AHEAD:
-            nxt = pos + BLOCK_N
-            slots = tl.load(slot_ptrs + nxt, mask=nxt < end, other=0).to(tl.int64)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
         s = s * sm_scale_log2
         s = tl.where(mask_n[None, :], s, float("-inf"))
@@ -360,7 +347,6 @@ def decode_attention(
     fused_merge: bool | None = None,  # None: GEARSHIFT_DECODE_MERGE (default separate)
     blocks: tuple[int, int, int] | None = None,  # stage 1 (BLOCK_N, warps, stages); None: default
     rope: RopeInputs | None = None,  # q and this step's k unrotated: see RopeInputs
-    slots_ahead: bool | None = None,  # None: GEARSHIFT_DECODE_SLOTS_AHEAD's blocks
 ) -> torch.Tensor:
     """Attention of one new query per request over its cached keys; returns `out`.
 
@@ -395,10 +381,6 @@ def decode_attention(
     block_s = triton.next_power_of_2(num_kv_splits)
     block_n, num_warps, num_stages = blocks or decode_blocks(  # blocks: for tuning benches
         bs, num_kv_heads, num_kv_splits, num_sms(q.device))
-    if slots_ahead is None:
-        slots_ahead = SLOTS_AHEAD_BLOCKS is not None and blocks is None and num_kv_splits == 1
-        if slots_ahead:
-            block_n, num_warps, num_stages = SLOTS_AHEAD_BLOCKS
     # per-request scalars are read at unit stride: materialise expanded views
     req_pool_indices, seq_lens = req_pool_indices.contiguous(), seq_lens.contiguous()
     use_pdl, launch = pdl.enabled(q.device), pdl.launch_kwargs(q.device)
@@ -422,8 +404,7 @@ def decode_attention(
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n,
         BLOCK_S=block_s, FUSED_MERGE=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
-        PDL=use_pdl, ROPE=rope is not None, SLOTS_AHEAD=slots_ahead,
-        num_warps=num_warps, num_stages=num_stages,
+        PDL=use_pdl, ROPE=rope is not None, num_warps=num_warps, num_stages=num_stages,
         **launch,
     )
     if fused or num_kv_splits == 1:  # one split: stage 1 wrote `out` itself
