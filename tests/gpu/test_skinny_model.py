@@ -79,7 +79,11 @@ def test_fused_norms_match_the_unfused_model(tiny_llama_dir, chooser):
     prompt = list(range(5, 25))
     a, b = fused.engine.prefill_logits(prompt).float(), plain.engine.prefill_logits(prompt).float()
     assert (a - b).abs().max().item() <= 0.05 * b.abs().max().item()
-    assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.9
+    # at least 90% of the positions pick the same token, counted in integers (a float32
+    # mean of 18 / 20 reads 0.8999999762 < 0.9); the random tiny model has near-ties that
+    # bf16 rounding differences flip
+    agree = int((a.argmax(-1) == b.argmax(-1)).sum())
+    assert 10 * agree >= 9 * len(prompt), (agree, len(prompt))
     outs = fused.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
     assert len(outs[0].token_ids) == 8
     if tma:
