@@ -8,6 +8,11 @@ Why (session 19): the extend kernel's decoder path read 60 decoders' K/V at 2.9 
 made the decoder path slower (59.6 us), not faster as in the decode kernel: the signature
 of loads that are not pipelined.
 
+Reading it (session 20): a count of asynchronous copies does not mean overlap. In both
+kernels each gathered K/V block goes to one shared buffer, is issued after the previous
+block's dots and is waited for (`async_wait {num = 0}`) at the top of the next iteration;
+look at the buffers' leading dimension and the waits' `num` in the TTGIR it writes.
+
 Usage: python scripts/probe_pipelining.py --out DIR
 """
 
