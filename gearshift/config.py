@@ -154,7 +154,7 @@ class EngineConfig:
     fuse_norms: bool = True
     gc_freeze: bool | None = None  # gc.freeze() the start-up heap (engine/gc_control.py); None: on CUDA
     seed: int = 0
-    # speculative decoding (None = off; see gearshift/spec/)
+    # speculative decoding (None = off; see gearshift/speculative/)
     speculative_algorithm: str | None = None  # "eagle3" | "draft" | "ngram"
     draft_model: str | None = None  # EAGLE-3 head or draft model directory
     num_draft_tokens: int = 4  # K: draft depth (chain length)

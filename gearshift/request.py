@@ -78,7 +78,7 @@ class Request:
     spec_accepted: int = 0  # of which the target accepted
     spec_alpha_num: float = 0.0  # EMA of accepted drafts (per-token acceptance estimate)
     spec_alpha_den: float = 0.0  # EMA of accepted drafts + rejections
-    draft_rows: int = 0  # rows the draft has computed (spec/draft_follow.py)
+    draft_rows: int = 0  # rows the draft has computed (speculative/draft_follow.py)
     num_pending: int = 0  # sampled tokens still on the device (overlap scheduling)
     closing: bool = False  # finished by length while its last token is still pending
 

@@ -18,7 +18,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from gearshift.models.kernels.skinny_select import graph_ms, kernel_ms
+from gearshift.kernels.skinny_select import graph_ms, kernel_ms
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336), "lm_head": (128256, 4096)}

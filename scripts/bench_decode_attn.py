@@ -22,13 +22,13 @@ import json
 import torch
 from triton.runtime.errors import OutOfResources
 
-from gearshift.attention.kernels.decode import (
+from gearshift.kernels.decode import (
     alloc_decode_workspace,
     decode_attention,
     decode_blocks,
     pick_num_kv_splits,
 )
-from gearshift.models.kernels.skinny_select import graph_ms, kernel_ms
+from gearshift.kernels.skinny_select import graph_ms, kernel_ms
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 

@@ -32,13 +32,13 @@ import random
 import torch
 from triton.runtime.errors import OutOfResources
 
-from gearshift.attention.kernels.extend import (
+from gearshift.kernels.extend import (
     ExtendConfig,
     extend_attention,
     extend_config,
     is_decode_heavy,
 )
-from gearshift.models.kernels.skinny_select import graph_ms, kernel_ms
+from gearshift.kernels.skinny_select import graph_ms, kernel_ms
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 DECODERS = [(random.Random(0).randint(512, 768) - 1, 1) for _ in range(60)]

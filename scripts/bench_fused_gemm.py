@@ -142,9 +142,9 @@ def main() -> None:
     check()
     if a.check:
         return
-    from gearshift.models.kernels.activation import silu_and_mul
-    from gearshift.models.kernels.norm import rms_norm
-    from gearshift.models.kernels.skinny_select import graph_ms, kernel_ms
+    from gearshift.kernels.activation import silu_and_mul
+    from gearshift.kernels.norm import rms_norm
+    from gearshift.kernels.skinny_select import graph_ms, kernel_ms
 
     flush = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")
     evict_ms = graph_ms(lambda: None, flush)

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
-from gearshift.models.kernels.skinny_gemm import SkinnyConfig, skinny_linear
-from gearshift.models.kernels.skinny_select import _name, graph_ms, kernel_ms
+from gearshift.kernels.skinny_gemm import SkinnyConfig, skinny_linear
+from gearshift.kernels.skinny_select import _name, graph_ms, kernel_ms
 
 LAYER = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096),
          "down": (4096, 14336)}

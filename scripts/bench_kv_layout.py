@@ -22,13 +22,13 @@ import random
 
 import torch
 
-from gearshift.attention.kernels.decode import (
+from gearshift.kernels.decode import (
     alloc_decode_workspace,
     decode_attention,
     pick_num_kv_splits,
 )
-from gearshift.attention.kernels.extend import extend_attention
-from gearshift.models.kernels.skinny_select import graph_ms, kernel_ms
+from gearshift.kernels.extend import extend_attention
+from gearshift.kernels.skinny_select import graph_ms, kernel_ms
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 DECODERS = [(random.Random(0).randint(512, 768) - 1, 1) for _ in range(60)]

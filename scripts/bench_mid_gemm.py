@@ -24,8 +24,8 @@ import json
 import torch
 from triton.runtime.errors import OutOfResources
 
-from gearshift.models.kernels import skinny_select as sel
-from gearshift.models.kernels.skinny_gemm import SkinnyConfig
+from gearshift.kernels import skinny_select as sel
+from gearshift.kernels.skinny_gemm import SkinnyConfig
 
 # product -> (N of W, K, kind)
 SHAPES = {"qkv": (6144, 4096, "rms"), "o_proj": (4096, 4096, "acc"),

@@ -14,8 +14,8 @@ import json
 import torch
 import torch.nn.functional as F
 
-from gearshift.models.kernels import skinny_select as sel
-from gearshift.models.kernels.skinny_gemm import SkinnyConfig, skinny_linear
+from gearshift.kernels import skinny_select as sel
+from gearshift.kernels.skinny_gemm import SkinnyConfig, skinny_linear
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336), "lm_head": (128256, 4096)}

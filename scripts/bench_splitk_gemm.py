@@ -128,7 +128,7 @@ def main() -> None:
     if a.check:
         check()
         return
-    from gearshift.models.kernels.skinny_select import CHOOSER, graph_ms, kernel_ms, row_bucket
+    from gearshift.kernels.skinny_select import CHOOSER, graph_ms, kernel_ms, row_bucket
 
     check()
     flush = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
-from gearshift.models.kernels import skinny_select as sel
-from gearshift.models.kernels.skinny_gemm import SkinnyConfig, skinny_linear
+from gearshift.kernels import skinny_select as sel
+from gearshift.kernels.skinny_gemm import SkinnyConfig, skinny_linear
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336)}
@@ -48,7 +48,7 @@ def fused_bench(rows, flush, evict_ms) -> list[dict]:
     """Each layer GEMM at TMA tilings, plain and with its fusion (rms: the norm before it,
     its weight folded into W; residual: the add after it, into the residual stream), and
     the unfused chain (norm kernel or add) for reference."""
-    from gearshift.models.kernels.norm import fused_add_rms_norm
+    from gearshift.kernels.norm import fused_add_rms_norm
 
     res = []
     for name, (gated, fusion) in FUSED_CASES.items():

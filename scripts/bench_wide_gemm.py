@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
-from gearshift.models.kernels import skinny_select as sel
-from gearshift.models.kernels.activation import silu_and_mul
-from gearshift.models.kernels.skinny_gemm import SkinnyConfig, skinny_linear
+from gearshift.kernels import skinny_select as sel
+from gearshift.kernels.activation import silu_and_mul
+from gearshift.kernels.skinny_gemm import SkinnyConfig, skinny_linear
 
 SHAPES = {"qkv": (6144, 4096, False), "o_proj": (4096, 4096, False),
           "gate_up": (28672, 4096, True), "down": (4096, 14336, False)}

@@ -51,7 +51,7 @@ def timed(name: str, fn):
 
 
 def install(eng) -> None:
-    from gearshift.scheduler.batch import Stager
+    from gearshift.runner.batch import Stager
 
     spec = eng.spec
     for obj, names in ((eng.scheduler, ["schedule", "commit_spec", "prepare_next"]),

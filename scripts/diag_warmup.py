@@ -29,7 +29,7 @@ import torch
 from gearshift import LLM, SamplingParams
 from gearshift.bench.sweep import make_prompts
 from gearshift.policy.static import AlwaysPolicy
-from gearshift.spec.warmup import warm_up_speculation
+from gearshift.speculative.warmup import warm_up_speculation
 
 
 def steady(llm: LLM, prompts, bs: int, k: int, steps: int) -> dict:

@@ -42,7 +42,7 @@ def main() -> int:
     widest = max(int(b[1:]) + args.max_num_seqs if b.startswith("d") else int(b) for b in budgets)
     llm = LLM(args.preset or None, load_format="dummy" if args.preset else "safetensors",
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=widest)
-    from gearshift.models.kernels.skinny_select import CHOOSER
+    from gearshift.kernels.skinny_select import CHOOSER
 
     result = {"env": environment(llm), "build_s": time.perf_counter() - t0, "runs": [],
               "skinny_gemm": CHOOSER.report(),  # the start-up picks and their timings
@@ -100,7 +100,7 @@ def set_budget(sched, budget: str, widest: int) -> None:
 
 
 def chooser_table() -> dict:
-    from gearshift.models.kernels.skinny_select import CHOOSER
+    from gearshift.kernels.skinny_select import CHOOSER
 
     return CHOOSER.table
 

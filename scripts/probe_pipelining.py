@@ -63,7 +63,7 @@ def main() -> None:
         "bench_extend_attn", Path(__file__).with_name("bench_extend_attn.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    from gearshift.attention.kernels import decode, extend
+    from gearshift.kernels import decode, extend
 
     g = torch.Generator(device="cuda").manual_seed(0)
     b = bench.batch(bench.CASES["mixed512_graph"], g)

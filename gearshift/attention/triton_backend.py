@@ -3,7 +3,7 @@
 Data flow: Attention layer -> TritonBackend.rope_store_attend. DECODE (default,
 GEARSHIFT_DECODE_ROPE=fused): the decode kernel rotates q and k and stores K/V itself
 (kernels/decode.py, RopeInputs). Otherwise -> TritonBackend.rope_and_store (on CUDA one
-fused kernel, models/kernels/rope.py: rotates q in place, writes rotated K and V at
+fused kernel, kernels/rope.py: rotates q in place, writes rotated K and V at
 out_cache_loc) -> AttentionBackend.attend -> TritonBackend.decode / .extend / .tree ->
 kernels/decode.py, kernels/extend.py, kernels/tree.py.
 
@@ -22,7 +22,8 @@ import os
 import torch
 
 from gearshift.attention.base import AttentionBackend, KVCache
-from gearshift.attention.kernels.decode import (
+from gearshift.forward_batch import ForwardBatch, ForwardMode
+from gearshift.kernels.decode import (
     RopeInputs,
     alloc_decode_counters,
     decode_attention,
@@ -30,10 +31,9 @@ from gearshift.attention.kernels.decode import (
     pick_num_kv_splits,
     workspace_row,
 )
-from gearshift.attention.kernels.extend import extend_attention
-from gearshift.attention.kernels.tree import pick_tree_kv_splits, tree_attention
-from gearshift.forward_batch import ForwardBatch, ForwardMode
-from gearshift.models.kernels.rope import rope_and_store_kv
+from gearshift.kernels.extend import extend_attention
+from gearshift.kernels.rope import rope_and_store_kv
+from gearshift.kernels.tree import pick_tree_kv_splits, tree_attention
 
 
 class TritonBackend(AttentionBackend):

@@ -168,7 +168,7 @@ def run(args) -> int:
                          profile=profile)
     result["env"] = environment(llm)
     if llm.engine.config.device.startswith("cuda"):
-        from gearshift.models.kernels.skinny_select import CHOOSER
+        from gearshift.kernels.skinny_select import CHOOSER
 
         result["skinny_gemm"] = {"mode": CHOOSER.mode, "shapes": CHOOSER.report()}
     print_table(result)

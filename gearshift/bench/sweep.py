@@ -78,7 +78,7 @@ def policy_object(name: str, engine, k_max: int):
         return ThresholdPolicy(SGLANG_LIKE, k_max, topk=1)
     if name == "threshold-vllm":
         return ThresholdPolicy(VLLM_LIKE, k_max, topk=1)
-    from gearshift.spec.warmup import apply_measured
+    from gearshift.speculative.warmup import apply_measured
 
     cost = build_cost_model(engine.runner, k_max, engine.config.max_num_seqs,
                             engine.spec.draft_frac, engine.spec.tree_nodes)
@@ -362,7 +362,7 @@ def _warm_up(engine) -> float | None:
     each point sets its own) skipped; -> seconds, None without CUDA graphs."""
     if engine.runner.shape_graphs is None:
         return None
-    from gearshift.spec.warmup import warm_up_speculation
+    from gearshift.speculative.warmup import warm_up_speculation
 
     t0 = time.perf_counter()
     warm_up_speculation(engine)

@@ -27,8 +27,8 @@ from gearshift.forward_batch import ForwardMode
 from gearshift.models.default import DEFAULT_MODEL_DIR
 from gearshift.models.loader import resolve_model_config
 from gearshift.request import Request, SamplingParams
+from gearshift.runner.batch import BatchBuilder
 from gearshift.runner.model_runner import ModelRunner
-from gearshift.scheduler.batch import BatchBuilder
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
 from gearshift.scheduler.plan import StepPlan
 from gearshift.scheduler.scheduler import Scheduler, StepOutput
@@ -65,7 +65,7 @@ class Engine:
         if config.speculative:
             from gearshift.policy import create_policy
             from gearshift.policy.profile import build_cost_model
-            from gearshift.spec.worker import SpecWorker
+            from gearshift.speculative.worker import SpecWorker
 
             self.spec = SpecWorker(config, self.runner, self.slots, self.builder)
             self.scheduler.policy = create_policy(
@@ -101,7 +101,7 @@ class Engine:
         self.scheduler.on_prepare = self._flush_observation
         if (self.spec is not None and config.spec_warmup and config.spec_policy != "off"
                 and self.runner.shape_graphs is not None):
-            from gearshift.spec.warmup import warm_up_speculation
+            from gearshift.speculative.warmup import warm_up_speculation
 
             warm_up_speculation(self)
         if config.gc_freeze or (config.gc_freeze is None and self.runner.graphs is not None):

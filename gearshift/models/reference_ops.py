@@ -1,4 +1,4 @@
-"""Plain-torch references of the fused kernels in models/kernels/ (HF Llama semantics).
+"""Plain-torch references of the fused kernels in kernels/ (HF Llama semantics).
 They run the model on CPU and are the oracles the Triton kernels are tested against;
 this module must not import triton (CPU installs need not have it).
 

@@ -16,8 +16,8 @@ import torch
 
 from gearshift.forward_batch import ForwardMode
 from gearshift.policy.cost import CostModel
+from gearshift.runner.batch import Stager, forward_batch, stage_forward
 from gearshift.runner.graphs import replay_ms
-from gearshift.scheduler.batch import Stager, forward_batch, stage_forward
 
 
 def profile_batch_sizes(max_num_seqs: int) -> list[int]:

@@ -19,6 +19,7 @@ from gearshift.attention.base import KVCache, create_backend
 from gearshift.config import ConfigError, EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.models.loader import DTYPES, load_model
+from gearshift.runner.batch import Padding
 from gearshift.runner.graphs import (
     DecodeGraphRunner,
     ExtendGraphRunner,
@@ -28,7 +29,6 @@ from gearshift.runner.graphs import (
     pick_bucket,
 )
 from gearshift.runner.sampler import SamplingBatch, sample
-from gearshift.scheduler.batch import Padding
 from gearshift.scheduler.plan import StepPlan
 
 log = logging.getLogger("gearshift.runner")
@@ -51,7 +51,7 @@ class ModelRunner:
                                 max_positions=max_pos, seed=config.seed)
         log.info("loaded model in %.1fs", time.perf_counter() - t0)
         if config.fuse_norms and self.device.type == "cuda" and dtype != torch.float32:
-            from gearshift.models.kernels.skinny_select import tma_capable
+            from gearshift.kernels.skinny_select import tma_capable
 
             if tma_capable(self.device):
                 self.model.fold_norms()  # norms and residual adds inside small steps' GEMMs
@@ -82,11 +82,11 @@ class ModelRunner:
         Called once the engine knows its draft."""
         self.capture = capture
         if self.device.type == "cuda":
-            from gearshift.runner.kernels.sample import warmup as warmup_sampler
+            from gearshift.kernels.sample import warmup as warmup_sampler
 
             warmup_sampler(self.model.config.vocab_size, self.device, (self.dtype, torch.float32))
             if self.config.attention_backend == "triton":
-                from gearshift.attention.kernels.extend import warmup_extend
+                from gearshift.kernels.extend import warmup_extend
 
                 warmup_extend(self.kv.k[0], self.kv.v[0], self.kv.req_to_token,
                               self.model.config.num_heads)

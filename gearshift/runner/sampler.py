@@ -1,7 +1,7 @@
 """Token sampling without host synchronisation: greedy, temperature, top-k, top-p.
 
 Data flow: BatchBuilder -> SamplingBatch; ModelRunner: logits [B, V] -> sample -> token ids
-[B] (CUDA: the fused race kernel of runner/kernels/sample.py; elsewhere `sample_ref`).
+[B] (CUDA: the fused race kernel of kernels/sample.py; elsewhere `sample_ref`).
 
 Randomness is counter-based: the uniform for (request seed, output index, token id) is an
 integer hash, so a seeded request yields the same tokens whatever batch it runs in, after
@@ -131,11 +131,11 @@ _TORCH_ONLY = os.environ.get("GEARSHIFT_SAMPLER", "").lower() == "torch"
 
 def sample(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     """logits: [B, V] (fp32 / bf16 / fp16) -> token ids [B] int64. No host sync.
-    CUDA: one fused pass (runner/kernels/sample.py) after the optional top-k / top-p
+    CUDA: one fused pass (kernels/sample.py) after the optional top-k / top-p
     filter; elsewhere `sample_ref`. Both choose the same tokens up to float rounding."""
     if not logits.is_cuda or _TORCH_ONLY:
         return sample_ref(logits, sb)
-    from gearshift.runner.kernels.sample import race_argmax
+    from gearshift.kernels.sample import race_argmax
 
     if (sb.need_top_k or sb.need_top_p) and not sb.all_greedy:
         logits = top_k_top_p_filter(logits, sb)

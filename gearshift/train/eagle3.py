@@ -12,7 +12,7 @@ features at i, p_i = target next-token distribution at i, i.e. over x_{i+1}):
     step s   row i: (emb(x_{i+s}), h_{s-1,i}), position i+s-1, predicts p_{i+s}
              (h_{s-1,i}: the draft's own prenorm output of step s-1 at the same row)
 
-Attention of a step-s row i -- exactly what the engine's draft steps see (spec/drafter.py:
+Attention of a step-s row i -- exactly what the engine's draft steps see (speculative/proposers/expand.py:
 the depth-s row sits at position L+s-2 and attends to the committed draft KV plus its
 ancestors' scratch slots):
 

@@ -1,4 +1,4 @@
-"""Speculation warm-up (spec/warmup.py): every (padded batch, K) step shape runs once at
+"""Speculation warm-up (speculative/warmup.py): every (padded batch, K) step shape runs once at
 start-up, so graphs exist before serving and goodput starts from measured step times; the
 engine is left exactly as it was (no requests, slots, counters), and output is unchanged."""
 
@@ -10,7 +10,7 @@ from eagle3_checkpoints import make_eagle3_checkpoint
 
 from gearshift import SamplingParams
 from gearshift.policy.base import PolicyView
-from gearshift.spec.warmup import warm_up_speculation
+from gearshift.speculative.warmup import warm_up_speculation
 
 
 def test_warm_up_captures_every_shape_and_measures_costs(make_llm, tiny_llama_dir, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gearshift import LLM, SamplingParams
-from gearshift.models.kernels import skinny_select
+from gearshift.kernels import skinny_select
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

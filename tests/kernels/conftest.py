@@ -16,7 +16,7 @@ if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
     # A test collected earlier may already have imported the kernels compiled for a GPU:
     # re-decorate them under the interpreter (order matters: kernels before the backend).
-    for _name in ("gearshift.attention.kernels.decode", "gearshift.attention.kernels.extend",
+    for _name in ("gearshift.kernels.decode", "gearshift.kernels.extend",
                   "gearshift.attention.triton_backend"):
         if _name in sys.modules:
             importlib.reload(sys.modules[_name])

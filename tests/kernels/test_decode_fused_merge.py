@@ -7,13 +7,13 @@ import pytest
 import torch
 from test_decode_kernel import decode_batch
 
-from gearshift.attention.kernels.decode import (
+from gearshift.attention.torch_backend import TorchBackend
+from gearshift.attention.triton_backend import TritonBackend
+from gearshift.kernels.decode import (
     alloc_decode_counters,
     alloc_decode_workspace,
     decode_attention,
 )
-from gearshift.attention.torch_backend import TorchBackend
-from gearshift.attention.triton_backend import TritonBackend
 
 # Interpreted blocks are 16 keys: with 8 splits, a sequence under 8 * 16 keys leaves the
 # later splits empty (seq 1 -> 1 non-empty split, 20 -> 2, 100 -> 7), 200 fills all 8.

@@ -6,16 +6,16 @@ import pytest
 import torch
 
 from gearshift.attention.base import KVCache
-from gearshift.attention.kernels.decode import (
+from gearshift.attention.torch_backend import TorchBackend
+from gearshift.attention.triton_backend import TritonBackend
+from gearshift.forward_batch import ForwardBatch, ForwardMode
+from gearshift.kernels.decode import (
     alloc_decode_workspace,
     decode_attention,
     decode_blocks,
     pick_num_kv_splits,
 )
-from gearshift.attention.kernels.tree import pick_tree_kv_splits
-from gearshift.attention.torch_backend import TorchBackend
-from gearshift.attention.triton_backend import TritonBackend
-from gearshift.forward_batch import ForwardBatch, ForwardMode
+from gearshift.kernels.tree import pick_tree_kv_splits
 
 SEQ_LENS = [1, 7, 100, 257]
 
@@ -72,7 +72,7 @@ def test_decode_kernel_any_split_count(slot_pool, device, num_kv_splits):
 def test_one_split_writes_the_output_without_a_merge(slot_pool, device, monkeypatch):
     """With one KV split stage 1 writes `out` itself (normalised) and stage 2 never runs;
     its workspace is left untouched."""
-    from gearshift.attention.kernels import decode as decode_kernels
+    from gearshift.kernels import decode as decode_kernels
 
     class NoLaunch:
         def __getitem__(self, grid):
@@ -158,7 +158,7 @@ def test_pick_num_kv_splits_depends_only_on_batch_shape():
 
 
 def test_decode_blocks_widen_where_splits_are_few_and_the_grid_small(monkeypatch):
-    from gearshift.attention.kernels import decode as decode_kernels
+    from gearshift.kernels import decode as decode_kernels
 
     monkeypatch.setattr(decode_kernels, "_INTERPRET", False)
     blocks = {bs: decode_blocks(bs, 8, pick_num_kv_splits(bs, 8)) for bs in (1, 2, 4, 32, 40, 64)}
@@ -218,7 +218,7 @@ def test_rope_inside_decode_matches_rope_store_then_decode(slot_pool, device, nu
 def test_rope_inside_decode_any_split_count(slot_pool, device, num_kv_splits):
     """The split holding the new key stores and attends it, whatever the split count (and
     a 1-key request, whose only key is the new one)."""
-    from gearshift.attention.kernels.decode import RopeInputs
+    from gearshift.kernels.decode import RopeInputs
 
     num_heads, num_kv_heads, head_dim = 8, 2, 64
     kv, rows = slot_pool(SEQ_LENS, num_kv_heads, head_dim, seed=6)

@@ -11,17 +11,17 @@ import pytest
 import torch
 
 from gearshift.attention.base import KVCache
-from gearshift.attention.kernels import extend as extend_kernels
-from gearshift.attention.kernels.extend import (
+from gearshift.attention.torch_backend import TorchBackend
+from gearshift.attention.triton_backend import TritonBackend
+from gearshift.forward_batch import ForwardBatch, ForwardMode
+from gearshift.kernels import extend as extend_kernels
+from gearshift.kernels.extend import (
     extend_attention,
     extend_config,
     is_decode_heavy,
     num_tiles_bound,
     warmup_extend,
 )
-from gearshift.attention.torch_backend import TorchBackend
-from gearshift.attention.triton_backend import TritonBackend
-from gearshift.forward_batch import ForwardBatch, ForwardMode
 
 # (prefix_len, extend_len): fresh prompts, chunked prefill, decode riding along, long prefix
 # (31, 1): a decoder whose keys fill whole blocks of 16 / 32 (the decoder path's tail is empty)

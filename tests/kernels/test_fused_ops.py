@@ -19,14 +19,14 @@ import torch
 from gearshift.attention.base import KVCache
 from gearshift.attention.torch_backend import TorchBackend
 from gearshift.attention.triton_backend import TritonBackend
-from gearshift.models.kernels.activation import silu_and_mul, silu_and_mul_ref
-from gearshift.models.kernels.norm import (
+from gearshift.kernels.activation import silu_and_mul, silu_and_mul_ref
+from gearshift.kernels.norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_ref,
     rms_norm,
     rms_norm_ref,
 )
-from gearshift.models.kernels.rope import apply_rope, apply_rope_ref, rope_and_store_kv
+from gearshift.kernels.rope import apply_rope, apply_rope_ref, rope_and_store_kv
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"

@@ -1,4 +1,4 @@
-"""Fused sampling kernel (runner/kernels/sample.py) against its plain-torch reference
+"""Fused sampling kernel (kernels/sample.py) against its plain-torch reference
 (runner/sampler.py: seeded_uniform, race_scores, sample_ref): uniforms bit for bit, scores
 within float rounding, the same tokens, ties to the lowest index, seeded determinism.
 
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gearshift.runner.kernels.sample import (
+from gearshift.kernels.sample import (
     launch_plan,
     race_argmax,
     race_score,
@@ -188,8 +188,8 @@ def test_after_the_warmup_no_step_compiles():
     logits for plain steps compiled three variants inside the first offline run). Mixed
     steps ask for logits of 1..N rows, and a compile is tenths of a second inside a step
     (session 14: 15 of them, up to 0.46 s a step, in the first offline run before this)."""
+    from gearshift.kernels.sample import warmup
     from gearshift.runner.jit_log import triton_compiles
-    from gearshift.runner.kernels.sample import warmup
 
     vocab = 32000
     warmup(vocab, DEVICE, (torch.bfloat16, torch.float32))  # as ModelRunner on a bf16 model

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gearshift.models.kernels.skinny_gemm import SkinnyConfig, skinny_linear
+from gearshift.kernels.skinny_gemm import SkinnyConfig, skinny_linear
 from gearshift.models.reference_ops import rms_norm_ref, silu_and_mul_ref
 
 HAS_CUDA = torch.cuda.is_available()
@@ -108,7 +108,7 @@ def test_tma_gated_product(dtype):
 def test_tma_tiling_falls_back_for_an_unaligned_x():
     """A row stride the descriptor cannot take (65 fp16 = 130 bytes) runs the pointer kernel
     with the same tiles: same product."""
-    from gearshift.models.kernels.skinny_gemm import tma_ready
+    from gearshift.kernels.skinny_gemm import tma_ready
 
     x = torch.randn(4, 65, dtype=torch.float16)[:, :64]
     assert not tma_ready(x) and tma_ready(x.contiguous())
@@ -116,7 +116,7 @@ def test_tma_tiling_falls_back_for_an_unaligned_x():
 
 
 def test_tma_candidates_only_where_the_gpu_has_tma(monkeypatch):
-    from gearshift.models.kernels import skinny_select as sel
+    from gearshift.kernels import skinny_select as sel
 
     cpu = torch.device("cpu")
     assert not sel.tma_capable(cpu)
@@ -197,7 +197,7 @@ def test_margin_from_the_environment():
     import subprocess
     import sys
 
-    code = "from gearshift.models.kernels import skinny_select as s; print(s.SKINNY_MARGIN)"
+    code = "from gearshift.kernels import skinny_select as s; print(s.SKINNY_MARGIN)"
     run = lambda env: subprocess.run([sys.executable, "-c", code], env=env,  # noqa: E731
                                      capture_output=True, text=True, check=True).stdout.strip()
     env = {k: v for k, v in os.environ.items() if k != "GEARSHIFT_SKINNY_MARGIN"}
@@ -210,7 +210,7 @@ def test_kernel_margin_is_wider_under_pdl(monkeypatch):
     form (timed alone it cannot show the overlap it gets in the step); elsewhere it must
     beat cuBLAS by 3%. cuBLASLt against cuBLAS keeps the 3% either way. The environment's
     margin, when set, is used for every choice."""
-    from gearshift.models.kernels import skinny_select as sel
+    from gearshift.kernels import skinny_select as sel
 
     cfg = SkinnyConfig(16, 32, 256, 4, 4)
     ran, pdl_on = [], [False]
@@ -242,7 +242,7 @@ def test_kernel_margin_is_wider_under_pdl(monkeypatch):
 
 
 def test_chooser_modes():
-    from gearshift.models.kernels.skinny_select import SkinnyChooser, row_bucket
+    from gearshift.kernels.skinny_select import SkinnyChooser, row_bucket
 
     with pytest.raises(ValueError, match="GEARSHIFT_SKINNY_GEMM"):
         SkinnyChooser("fast")
@@ -263,7 +263,7 @@ def test_chooser_skips_a_tiling_that_does_not_fit(monkeypatch):
     memory) is timed as inf and never chosen; the others are still compared with cuBLAS."""
     from triton.runtime.errors import OutOfResources
 
-    from gearshift.models.kernels import skinny_select as sel
+    from gearshift.kernels import skinny_select as sel
 
     big, fits, slow = SkinnyConfig(16, 128, 512, 8, 5), SkinnyConfig(16, 32, 256, 4, 4), SMALL
     ms = {None: 1.0, big: 0.1, fits: 0.9, slow: 2.0}  # big would win if it compiled
@@ -298,7 +298,7 @@ def test_chooser_times_in_interleaved_rounds_and_keeps_the_fastest(monkeypatch):
     """A slow first timing (the GPU's clocks still ramping) must not decide: candidates are
     timed in turn, twice, and each keeps its fastest. Here cuBLAS reads 2.0 then 1.0 and
     the kernel 1.5 twice: cuBLAS wins (one round alone would have picked the kernel)."""
-    from gearshift.models.kernels import skinny_select as sel
+    from gearshift.kernels import skinny_select as sel
 
     cfg = SkinnyConfig(16, 32, 256, 4, 4)
     order, readings = [], {None: [2.0, 1.0], cfg: [1.5, 1.5]}
@@ -329,7 +329,7 @@ def test_chooser_times_cublaslt_and_runs_the_cublas_form_under_it(monkeypatch):
     """Where torch can switch to cuBLASLt, the cuBLAS form is timed through it too: taken by
     the margin over cuBLAS, and then the kernel must beat cuBLASLt by the margin. The
     wrappers run the chosen form with cuBLASLt preferred for that call only."""
-    from gearshift.models.kernels import skinny_select as sel
+    from gearshift.kernels import skinny_select as sel
 
     cfg = SkinnyConfig(16, 32, 256, 4, 4)
     ran, state = [], ["cublas"]

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from gearshift.attention.base import AttentionBackend, KVCache
-from gearshift.attention.kernels.decode import alloc_decode_workspace
-from gearshift.attention.kernels.tree import tree_attention
 from gearshift.attention.triton_backend import TritonBackend
 from gearshift.forward_batch import ForwardBatch, ForwardMode, TreeAttention
+from gearshift.kernels.decode import alloc_decode_workspace
+from gearshift.kernels.tree import tree_attention
 
 PREFIX_LENS = [0, 1, 37, 300]
 # parent of each tree node (-1 = root, the pending token); one tree per request

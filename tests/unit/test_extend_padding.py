@@ -17,13 +17,13 @@ from checkpoints import random_prompts
 from gearshift import SamplingParams
 from gearshift.forward_batch import ForwardMode
 from gearshift.runner import graphs as graphs_mod
+from gearshift.runner.batch import Padding, Stager, pad_batch, stage_forward
 from gearshift.runner.graphs import (
     ExtendGraphRunner,
     extend_token_buckets,
     fastest_at_or_above,
     pick_bucket,
 )
-from gearshift.scheduler.batch import Padding, Stager, pad_batch, stage_forward
 
 
 def test_extend_token_buckets() -> None:

@@ -1,4 +1,4 @@
-"""The PDL rules of models/kernels/pdl.py, checked in the code Triton generates for an H200
+"""The PDL rules of kernels/pdl.py, checked in the code Triton generates for an H200
 (sm90, compiled on the CPU): a kernel launched with programmatic dependent launch reads and
 writes nothing before `griddepcontrol.wait` (the kernel before it may still run), except the
 skinny GEMM's L2 prefetch of its weight rows, and lets the next kernel launch
@@ -27,8 +27,8 @@ import json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from gearshift.attention.kernels import decode
-from gearshift.models.kernels import activation, norm, rope, skinny_gemm
+from gearshift.kernels import decode
+from gearshift.kernels import activation, norm, rope, skinny_gemm
 
 DECODE_PTRS = {"ReqToToken": "*i32", "ReqPoolIdx": "*i64", "SeqLens": "*i32", "Work": "*fp32",
                "Count": "*i32", "Positions": "*i64", "Cos": "*fp32", "Sin": "*fp32",
@@ -117,6 +117,6 @@ def test_without_pdl_no_grid_dependency_ops():
 
 
 def test_pdl_is_off_off_the_gpu():
-    from gearshift.models.kernels import pdl
+    from gearshift.kernels import pdl
 
     assert not pdl.enabled("cpu") and pdl.launch_kwargs("cpu") == {}

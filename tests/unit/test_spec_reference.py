@@ -2,7 +2,7 @@
 tokens from q, score K+1 positions with the target, accept d_j with probability
 min(1, p_j(d_j) / q_j(d_j)), at the first rejection resample from norm(max(p_j - q_j, 0)),
 after K acceptances draw the bonus from p_K), written per request as a Python loop in
-float64, and compared with the engine (spec/drafter.expand + spec/verify.verify) on fixed
+float64, and compared with the engine (proposers/expand.expand + speculative/verify.verify) on fixed
 seeds: same accepted counts, same emitted tokens.
 
 Both sides use the engine's counter-based random numbers (runner/sampler.seeded_uniform):
@@ -28,8 +28,8 @@ from checkpoints import load_hf_model, make_perturbed_draft, make_tiny_checkpoin
 
 from gearshift import SamplingParams
 from gearshift.runner.sampler import SamplingBatch, seeded_uniform
-from gearshift.spec.drafter import ExpandInputs, expand
-from gearshift.spec.verify import SALT_ACCEPT, SALT_DRAFT, SALT_RESIDUAL, verify
+from gearshift.speculative.proposers.expand import ExpandInputs, expand
+from gearshift.speculative.verify import SALT_ACCEPT, SALT_DRAFT, SALT_RESIDUAL, verify
 
 LogitsFn = Callable[[list[int]], torch.Tensor]  # token sequence -> next-token logits [V]
 

@@ -11,7 +11,7 @@ false-alarm rate of 1e-4 per test (p-value from the exact chi-square tail). Seed
 so each test is deterministic; 1e-4 is the chance that a correct engine fails for a given
 seed choice.
 
-Data flow (tests only): tables -> DraftTree + node logits -> spec/verify.py -> VerifyResult.
+Data flow (tests only): tables -> DraftTree + node logits -> speculative/verify.py -> VerifyResult.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from gearshift.runner.sampler import SamplingBatch, seeded_uniform
-from gearshift.spec.tree import DraftTree, chain_tree
-from gearshift.spec.verify import SALT_DRAFT, verify
+from gearshift.speculative.tree import DraftTree, chain_tree
+from gearshift.speculative.verify import SALT_DRAFT, verify
 
 ALPHA = 1e-4  # false-alarm rate of every chi-square test in this file
 M32 = 0xFFFFFFFF
@@ -311,7 +311,7 @@ def test_greedy_fast_path_equals_the_general_scheme():
     """verify() on an all-greedy batch takes verify_greedy (no [B, N, V] distributions);
     it must give what the general scheme gives with one-hot targets, on random trees with
     duplicate sibling tokens, invalid nodes and chains with draft probabilities."""
-    from gearshift.spec.verify import verify_greedy, verify_sampled
+    from gearshift.speculative.verify import verify_greedy, verify_sampled
 
     g = torch.Generator().manual_seed(3)
     b, n, v, depth, width = 64, 9, 5, 3, 3

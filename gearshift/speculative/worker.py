@@ -1,5 +1,5 @@
 """SpecWorker: one VERIFY step (draft -> verify -> commit -> draft-extend); the draft-extend
-itself (also after plain EXTEND / DECODE steps) is DraftFollower's (spec/draft_follow.py).
+itself (also after plain EXTEND / DECODE steps) is DraftFollower's (speculative/draft_follow.py).
 
     plan (K per request, from the policy; slots already counted by the scheduler)
       -> prepare: allocate node slots + draft scratch per request      (host)
@@ -22,8 +22,7 @@ import torch
 from gearshift.config import EngineConfig
 from gearshift.forward_batch import ForwardBatch, ForwardMode, TreeAttention
 from gearshift.request import Request
-from gearshift.runner.model_runner import ModelRunner
-from gearshift.scheduler.batch import (
+from gearshift.runner.batch import (
     BatchBuilder,
     Stager,
     forward_batch,
@@ -31,14 +30,15 @@ from gearshift.scheduler.batch import (
     stage_forward,
     stage_sampling,
 )
+from gearshift.runner.model_runner import ModelRunner
 from gearshift.scheduler.kv_pool import SlotPool
 from gearshift.scheduler.plan import StepPlan
 from gearshift.scheduler.scheduler import Scheduler, StepOutput
-from gearshift.spec.draft_follow import DraftFollower
-from gearshift.spec.proposer import ProposeContext, Proposer
-from gearshift.spec.tree import ancestor_mask
-from gearshift.spec.verify import verify
-from gearshift.spec.verify_device import (
+from gearshift.speculative.draft_follow import DraftFollower
+from gearshift.speculative.proposers.base import ProposeContext, Proposer
+from gearshift.speculative.tree import ancestor_mask
+from gearshift.speculative.verify import verify
+from gearshift.speculative.verify_device import (
     greedy_packed,
     node_valid,
     pack,
@@ -50,15 +50,15 @@ from gearshift.spec.verify_device import (
 def create_proposer(config: EngineConfig, runner: ModelRunner) -> Proposer:
     algo = config.speculative_algorithm
     if algo == "ngram":
-        from gearshift.spec.ngram import NgramProposer
+        from gearshift.speculative.proposers.ngram import NgramProposer
 
         return NgramProposer(config.ngram_min, config.ngram_max)
     if algo == "draft":
-        from gearshift.spec.draft_model import DraftModelProposer
+        from gearshift.speculative.proposers.draft_model import DraftModelProposer
 
         return DraftModelProposer(config, runner.model.config, runner.kv, runner.max_positions)
     from gearshift.models.default import default_head_dir
-    from gearshift.spec.eagle3 import Eagle3Proposer
+    from gearshift.speculative.proposers.eagle3 import Eagle3Proposer
 
     head = config.draft_model or str(default_head_dir())
     return Eagle3Proposer(config, head, runner.model.config, runner.model, runner.kv,

@@ -19,9 +19,9 @@ from gearshift.config import EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch
 from gearshift.models.eagle3_loader import load_eagle3
 from gearshift.models.loader import DTYPES
-from gearshift.spec.drafter import ExpandInputs, graphed_expand
-from gearshift.spec.proposer import ProposeContext, Proposer
-from gearshift.spec.tree import DraftTree
+from gearshift.speculative.proposers.base import ProposeContext, Proposer
+from gearshift.speculative.proposers.expand import ExpandInputs, graphed_expand
+from gearshift.speculative.tree import DraftTree
 
 
 class Eagle3Proposer(Proposer):

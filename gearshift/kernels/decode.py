@@ -40,7 +40,7 @@ launch of its own. Every split program rotates its group's q (fp32, rounded to q
 as the RoPE kernel does). The split holding position seq_len - 1 (the new token) rotates
 k, stores k and v at out_cache_loc, and attends to that key from registers; the loop
 stops one key short. No program reads the new slot, so no ordering between programs is
-needed. Other paths (extend, VERIFY, trees) keep models/kernels/rope.py.
+needed. Other paths (extend, VERIFY, trees) keep kernels/rope.py.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gearshift.models.kernels import pdl
-from gearshift.models.kernels.pdl import pdl_enter, pdl_trigger, pdl_wait
+from gearshift.kernels import pdl
+from gearshift.kernels.pdl import pdl_enter, pdl_trigger, pdl_wait
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634

@@ -27,10 +27,10 @@ import torch
 
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.request import Request
+from gearshift.runner.batch import BatchBuilder, Stager, forward_batch, stage_forward
 from gearshift.runner.model_runner import ModelRunner, device_ms, graph_inputs, rebuild_batch
-from gearshift.scheduler.batch import BatchBuilder, Stager, forward_batch, stage_forward
 from gearshift.scheduler.plan import StepPlan
-from gearshift.spec.proposer import Proposer
+from gearshift.speculative.proposers.base import Proposer
 
 
 class DraftFollower:

@@ -14,7 +14,7 @@ through the real step pipeline, so that
                                  only when the engine verifies trees; gear max_k + 1);
                                  the first may capture graphs, the others are timed
         K = max, 0, max:         untimed: the draft's catch-up shapes (a backlog of
-                                 several rows, then of one: spec/draft_follow.py)
+                                 several rows, then of one: speculative/draft_follow.py)
         abort them (slots and rows back to the pool)
     -> {gear: [(bs, ms)]} -> policy.cost.set_measured(...)
 
@@ -33,7 +33,7 @@ from gearshift.engine.gc_control import gc_paused
 from gearshift.policy.static import AlwaysPolicy
 from gearshift.request import SamplingParams
 
-log = logging.getLogger("gearshift.spec")
+log = logging.getLogger("gearshift.speculative")
 
 PROMPT_LEN = 4
 

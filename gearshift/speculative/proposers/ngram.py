@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.spec.proposer import ProposeContext, Proposer
-from gearshift.spec.tree import DraftTree, chain_tree
+from gearshift.speculative.proposers.base import ProposeContext, Proposer
+from gearshift.speculative.tree import DraftTree, chain_tree
 
 
 def lookup(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:

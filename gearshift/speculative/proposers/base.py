@@ -15,7 +15,7 @@ import torch
 from gearshift.forward_batch import ForwardBatch
 from gearshift.request import Request
 from gearshift.runner.sampler import SamplingBatch
-from gearshift.spec.tree import DraftTree
+from gearshift.speculative.tree import DraftTree
 
 
 @dataclass(slots=True)

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gearshift.attention.kernels.decode import alloc_decode_workspace
+from gearshift.kernels.decode import alloc_decode_workspace
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634

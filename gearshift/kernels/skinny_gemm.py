@@ -49,9 +49,9 @@ try:  # Triton >= 3.4: host-side TMA descriptors
 except ImportError:  # pragma: no cover - older Triton: tma configs run the pointer kernel
     TensorDescriptor = None
 
-from gearshift.models.kernels import pdl
-from gearshift.models.kernels.norm import rms_norm
-from gearshift.models.kernels.pdl import pdl_trigger, pdl_wait, prefetch_rows_l2
+from gearshift.kernels import pdl
+from gearshift.kernels.norm import rms_norm
+from gearshift.kernels.pdl import pdl_trigger, pdl_wait, prefetch_rows_l2
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 

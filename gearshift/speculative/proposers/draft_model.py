@@ -15,9 +15,9 @@ from gearshift.attention.base import KVCache, create_backend
 from gearshift.config import ConfigError, EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch
 from gearshift.models.loader import DTYPES, load_model
-from gearshift.spec.drafter import ExpandInputs, _draft_batch, expand, graph_step
-from gearshift.spec.proposer import ProposeContext, Proposer
-from gearshift.spec.tree import DraftTree
+from gearshift.speculative.proposers.base import ProposeContext, Proposer
+from gearshift.speculative.proposers.expand import ExpandInputs, _draft_batch, expand, graph_step
+from gearshift.speculative.tree import DraftTree
 
 
 class DraftModelProposer(Proposer):

@@ -37,7 +37,7 @@ the same lease:
 GEARSHIFT_PDL: `auto` (default: on for CUDA devices of compute capability >= 9), `on`,
 `off`. Read at import, like the other kernel knobs.
 
-Data flow: skinny_gemm / norm / activation / rope (models/kernels) and attention/kernels/
+Data flow: skinny_gemm / norm / activation / rope (kernels/) and kernels/
 decode launch with `launch_kwargs(device)` and pass `PDL=enabled(device)` to their jit
 functions, which call `pdl_enter` (short kernels) or `pdl_wait` + `pdl_trigger` (GEMMs,
 decode attention) and `prefetch_rows_l2` below.

@@ -13,7 +13,7 @@ Greedy rows use one-hot target distributions, which turns both schemes below int
     sequential tests, hence exactly lossless (SpecInfer-style multi-draft, target-only).
 Randomness is counter-based (runner/sampler.py): (request seed ^ salt, output index).
 
-Data flow: spec/worker.py: target VERIFY logits [B, N, V] + DraftTree -> VerifyResult ->
+Data flow: speculative/worker.py: target VERIFY logits [B, N, V] + DraftTree -> VerifyResult ->
 host (one sync) -> Scheduler.commit_spec.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from gearshift.runner.sampler import SamplingBatch, apply_top_k_top_p, seeded_uniform
-from gearshift.spec.tree import DraftTree, children_mask
+from gearshift.speculative.tree import DraftTree, children_mask
 
 SALT_ACCEPT = 0x5EED0001
 SALT_RESIDUAL = 0x5EED0002

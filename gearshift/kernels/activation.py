@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from gearshift.models.kernels import pdl
-from gearshift.models.kernels.pdl import pdl_enter
+from gearshift.kernels import pdl
+from gearshift.kernels.pdl import pdl_enter
 from gearshift.models.reference_ops import silu_and_mul_ref  # noqa: F401 (re-exported)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

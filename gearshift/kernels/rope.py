@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gearshift.models.kernels import pdl
-from gearshift.models.kernels.pdl import pdl_enter
+from gearshift.kernels import pdl
+from gearshift.kernels.pdl import pdl_enter
 from gearshift.models.reference_ops import apply_rope_ref  # noqa: F401 (re-exported)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.spec.tree import DraftTree
-from gearshift.spec.verify import VerifyResult, verify_greedy_ids
+from gearshift.speculative.tree import DraftTree
+from gearshift.speculative.verify import VerifyResult, verify_greedy_ids
 
 
 def pad_greedy_inputs(s: dict[str, torch.Tensor], b: int, pb: int, n: int, per_row: int) -> None:

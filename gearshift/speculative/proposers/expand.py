@@ -24,8 +24,8 @@ import torch
 
 from gearshift.forward_batch import ForwardBatch, ForwardMode, TreeAttention
 from gearshift.runner.sampler import SamplingBatch, apply_top_k_top_p, seeded_uniform
-from gearshift.spec.tree import DraftTree, ancestor_mask
-from gearshift.spec.verify import SALT_DRAFT
+from gearshift.speculative.tree import DraftTree, ancestor_mask
+from gearshift.speculative.verify import SALT_DRAFT
 
 # (token ids [R] in target vocab, hidden [R, H] | None, ForwardBatch) -> (logits [R, Vd], hidden)
 StepFn = Callable[[torch.Tensor, torch.Tensor | None, ForwardBatch],

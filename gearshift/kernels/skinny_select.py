@@ -39,10 +39,10 @@ import statistics
 import torch
 from triton.runtime.errors import OutOfResources
 
-from gearshift.models.kernels import pdl
-from gearshift.models.kernels.activation import silu_and_mul
-from gearshift.models.kernels.norm import rms_norm
-from gearshift.models.kernels.skinny_gemm import SkinnyConfig, TensorDescriptor, skinny_linear
+from gearshift.kernels import pdl
+from gearshift.kernels.activation import silu_and_mul
+from gearshift.kernels.norm import rms_norm
+from gearshift.kernels.skinny_gemm import SkinnyConfig, TensorDescriptor, skinny_linear
 from gearshift.models.reference_ops import linear_ref
 
 # products of more rows run their cuBLAS forms (the TMA tilings lost to cuBLAS at 128-512

@@ -12,8 +12,8 @@ in topological order. A chain of K drafts is the tree with parents [-1, 0, 1, ..
             c   d     e                              a: x a          d: x a d
                                                      b: x b          e: x b e
 
-Data flow: proposer.propose() -> DraftTree -> spec/worker.py builds the VERIFY batch
-(positions = prefix + depth, extra key slots = ancestors-or-self) -> spec/verify.py.
+Data flow: proposer.propose() -> DraftTree -> speculative/worker.py builds the VERIFY batch
+(positions = prefix + depth, extra key slots = ancestors-or-self) -> speculative/verify.py.
 """
 
 from __future__ import annotations
