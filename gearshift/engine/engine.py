@@ -135,6 +135,19 @@ class Engine:
     def abort_request(self, request_id: str, reason: str = "abort") -> None:
         self.scheduler.abort(request_id, reason)
 
+    @property
+    def policy(self):
+        """The speculation policy planning each step (None without a draft)."""
+        return self.scheduler.policy
+
+    def set_policy(self, policy) -> None:
+        """Plan later steps with `policy` (benches compare policies on one engine). A VERIFY
+        step's cost still waiting to be observed goes to the policy that ran it."""
+        if self.spec is None:
+            raise ValueError("set_policy needs an engine with speculative decoding configured")
+        self._flush_observation()
+        self.scheduler.policy = policy
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self.pending is not None
 

@@ -18,7 +18,7 @@ from gearshift.request import Request
 class PolicyView:
     requests: list[Request]  # the decode batch, in batch order
     num_waiting: int  # queued requests
-    max_k: int  # the configured draft depth (graphs and buffers exist up to it)
+    num_draft_tokens: int  # the configured draft depth K (graphs and buffers exist up to it)
     # acceptance evidence over recent VERIFY outcomes of all requests (SpecWorker): (accepted
     # drafts, accepted + rejections), EMA; the policy's prior for a request with little
     # evidence of its own. None: not measured
@@ -47,7 +47,7 @@ class Policy(ABC):
 
     @abstractmethod
     def plan(self, view: PolicyView) -> list[int]:
-        """Draft length per request of view.requests, each in [0, view.max_k]."""
+        """Draft length per request of view.requests, each in [0, view.num_draft_tokens]."""
 
     @staticmethod
     def eligible(req: Request) -> bool:

@@ -271,7 +271,7 @@ class GoodputPolicy(Policy):
     def top_gear(self, view: PolicyView) -> int:
         """The highest gear this step may take: max K, or max K + 1 (the draft tree) when the
         engine verifies trees and the cost model knows their price."""
-        max_k = min(self.max_k, view.max_k)
+        max_k = min(self.max_k, view.num_draft_tokens)
         if view.topk > 1 and max_k == self.max_k and self.max_k + 1 in self.cost.base:
             return self.max_k + 1
         return max_k

@@ -16,7 +16,7 @@ class RandomPolicy(Policy):
         self._topk = 1
 
     def plan(self, view: PolicyView) -> list[int]:
-        k = min(self.max_k, view.max_k)
+        k = min(self.max_k, view.num_draft_tokens)
         self._topk = self.rng.choice((1, view.topk)) if view.topk > 1 else 1
         if self.rng.random() < 0.3:  # whole steps at K=0 too, so the DECODE path is exercised
             return [0] * len(view.requests)

@@ -17,5 +17,5 @@ class AlwaysPolicy(Policy):
         self.k, self.topk = k, topk  # topk None: the engine's tree width (1: chains)
 
     def plan(self, view: PolicyView) -> list[int]:
-        k = min(self.k, view.max_k)
+        k = min(self.k, view.num_draft_tokens)
         return [k if self.eligible(r) else 0 for r in view.requests]

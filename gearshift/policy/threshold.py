@@ -18,5 +18,5 @@ class ThresholdPolicy(Policy):
     def plan(self, view: PolicyView) -> list[int]:
         bs = len(view.requests)
         k = next((k for limit, k in self.table if bs <= limit), 0)
-        k = min(self.max_k if k is None else k, view.max_k)
+        k = min(self.max_k if k is None else k, view.num_draft_tokens)
         return [k if self.eligible(r) else 0 for r in view.requests]
