@@ -297,7 +297,7 @@ def run_burst(args) -> int:
     from gearshift import LLM
     from gearshift.bench.offline import environment
     from gearshift.bench.sweep import make_prompts
-    from gearshift.cli import engine_kwargs
+    from gearshift.engine_args import engine_kwargs
 
     kw = engine_kwargs(args)
     kw["max_num_seqs"] = args.max_num_seqs or args.probes + args.burst_size
@@ -354,7 +354,7 @@ def _print_burst(r: dict) -> None:
 
 
 def add_burst_args(p) -> None:
-    from gearshift.cli import add_engine_args
+    from gearshift.engine_args import add_engine_args
 
     add_engine_args(p)
     p.set_defaults(speculative_algorithm="eagle3")

@@ -157,7 +157,7 @@ def print_table(result: dict) -> None:
 
 def run(args) -> int:
     from gearshift import LLM
-    from gearshift.cli import engine_kwargs
+    from gearshift.engine_args import engine_kwargs
 
     llm = LLM(**engine_kwargs(args))
     profile = None
@@ -179,7 +179,7 @@ def run(args) -> int:
 
 
 def add_args(p) -> None:
-    from gearshift.cli import add_engine_args
+    from gearshift.engine_args import add_engine_args
 
     add_engine_args(p)
     p.add_argument("--num-prompts", type=int, default=64)

@@ -109,7 +109,7 @@ def measure_tax(engines: dict, batch_sizes: list[int], input_len: int, output_le
 def run_tax(args) -> int:
     from gearshift import LLM
     from gearshift.bench.offline import environment
-    from gearshift.cli import engine_kwargs
+    from gearshift.engine_args import engine_kwargs
 
     kw = engine_kwargs(args)
     spec = {k: kw.pop(k) for k in ("speculative_algorithm", "draft_model", "num_draft_tokens",
@@ -167,7 +167,7 @@ def int_list(s: str) -> list[int]:
 
 
 def add_tax_args(p) -> None:
-    from gearshift.cli import add_engine_args
+    from gearshift.engine_args import add_engine_args
 
     add_engine_args(p)
     p.set_defaults(speculative_algorithm="eagle3")  # for engine B; A never has a draft

@@ -323,7 +323,7 @@ def run(args) -> int:
     from gearshift import LLM
     from gearshift.bench.offline import environment
     from gearshift.bench.sweep_focus import focus_subsets
-    from gearshift.cli import engine_kwargs
+    from gearshift.engine_args import engine_kwargs
 
     kw = engine_kwargs(args)
     kw.update(max_num_seqs=max(args.concurrency), spec_policy="off")
@@ -436,7 +436,7 @@ def _at_least_one(text: str) -> int:
 
 
 def add_args(p) -> None:
-    from gearshift.cli import add_engine_args
+    from gearshift.engine_args import add_engine_args
 
     add_engine_args(p)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],

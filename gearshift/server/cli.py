@@ -16,7 +16,7 @@ from gearshift.config import ConfigError
 log = logging.getLogger("gearshift.server")
 
 def register(sub) -> None:
-    from gearshift.cli import add_engine_args
+    from gearshift.engine_args import add_engine_args
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, metrics)")
     add_engine_args(p)
@@ -36,9 +36,9 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gearshift.cli import engine_kwargs
     from gearshift.engine.async_engine import AsyncEngine
     from gearshift.engine.engine import Engine
+    from gearshift.engine_args import engine_kwargs
     from gearshift.llm import build_engine_config
     from gearshift.server.app import build_app
 

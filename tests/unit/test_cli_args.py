@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from gearshift.cli import add_engine_args, draft_algorithm, engine_kwargs
+from gearshift.engine_args import add_engine_args, draft_algorithm, engine_kwargs
 from gearshift.models.default import DEFAULT_MODEL_DIR
 
 

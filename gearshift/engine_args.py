@@ -1,0 +1,92 @@
+"""The engine flags every command that builds an engine shares (`generate`, `serve`,
+`bench ...`), and their translation into `LLM` / `EngineConfig` keyword arguments.
+
+Data flow: argparse flags -> engine_kwargs(args) -> llm.build_engine_config -> Engine.
+Imports nothing heavy: the CLI parses before loading torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False) -> None:
+    """Flags shared by every command that builds an engine."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", required=model_required,
+                   help="Hugging Face model directory (default: the embedded default model)")
+    g.add_argument("--preset", help="a config preset (gearshift/presets) instead of --model")
+    g.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    g.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda when available)")
+    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--max-num-seqs", type=int, default=None)
+    g.add_argument("--kv-cache-tokens", type=int, default=None)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--attention-backend", choices=["torch", "triton"])
+    g.add_argument("--no-cuda-graphs", action="store_true")
+    g.add_argument("--extend-graph-max-tokens", type=int, default=None,
+                   help="CUDA graphs for prefill / mixed steps up to this many tokens (0 = off)")
+    g.add_argument("--no-overlap-schedule", action="store_true",
+                   help="plan each step only after the previous one finished (debugging)")
+    g.add_argument("--no-fuse-norms", action="store_true",
+                   help="keep RMSNorm and residual adds in their own kernels (default on CUDA "
+                        "with TMA: inside the GEMMs where they can be, else the norm alone)")
+    g.add_argument("--seed", type=int, default=0)
+    s = p.add_argument_group("speculative decoding")
+    s.add_argument("--speculative-algorithm", choices=["eagle3", "draft", "ngram"],
+                   help="off unless given; eagle3 without --draft-model uses the embedded head")
+    s.add_argument("--draft-model", help="EAGLE-3 head or draft model directory")
+    s.add_argument("--num-draft-tokens", type=int, help="K: draft depth (default 4)")
+    s.add_argument("--draft-topk", type=int, help="1 = chain (default); > 1 = tree width")
+    s.add_argument("--num-verify-tokens", type=int, help="tree budget incl. the root")
+    s.add_argument("--spec-policy",
+                   help="goodput (default) | always | off | threshold | threshold-vllm | random")
+    s.add_argument("--no-spec-warmup", action="store_true",
+                   help="skip the start-up run of every (batch, K) step shape (graphs + costs)")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    if args.preset and args.model:
+        raise SystemExit("error: pass either --model or --preset, not both")
+    if args.preset and args.load_format != "dummy":
+        raise SystemExit("error: --preset has no weights; add --load-format dummy")
+    kw = dict(model=args.preset or args.model, device=args.device, dtype=args.dtype,
+              max_num_seqs=args.max_num_seqs, kv_cache_tokens=args.kv_cache_tokens,
+              seed=args.seed, load_format=args.load_format,
+              max_num_batched_tokens=args.max_num_batched_tokens,
+              max_model_len=args.max_model_len, cuda_graphs=not args.no_cuda_graphs,
+              overlap_schedule=not getattr(args, "no_overlap_schedule", False))
+    if getattr(args, "no_spec_warmup", False):
+        kw["spec_warmup"] = False
+    if getattr(args, "no_fuse_norms", False):
+        kw["fuse_norms"] = False
+    if getattr(args, "extend_graph_max_tokens", None) is not None:
+        kw["extend_graph_max_tokens"] = args.extend_graph_max_tokens
+    if args.attention_backend:
+        kw["attention_backend"] = args.attention_backend
+    for name in ("speculative_algorithm", "draft_model", "num_draft_tokens", "draft_topk",
+                 "num_verify_tokens", "spec_policy"):
+        if getattr(args, name, None) is not None:
+            kw[name] = getattr(args, name)
+    if kw.get("draft_model") and "speculative_algorithm" not in kw:
+        kw["speculative_algorithm"] = draft_algorithm(kw["draft_model"])
+    return kw
+
+
+def draft_algorithm(draft_dir: str) -> str:
+    """`eagle3` for a directory holding an EAGLE-3 head, `draft` for any other model: what
+    --draft-model means when --speculative-algorithm is not given."""
+    import json
+    from pathlib import Path
+
+    from gearshift.models.eagle3_loader import EAGLE3_ARCHITECTURES
+
+    cfg = Path(draft_dir) / "config.json"
+    if not cfg.is_file():
+        raise SystemExit(f"error: --draft-model {draft_dir}: no config.json there")
+    try:
+        archs = json.loads(cfg.read_text()).get("architectures") or []
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: --draft-model {draft_dir}: unreadable config.json ({e})") from e
+    return "eagle3" if any(a in EAGLE3_ARCHITECTURES for a in archs) else "draft"
