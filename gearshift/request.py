@@ -59,28 +59,34 @@ class RequestStatus(enum.Enum):
 
 @dataclass(slots=True)
 class Request:
-    """Engine-side state of one sequence. Written by the scheduler only."""
+    """Engine-side state of one sequence. Each field has one writer, named beside it:
+    the engine (at arrival), the scheduler (planning, booking and commit), the batch
+    builder (allocation), the speculative runner (the draft's state, acceptance counters)
+    or the output processor (stop strings)."""
 
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    sampling_seed: int  # params.seed, or one drawn by the engine at arrival
-    eos_token_ids: tuple[int, ...] = ()
+    request_id: str  # engine
+    prompt_token_ids: list[int]  # engine
+    params: SamplingParams  # engine
+    sampling_seed: int  # engine: params.seed, or one drawn at arrival
+    eos_token_ids: tuple[int, ...] = ()  # engine
+    # scheduler: committed tokens, and placeholders -(tag + index + 1) for tokens still
+    # being sampled (engine/overlap.py) until their step commits
     output_token_ids: list[int] = field(default_factory=list)
-    status: RequestStatus = RequestStatus.WAITING
-    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    status: RequestStatus = RequestStatus.WAITING  # scheduler
+    num_computed_tokens: int = 0  # scheduler: tokens whose KV is in the cache (or booked)
+    # batch builder appends the slots it allocates; scheduler keeps / frees them at commit
     slots: list[int] = field(default_factory=list)  # KV slot per computed token
-    req_pool_index: int = -1  # row in req_to_token while running
-    finish_reason: str | None = None  # "length" | "stop" | "abort"
-    stop_text_len: int | None = None  # set by detokenizer when a stop string matched
-    arrival_index: int = 0  # FIFO order; preemption takes the newest
-    spec_proposed: int = 0  # draft tokens sent to verification (written by SpecWorker)
-    spec_accepted: int = 0  # of which the target accepted
-    spec_alpha_num: float = 0.0  # EMA of accepted drafts (per-token acceptance estimate)
-    spec_alpha_den: float = 0.0  # EMA of accepted drafts + rejections
-    draft_rows: int = 0  # rows the draft has computed (speculative/draft_follow.py)
-    num_pending: int = 0  # sampled tokens still on the device (overlap scheduling)
-    closing: bool = False  # finished by length while its last token is still pending
+    req_pool_index: int = -1  # batch builder allocates, scheduler frees: req_to_token row
+    finish_reason: str | None = None  # scheduler: "length" | "stop" | "abort"
+    stop_text_len: int | None = None  # output processor: set when a stop string matched
+    arrival_index: int = 0  # scheduler: FIFO order; preemption takes the newest
+    spec_proposed: int = 0  # speculative runner: draft tokens sent to verification
+    spec_accepted: int = 0  # speculative runner: of which the target accepted
+    spec_alpha_num: float = 0.0  # speculative runner: EMA of accepted drafts
+    spec_alpha_den: float = 0.0  # speculative runner: EMA of accepted drafts + rejections
+    draft_rows: int = 0  # speculative runner: rows the draft has computed (scheduler resets)
+    num_pending: int = 0  # scheduler: sampled tokens not committed yet (placeholders)
+    closing: bool = False  # scheduler: its last token (by length) is still being sampled
 
     @property
     def all_token_ids(self) -> list[int]:

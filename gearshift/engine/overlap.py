@@ -1,18 +1,19 @@
 """Overlap scheduling: the host plans and prepares step n+1 while the device runs step n.
 
-    step() call n+1:  schedule(n+1) -> prepare -> launch(n+1) -> advance(n+1) -> resolve(n)
+    step() call n+1:  schedule(n+1) -> prepare -> launch(n+1) -> commit(n)
     device:           ......... step n .........|........ step n+1 ........
 
 A step's sampled tokens stay on the device: `TokenFeed.publish` writes them into a small
-table keyed by (step parity, req_to_token row) and starts an asynchronous copy to pinned
-host memory. The scheduler meanwhile stands a placeholder -(tag + row + 1) for each
-token in the request's output (Scheduler.advance), so the next step can be planned and
-its input ids staged before the token is known; `resolve_ids` swaps placeholders for the
-tokens on the device. Two parities suffice: every placeholder of step n is resolved on
-the host (Scheduler.resolve, after step n+1 is launched) before step n+2 is planned.
+table at the plan's tag (one of two parities) by batch index and starts an asynchronous
+copy to pinned host memory. The scheduler booked the step when it planned it: each token
+being sampled stands in the request's output as the placeholder -(tag + index + 1), so
+the next step can be planned and its input ids staged before the token is known;
+`resolve_ids` swaps placeholders for the tokens on the device. Two parities suffice:
+every placeholder of step n is filled on the host (Scheduler.commit, after step n+1 is
+launched) before step n+2 is planned.
 
 Data flow: Engine.step -> ModelRunner.run -> TokenFeed.publish -> PendingStep ->
-(next call) PendingStep.tokens() -> Scheduler.resolve -> StepOutputs.
+(next call) PendingStep.tokens() -> Scheduler.commit -> StepOutputs.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class PendingStep:
     """A launched step whose tokens the host has not read yet."""
 
     plan: StepPlan
-    rows: list  # Scheduler.advance's bookkeeping, for Scheduler.resolve
+    slots: list[list[int]]  # the slots BatchBuilder allocated for it, for Scheduler.commit
     host: torch.Tensor  # [padded_bs] int64 (pinned on CUDA), filled by an async copy
     copied: torch.cuda.Event | None  # recorded after the copy; None on CPU (synchronous)
     timing: tuple[torch.cuda.Event, torch.cuda.Event] | None  # ModelRunner.last_events
@@ -46,24 +47,18 @@ class PendingStep:
 
 
 class TokenFeed:
-    def __init__(self, num_rows: int, device: torch.device) -> None:
-        self.num_rows = num_rows  # req_to_token rows (max_num_seqs + 1, row 0 the dummy)
-        self.last = torch.zeros(2 * num_rows, dtype=torch.int64, device=device)
+    def __init__(self, stride: int, device: torch.device) -> None:
+        self.stride = stride  # placeholders per parity (Scheduler.tag_stride: max_num_seqs + 1)
+        self.last = torch.zeros(2 * stride, dtype=torch.int64, device=device)
         self.cuda = device.type == "cuda"
-        self.parity = 0
-
-    def tag(self) -> int:
-        """Placeholder offset of the step being published next."""
-        return self.parity * self.num_rows
 
     def resolve_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """[T] input ids with placeholders -> the same with the sampled tokens (device op)."""
         return torch.where(ids < 0, self.last[(-ids - 1).clamp_(min=0)], ids)
 
-    def publish(self, rows: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, object]:
-        """Record the step's tokens [n] for rows [n]; -> (host tensor, copy event)."""
-        self.last.index_copy_(0, rows + self.tag(), tokens)
-        self.parity ^= 1
+    def publish(self, tag: int, tokens: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """Record the step's tokens [n] (batch order) at `tag`; -> (host tensor, copy event)."""
+        self.last[tag: tag + tokens.shape[0]] = tokens
         if not self.cuda:
             return tokens, None
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)

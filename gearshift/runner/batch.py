@@ -1,12 +1,14 @@
-"""BatchBuilder.prepare(plan): allocate exactly the KV slots the plan counts, then build the
-device tensors of the ForwardBatch and the SamplingBatch in one host-to-device copy.
+"""BatchBuilder.prepare(plan): allocate exactly the KV slots the plan counts
+(`StepPlan.num_slots`: a VERIFY step's draft nodes and scratch included), then build the
+step's device tensors in one host-to-device copy. The only place where a step's slots
+are allocated; Scheduler.commit keeps or frees them.
 
-Data flow: Scheduler.schedule() -> StepPlan -> prepare() -> (ForwardBatch, SamplingBatch)
--> ModelRunner. The only writer of Request.slots / req_pool_index allocations for plain
-steps (SpecWorker.prepare does it for VERIFY steps) and of req_to_token for extends.
-`extend_batch()` builds the same layout from given tokens and slots (no allocation): the
-speculative worker uses it for DRAFT_EXTEND. `Padding` (chosen by ModelRunner.padding)
-lays a DECODE or EXTEND batch out for a captured CUDA-graph shape.
+Data flow: Scheduler.schedule() -> StepPlan -> prepare() -> StepBatch -> ModelRunner.run
+(plain steps: ForwardBatch + SamplingBatch) or SpecRunner.run (VERIFY: the staged inputs
+the draft and verification read). `extend_batch()` builds the extend layout over slots a
+request already owns (no allocation): the draft's catch-up and draft-extend use it.
+`Padding` (chosen by ModelRunner.padding) lays a DECODE or EXTEND batch out for a
+captured CUDA-graph shape.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ ALIGN_BYTES = 16  # staged parts start at multiples of this (Triton's pointer sp
 
 class Stager:
     """Collects host lists and moves them to the device in ONE copy: int64, int32 and float32
-    parts side by side in one byte buffer, each a typed view of the device copy. Each
-    host-to-device copy and each dtype conversion after it is a launch the host pays for
-    while a VERIFY step's device waits (H200, session 8)."""
+    parts side by side in one byte buffer, each a typed view of the device copy: each
+    copy and each dtype conversion after it is a launch the host pays for while a VERIFY
+    step's device waits."""
 
     _CODES = {torch.int64: "q", torch.int32: "i", torch.float32: "f"}
 
@@ -53,7 +55,7 @@ class Stager:
         """One copy; every part starts 16-byte aligned. Triton specialises a kernel on
         whether each pointer is 16-byte aligned, so parts at offsets that depend on the
         lengths before them made kernels (rope, the sampler) compile again in the middle
-        of a run whenever a batch's lengths flipped an alignment (H200, session 7)."""
+        of a run whenever a batch's lengths flipped an alignment."""
         if not self.parts:
             return {}
         buf = bytearray()
@@ -164,15 +166,19 @@ def forward_batch(d: dict[str, torch.Tensor], mode: ForwardMode, bs: int, prefix
     )
 
 
-def stage_sampling(st: Stager, reqs: list[Request], pad: int) -> None:
-    temps, top_p, top_k, seeds, steps = [], [], [], [], []
+def stage_sampling(st: Stager, reqs: list[Request], pad: int,
+                   steps: list[int] | None = None) -> None:
+    """Per-row sampling parameters; `steps`: the output index each row samples (the seeded
+    draw is keyed by it), by default the next one."""
+    temps, top_p, top_k, seeds = [], [], [], []
     for req in reqs:
         p = req.params
         temps.append(p.temperature)
         top_p.append(p.top_p)
         top_k.append(p.top_k)
         seeds.append(req.sampling_seed)
-        steps.append(len(req.output_token_ids))
+    if steps is None:
+        steps = [len(req.output_token_ids) for req in reqs]
     st.add_floats("temperatures", temps + [0.0] * pad)
     st.add_floats("top_p", top_p + [1.0] * pad)
     st.add_ints("top_k", top_k + [-1] * pad)
@@ -192,42 +198,81 @@ def sampling_batch(d: dict[str, torch.Tensor], reqs: list[Request]) -> SamplingB
     )
 
 
+@dataclass(slots=True)
+class StepBatch:
+    """The device side of one plan (written by BatchBuilder.prepare)."""
+
+    slots: list[list[int]]  # per request, as allocated: its nodes, then the draft's scratch
+    sampling: SamplingBatch  # per request (DECODE: padded to the graph's rows)
+    forward: ForwardBatch | None = None  # plain steps; a VERIFY step's comes from its drafts
+    # VERIFY: roots [B] (pending tokens), prefix [B], rows [B], k [B], scratch [B * S] and
+    # node_slots [B * N] (0-padded to the widest request), in the same copy as `sampling`
+    staged: dict[str, torch.Tensor] | None = None
+
+
 class BatchBuilder:
     def __init__(self, slots: SlotPool, rows: ReqRowPool, kv: KVCache, device: torch.device) -> None:
         self.slots, self.rows, self.kv = slots, rows, kv
         self.device = device
 
-    def prepare(self, plan: StepPlan, padding: Padding | None = None,
-                pad_to: int | None = None) -> tuple[ForwardBatch, SamplingBatch]:
-        """Slots and device tensors for `plan`, laid out for `padding` (the graph shape
-        ModelRunner.padding(plan) picked; None: unpadded). `pad_to` is the older spelling
-        of DECODE padding: Padding(pad_to, pad_to)."""
-        bs = plan.batch_size
-        if padding is None and pad_to is not None and plan.mode is ForwardMode.DECODE:
-            padding = Padding(pad_to, pad_to)
-        input_ids: list[int] = []
-        out_loc: list[int] = []
-        for req, n, prefix in zip(plan.reqs, plan.extend_lens, plan.prefix_lens):
+    def prepare(self, plan: StepPlan, padding: Padding | None = None) -> StepBatch:
+        """Slots and device tensors for `plan`; a plain step laid out for `padding` (the
+        graph shape ModelRunner.padding(plan) picked; None: unpadded). Every request's node
+        slots join its slot list (positions prefix.. for plain steps and chains), so a
+        request released mid-step frees them too."""
+        for req in plan.reqs:
             if req.req_pool_index < 0:
                 req.req_pool_index = self.rows.alloc()
-            new = self.slots.alloc(n)
-            req.slots.extend(new)
-            out_loc.extend(new)
+        slots = [self.slots.alloc(n) for n in plan.num_slots]
+        nodes = plan.num_nodes or plan.extend_lens
+        for req, s, n in zip(plan.reqs, slots, nodes):
+            req.slots.extend(s[:n])
+        if plan.mode is ForwardMode.VERIFY:
+            return self._verify(plan, slots)
+        return self._plain(plan, slots, padding)
+
+    def _plain(self, plan: StepPlan, slots: list[list[int]], padding: Padding | None) -> StepBatch:
+        bs = plan.batch_size
+        input_ids: list[int] = []
+        for req, n, prefix in zip(plan.reqs, plan.extend_lens, plan.prefix_lens):
             input_ids.extend(req.token_slice(prefix, prefix + n))
         rows, prefix, extend, input_ids, out_loc = pad_batch(
             plan.mode, [r.req_pool_index for r in plan.reqs], plan.prefix_lens, plan.extend_lens,
-            input_ids, out_loc, padding)
+            input_ids, [x for s in slots for x in s], padding)
         st = Stager(self.device)
         stage_forward(st, rows, prefix, extend, input_ids, out_loc, num_real=bs)
         # DECODE samples its padded rows (graph-sized); EXTEND samples the real ones only
-        stage_sampling(st, plan.reqs, len(rows) - bs if plan.mode is ForwardMode.DECODE else 0)
+        # the booked plan's placeholder is the output index its row samples
+        steps = [i if i >= 0 else len(r.output_token_ids)
+                 for r, i in zip(plan.reqs, plan.placeholders)] if plan.placeholders else None
+        stage_sampling(st, plan.reqs, len(rows) - bs if plan.mode is ForwardMode.DECODE else 0,
+                       steps)
         d = st.to_device()
         fb = forward_batch(d, plan.mode, bs, prefix, extend, self.kv)
         if padding is not None and plan.mode is ForwardMode.EXTEND:
             fb.max_extend_len = padding.tokens  # the grid bound: a constant of the graph shape
         assert fb.mode is ForwardMode.EXTEND or fb.num_tokens == fb.padded_batch_size, \
             "DECODE must carry one token per row"
-        return fb, sampling_batch(d, plan.reqs)
+        return StepBatch(slots, sampling_batch(d, plan.reqs), forward=fb)
+
+    def _verify(self, plan: StepPlan, slots: list[list[int]]) -> StepBatch:
+        """The inputs every stage of a VERIFY step reads, staged in one copy. The pending
+        token is usually the last sampled one, or the last prompt token when a chunked
+        prefill ended with a 1-token chunk."""
+        reqs = plan.reqs
+        n_max, s_max = max(plan.num_nodes), max(plan.num_scratch)
+        st = Stager(self.device)
+        st.add_ints("roots", [r.token_slice(p, p + 1)[0] for r, p in zip(reqs, plan.prefix_lens)])
+        st.add_ints("prefix", plan.prefix_lens)
+        st.add_ints("rows", [r.req_pool_index for r in reqs])
+        st.add_ints("k", plan.num_draft_tokens)
+        st.add_ints("scratch", [x for s, n in zip(slots, plan.num_nodes)
+                                for x in s[n:] + [0] * (s_max - len(s) + n)])
+        st.add_ints("node_slots", [x for s, n in zip(slots, plan.num_nodes)
+                                   for x in s[:n] + [0] * (n_max - n)])
+        stage_sampling(st, reqs, 0)
+        d = st.to_device()
+        return StepBatch(slots, sampling_batch(d, reqs), staged=d)
 
     def extend_batch(self, mode: ForwardMode, reqs: list[Request], prefix: list[int],
                      extend: list[int], input_ids: list[int], pad: int = 0) -> ForwardBatch:

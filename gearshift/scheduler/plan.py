@@ -1,28 +1,70 @@
-"""StepPlan: everything one engine step will do, decided by the scheduler before anything
-is allocated. BatchBuilder.prepare(plan) derives slots and tensors from it; nothing after
-planning changes it.
+"""The contracts of one engine step, all pure CPU:
 
-Data flow: Scheduler.schedule() -> StepPlan -> BatchBuilder.prepare -> ModelRunner ->
-Scheduler.commit(plan, tokens).
+    StepPlan      what the step will do, decided by Scheduler.schedule() before anything is
+                  allocated; nothing after planning changes it
+    Speculation   the frozen speculation shape the scheduler plans with (sizes per K)
+    StepResult    what the step produced, applied by Scheduler.commit(plan, result)
+
+Data flow: Scheduler.schedule() -> StepPlan -> BatchBuilder.prepare (allocates
+plan.num_slots) -> ModelRunner / SpecRunner -> StepResult -> Scheduler.commit.
+
+Slots of one request in one step (the builder allocates them in this order):
+
+    plan.num_slots[i] = num_nodes[i] + num_scratch[i]
+    [ node 0 | node 1 .. node n-1 | scratch ... ]
+      plain:  the step's tokens at positions prefix..prefix+n-1 (every one committed)
+      VERIFY: the pending token, then the draft tokens (a chain's node j sits at position
+              prefix+j); commit keeps the accepted nodes in position order and frees the
+              rest and the draft's scratch (rollback by count)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gearshift.forward_batch import ForwardMode
 from gearshift.request import Request
 
 
+@dataclass(frozen=True, slots=True)
+class Speculation:
+    """The speculation shape the scheduler plans with; built once by the engine from the
+    configured draft (speculative/sizing.py)."""
+
+    num_draft_tokens: int  # the configured draft depth K: a step plans 0..K per request
+    draft_topk: int  # the engine's tree width (1: chains only)
+    num_nodes: Callable[[int, int], int]  # (K, topk) -> tokens one request verifies
+    num_scratch: Callable[[int, int], int]  # (K, topk) -> draft scratch slots of one request
+    # acceptance evidence over recent requests (accepted, accepted + rejections), and the
+    # same from tree steps then their top-1 chains: the policy's priors
+    population: Callable[[], tuple[float, float] | None] = lambda: None
+    tree_population: Callable[[], tuple | None] = lambda: None
+    draft_catches_up: bool = False  # the draft keeps state that plain steps leave behind
+    # prefill chunks may ride along in a chain VERIFY step's causal pass (eager engines)
+    mixed: bool = False
+
+
 @dataclass(slots=True)
 class StepPlan:
+    """Every field is written by the scheduler while planning."""
+
     mode: ForwardMode  # DECODE when every request computes exactly its one pending token
     reqs: list[Request] = field(default_factory=list)  # batch order
     extend_lens: list[int] = field(default_factory=list)  # tokens computed per request
     prefix_lens: list[int] = field(default_factory=list)  # tokens already in the KV cache
     sample: list[bool] = field(default_factory=list)  # the chunk reaches the end: sample a token
+    decoding: list[bool] = field(default_factory=list)  # computes its one pending token, samples
+    # output index of the placeholder standing for the token this step samples (-1: none);
+    # the placeholder's value is -(token_tag + batch index + 1) (engine/overlap.py)
+    placeholders: list[int] = field(default_factory=list)
+    token_tag: int = 0
     preempted: list[Request] = field(default_factory=list)  # sent back to waiting while planning
-    draft_lens: list[int] = field(default_factory=list)  # K per request (VERIFY); else empty
+    # VERIFY steps (empty otherwise): K per request (0: this request decodes plainly, or
+    # rides along with a prefill chunk), and the slots each request's verification needs
+    num_draft_tokens: list[int] = field(default_factory=list)
+    num_nodes: list[int] = field(default_factory=list)  # tokens verified: root + drafts
+    num_scratch: list[int] = field(default_factory=list)  # the draft's own rows
     draft_topk: int = 1  # tree width of a VERIFY step: 1 = chains, > 1 = one draft tree each
 
     @property
@@ -31,11 +73,19 @@ class StepPlan:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens the plan moves forward (a VERIFY step's drafts are extra: num_nodes)."""
         return sum(self.extend_lens)
 
     @property
+    def num_slots(self) -> list[int]:
+        """KV slots BatchBuilder.prepare allocates per request."""
+        if self.num_nodes:
+            return [n + s for n, s in zip(self.num_nodes, self.num_scratch)]
+        return list(self.extend_lens)
+
+    @property
     def speculating(self) -> bool:
-        return any(self.draft_lens)
+        return any(self.num_draft_tokens)
 
     @property
     def is_empty(self) -> bool:
@@ -45,4 +95,18 @@ class StepPlan:
         self.reqs.append(req)
         self.extend_lens.append(extend_len)
         self.prefix_lens.append(req.num_computed_tokens)
-        self.sample.append(req.num_computed_tokens + extend_len == req.num_tokens)
+        sample = req.num_computed_tokens + extend_len == req.num_tokens
+        self.sample.append(sample)
+        self.decoding.append(sample and extend_len == 1)
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one step produced for each request of its plan (written by the runner that ran
+    it; the engine fills `slots` from the batch)."""
+
+    slots: list[list[int]]  # the slots BatchBuilder allocated: nodes, then draft scratch
+    tokens: list[list[int]]  # tokens to emit: the sample, or accepted drafts + bonus
+    # VERIFY: indices of the nodes whose KV is committed, in position order (the accepted
+    # path); None: every node (plain steps, prefill chunks)
+    kept: list[list[int]] | None = None

@@ -1,9 +1,10 @@
 """Continuous-batching scheduler (pure CPU; unit-tested with fake step results).
 
 Data flow: Engine.step(): plan = schedule() -> BatchBuilder.prepare(plan) -> runner ->
-commit(plan, sampled token ids) -> StepOutputs.
+commit(plan, result) -> StepOutputs. schedule() and commit() are the scheduler's two
+entry points: every mode (DECODE, EXTEND, mixed, VERIFY) goes through both.
 
-Policy per step:
+Planning, per step:
   1. Running requests, oldest first, each get the tokens they still need (1 for decode,
      the rest of the prompt in chunks for a partial prefill) within the token budget.
      If the KV pool cannot hold them, the newest running request is preempted: its slots
@@ -14,7 +15,13 @@ Policy per step:
      prefilled in chunks over several steps.
   3. A pure decode batch asks the speculation policy (if any) for K per request, before
      anything is allocated; if the pool cannot hold the drafts, the step plans K = 0.
-The plan counts slots; BatchBuilder.prepare / SpecWorker.prepare allocate exactly that.
+  4. A plain plan is booked at once: its tokens count as computed and each token it will
+     sample stands in the request's output as a placeholder, so the next step can be
+     planned while this one runs (overlap scheduling). A VERIFY step runs synchronously.
+
+Commit, per request: free the draft's scratch slots, keep the accepted nodes' slots in
+position order and free the rest (rollback by count), append the new tokens (or fill
+the placeholder), finish on EOS / stop ids / length.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from gearshift.forward_batch import ForwardMode
 from gearshift.policy.base import Policy, PolicyView
 from gearshift.request import Request, RequestStatus
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
-from gearshift.scheduler.plan import StepPlan
+from gearshift.scheduler.plan import Speculation, StepPlan, StepResult
 
 
 @dataclass(slots=True)
@@ -42,26 +49,29 @@ class StepOutput:
 
 class Scheduler:
     def __init__(self, slots: SlotPool, rows: ReqRowPool, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, max_model_len: int, policy: Policy | None = None,
-                 max_draft_len: int = 0, spec_slots=None) -> None:
+                 max_num_batched_tokens: int, max_model_len: int,
+                 speculation: Speculation | None = None, policy: Policy | None = None) -> None:
+        if (speculation is None) != (policy is None):
+            raise ValueError("speculation and its policy come together")
         self.slots, self.rows = slots, rows
+        self.speculation = speculation
         self.policy = policy  # None: no speculation configured
-        self.max_draft_len = max_draft_len
-        self.spec_slots = spec_slots  # (K, topk) -> KV slots a speculating request needs
-        self.population = lambda: None  # SpecWorker's acceptance evidence over recent requests
-        self.tree_population = lambda: None  # ... from its tree steps
-        self.draft_topk = 1  # the engine's tree width (1: chains only)
-        self.draft_catches_up = False  # the proposer keeps state that catches up (PolicyView)
-        self.on_prepare = None  # called first in prepare_next (Engine: deferred observations)
-        self.spec_mixed = False  # prefill chunks may ride along in VERIFY steps (chains)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.tag_stride = max_num_seqs + 1  # placeholder values per parity (engine/overlap.py)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
         self._arrivals = 0
+        self._next_tag = 0
         self.held: list[Request] | None = None  # releases postponed while a step is built
+
+    def set_policy(self, policy: Policy) -> None:
+        """Plan later steps with `policy` (the engine's set_policy)."""
+        if self.speculation is None:
+            raise ValueError("no speculation configured: a policy has nothing to plan")
+        self.policy = policy
 
     # ------------------------------------------------------------------ requests
     def add(self, req: Request) -> None:
@@ -70,16 +80,13 @@ class Scheduler:
         self.waiting.append(req)
 
     def abort(self, request_id: str, reason: str = "abort") -> Request | None:
-        for req in self.running:
-            if req.request_id == request_id:
-                self.running.remove(req)
-                self._finish(req, reason)
-                return req
-        for req in self.waiting:
-            if req.request_id == request_id:
-                self.waiting.remove(req)
-                self._finish(req, reason)
-                return req
+        for queue in (self.running, self.waiting):
+            for req in queue:
+                if req.request_id == request_id:
+                    queue.remove(req)
+                    req.closing = False
+                    self._finish(req, reason)
+                    return req
         return None
 
     def has_unfinished(self) -> bool:
@@ -87,6 +94,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ planning
     def schedule(self) -> StepPlan:
+        self._retire_closing()
         plan = StepPlan(mode=ForwardMode.EXTEND)
         budget = self.max_num_batched_tokens
         free = self.slots.num_free
@@ -121,49 +129,77 @@ class Scheduler:
             budget -= n
             free -= n
             reserve += 1
-        decoding = [i for i, (n, s) in enumerate(zip(plan.extend_lens, plan.sample))
-                    if n == 1 and s]
+        decoding = [i for i, d in enumerate(plan.decoding) if d]
         if plan.reqs and len(decoding) == plan.batch_size:
             plan.mode = ForwardMode.DECODE
-        if self.policy is not None and decoding and (
-                plan.mode is ForwardMode.DECODE or self.spec_mixed):
+        spec = self.speculation
+        if spec is not None and decoding and (plan.mode is ForwardMode.DECODE or spec.mixed):
             self._plan_speculation(plan, decoding, free)
+        if plan.mode is not ForwardMode.VERIFY:
+            self._book(plan)
         return plan
 
     def _plan_speculation(self, plan: StepPlan, decoding: list[int], free: int) -> None:
         """Decide K for the decoding requests now, before allocation: the plan is final from
-        here on. Prefill chunks in the same plan (`spec_mixed`) keep K = 0."""
+        here on. Prefill chunks in the same plan (`Speculation.mixed`) keep K = 0."""
+        spec = self.speculation
         dec = [plan.reqs[i] for i in decoding]
         view = self._view(dec)
-        room = self.max_model_len  # drafts may not run past the context limit
         ks = [0] * plan.batch_size
         # K is not cut to a request's remaining max_tokens: commit stops at the limit, and a
-        # uniform K keeps the step on its captured graphs (a mixed-K batch runs eagerly)
+        # uniform K keeps the step on its captured graphs; drafts stop at the context limit
         for i, r, k in zip(decoding, dec, self.policy.plan(view)):
-            ks[i] = max(min(k, self.max_draft_len, room - r.num_tokens - 1), 0)
+            ks[i] = max(min(k, spec.num_draft_tokens, self.max_model_len - r.num_tokens - 1), 0)
         topk = self.policy.step_topk(view)
-        extra = sum(self.spec_slots(k, topk) - 1 for k in ks if k)
+        nodes = [spec.num_nodes(k, topk) if k else n for k, n in zip(ks, plan.extend_lens)]
+        scratch = [spec.num_scratch(k, topk) if k else 0 for k in ks]
+        extra = sum(nodes) + sum(scratch) - sum(plan.extend_lens)
         if not any(ks) or extra > free:
             return
-        plan.draft_lens, plan.draft_topk = ks, topk
+        plan.num_draft_tokens, plan.num_nodes, plan.num_scratch = ks, nodes, scratch
+        plan.draft_topk = topk
         plan.mode = ForwardMode.VERIFY
 
     def _view(self, decoding: list[Request]) -> PolicyView:
-        return PolicyView(decoding, len(self.waiting), self.max_draft_len, self.population(),
-                          self.draft_topk, self.tree_population(), self.draft_catches_up)
+        spec = self.speculation
+        return PolicyView(decoding, len(self.waiting), spec.num_draft_tokens, spec.population(),
+                          spec.draft_topk, spec.tree_population(), spec.draft_catches_up)
 
     def prepare_next(self, plan: StepPlan) -> None:
         """While the device runs `plan` (a VERIFY step) and before the host waits for it: the
         policy may prepare the next plan for this step's decoding requests (goodput scores
-        its gears here, not on the next step's critical path). `on_prepare` first: the
-        engine's deferred observation of the VERIFY step before."""
-        if self.on_prepare is not None:
-            self.on_prepare()
+        its gears here, not on the next step's critical path)."""
         if self.policy is None:
             return
-        dec = [r for r, n, smp in zip(plan.reqs, plan.extend_lens, plan.sample) if n == 1 and smp]
+        dec = [r for r, d in zip(plan.reqs, plan.decoding) if d]
         if dec:
             self.policy.prepare(self._view(dec))
+
+    def _book(self, plan: StepPlan) -> None:
+        """A plain plan's tokens count as computed from now on, and each token it samples
+        stands in the output as the placeholder -(token_tag + batch index + 1), which the
+        engine's TokenFeed resolves on the device. The next plan can then be made while
+        this step runs; commit fills the placeholders. Two tags alternate: every
+        placeholder of step n is filled before step n + 2 is planned."""
+        plan.token_tag, self._next_tag = self._next_tag, self.tag_stride - self._next_tag
+        for i, (req, n, smp) in enumerate(zip(plan.reqs, plan.extend_lens, plan.sample)):
+            req.num_computed_tokens += n
+            if not smp:
+                plan.placeholders.append(-1)
+                continue
+            req.output_token_ids.append(-(plan.token_tag + i + 1))
+            req.num_pending += 1
+            plan.placeholders.append(len(req.output_token_ids) - 1)
+            if self._length_reached(req):  # its last token: no further step plans it
+                req.closing = True
+
+    def _retire_closing(self) -> None:
+        """Requests whose last token (by length) is in flight leave the batch, and their
+        slots go back: every later step runs after that one on the device. Their commit
+        reports the finish."""
+        for req in [r for r in self.running if r.closing]:
+            self.running.remove(req)
+            self._finish(req, None)
 
     def _preempt(self, req: Request, plan: StepPlan) -> int:
         freed = len(req.slots)
@@ -177,114 +213,77 @@ class Scheduler:
         return freed
 
     # ------------------------------------------------------------------ commit
-    def commit(self, plan: StepPlan, sampled: list[int]) -> list[StepOutput]:
-        """`sampled[i]` is the token sampled for plan.reqs[i] (ignored where not plan.sample[i])."""
+    def commit(self, plan: StepPlan, result: StepResult) -> list[StepOutput]:
+        """Apply one step's result: the one place where a step's slots are kept or freed
+        and its tokens reach the requests (see the module doc)."""
         outputs: list[StepOutput] = []
-        for req, n, do_sample, tok in zip(plan.reqs, plan.extend_lens, plan.sample, sampled):
-            if req.is_finished:  # aborted while the step ran
+        for i, req in enumerate(plan.reqs):
+            nodes = plan.num_nodes[i] if plan.num_nodes else plan.extend_lens[i]
+            self.slots.free(result.slots[i][nodes:])  # the draft's scratch
+            if plan.placeholders and plan.placeholders[i] >= 0:
+                out = self._fill_placeholder(req, plan.placeholders[i], result.tokens[i][0])
+            elif req.is_finished:  # its slots (nodes included) go back with the request
                 continue
-            req.num_computed_tokens += n
-            if not do_sample:
-                continue
+            else:
+                if result.kept is not None:
+                    self._rollback(req, plan.prefix_lens[i], nodes, result.kept[i])
+                out = self._append(req, result.tokens[i])
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _rollback(self, req: Request, prefix: int, nodes: int, kept: list[int]) -> None:
+        """A VERIFY step's nodes sit at req.slots[prefix:]: keep the accepted ones in position
+        order, free the rest."""
+        tail = req.slots[prefix:]
+        assert len(tail) == nodes, f"{req.request_id}: {len(tail)} node slots, planned {nodes}"
+        keep = set(kept)
+        self.slots.free([s for j, s in enumerate(tail) if j not in keep])
+        req.slots[prefix:] = [tail[j] for j in kept]
+        req.num_computed_tokens = prefix + len(kept)
+
+    def _append(self, req: Request, tokens: list[int]) -> StepOutput | None:
+        if not tokens:  # a prefill chunk that does not reach the end of the prompt
+            return None
+        emitted: list[int] = []
+        reason = None
+        for tok in tokens:
             req.output_token_ids.append(tok)
-            reason = self._finish_reason(req, tok)
+            emitted.append(tok)
+            reason = self._stop_reason(req, tok) or (
+                "length" if self._length_reached(req) else None)
             if reason is not None:
-                self.running.remove(req)
-                self._finish(req, reason)
-            outputs.append(StepOutput(req.request_id, [tok], reason is not None, reason,
-                                      self._spec_counts(req)))
-        return outputs
+                break
+        if reason is not None:
+            self.running.remove(req)
+            self._finish(req, reason)
+        return StepOutput(req.request_id, emitted, reason is not None, reason,
+                          self._spec_counts(req))
 
-    # ------------------------------------------------------------------ overlap scheduling
-    def advance(self, plan: StepPlan, tag: int) -> list[tuple[int, bool] | None]:
-        """Overlap mode, once the step is launched and before its tokens are known: count
-        its tokens as computed and give each sampling request a placeholder for the token
-        being sampled, so the next step can be planned now. A request that reaches its
-        length limit leaves the batch here (its slots go back at once: later steps run
-        after this one on the device). The placeholder is -(tag + row + 1): TokenFeed maps
-        it to the token on the device. Returns per request (output index, closed) or None,
-        for resolve()."""
-        rows: list[tuple[int, bool] | None] = []
-        for req, n, do_sample in zip(plan.reqs, plan.extend_lens, plan.sample):
-            if req.is_finished:
-                rows.append(None)
-                continue
-            req.num_computed_tokens += n
-            if not do_sample:
-                rows.append(None)
-                continue
-            req.output_token_ids.append(-(tag + req.req_pool_index + 1))
-            req.num_pending += 1
-            rows.append((len(req.output_token_ids) - 1, self._length_reached(req)))
-            if rows[-1][1]:
+    def _fill_placeholder(self, req: Request, idx: int, tok: int) -> StepOutput | None:
+        """The token sampled for output index `idx` is known. A request finishing here may
+        already be in the next step: its placeholder there is dropped and that step's token
+        ignored."""
+        req.num_pending -= 1
+        if req.is_finished and not req.closing:
+            return None  # aborted, or finished by an earlier token
+        req.output_token_ids[idx] = tok
+        last = idx + 1 >= req.params.max_tokens \
+            or len(req.prompt_token_ids) + idx + 1 >= self.max_model_len
+        reason = self._stop_reason(req, tok) or ("length" if last else None)
+        if reason is not None:
+            del req.output_token_ids[idx + 1:]  # placeholders of steps already launched
+            req.closing = False
+            if req in self.running:
                 self.running.remove(req)
-                self._finish(req, None)
-                req.closing = True
-        return rows
-
-    def resolve(self, plan: StepPlan, rows: list[tuple[int, bool] | None],
-                sampled: list[int]) -> list[StepOutput]:
-        """The step's tokens are known: fill the placeholders, finish on EOS / stop ids (a
-        request finishing here may already be in the next step: its placeholder there is
-        dropped and that step's token ignored) and report the step's outputs."""
-        outputs: list[StepOutput] = []
-        for req, row, tok in zip(plan.reqs, rows, sampled):
-            if row is None:
-                continue
-            idx, closed = row
-            req.num_pending -= 1
-            if req.is_finished and not req.closing:
-                continue  # aborted, or finished by an earlier token
-            req.output_token_ids[idx] = tok
-            reason = self._stop_reason(req, tok) or ("length" if closed else None)
-            if reason is not None:
-                if not closed:  # drop the placeholders of steps already launched
-                    del req.output_token_ids[idx + 1:]
-                req.closing = False
-                if req in self.running:
-                    self.running.remove(req)
-                elif req in self.waiting:
-                    self.waiting.remove(req)
-                self._finish(req, reason)
-            outputs.append(StepOutput(req.request_id, [tok], reason is not None, reason,
-                                      self._spec_counts(req)))
-        return outputs
+            elif req in self.waiting:
+                self.waiting.remove(req)
+            self._finish(req, reason)
+        return StepOutput(req.request_id, [tok], reason is not None, reason,
+                          self._spec_counts(req))
 
     def _spec_counts(self, req: Request) -> tuple[int, int] | None:
         return (req.spec_proposed, req.spec_accepted) if self.policy is not None else None
-
-    def commit_spec(self, plan: StepPlan, new_tokens: list[list[int]],
-                    kept_slots: list[list[int]], freed_slots: list[list[int]]) -> list[StepOutput]:
-        """A VERIFY step: `new_tokens[i]` = accepted drafts + bonus for plan.reqs[i];
-        `kept_slots[i]` hold the KV of the pending token and the accepted drafts (in
-        position order); `freed_slots[i]` are the rejected candidates and draft scratch."""
-        outputs: list[StepOutput] = []
-        for req, toks, kept, freed in zip(plan.reqs, new_tokens, kept_slots, freed_slots):
-            self.slots.free(freed)
-            if req.is_finished:
-                self.slots.free(kept)
-                continue
-            req.slots.extend(kept)
-            req.num_computed_tokens += len(kept)
-            if not toks:  # a prefill chunk that does not reach the end of the prompt
-                continue
-            emitted: list[int] = []
-            reason = None
-            for tok in toks:
-                req.output_token_ids.append(tok)
-                emitted.append(tok)
-                reason = self._finish_reason(req, tok)
-                if reason is not None:
-                    break
-            if reason is not None:
-                self.running.remove(req)
-                self._finish(req, reason)
-            outputs.append(StepOutput(req.request_id, emitted, reason is not None, reason,
-                                      self._spec_counts(req)))
-        return outputs
-
-    def _finish_reason(self, req: Request, tok: int) -> str | None:
-        return self._stop_reason(req, tok) or ("length" if self._length_reached(req) else None)
 
     def _length_reached(self, req: Request) -> bool:
         """After appending its latest token: the request may produce no more."""
@@ -314,6 +313,11 @@ class Scheduler:
         if req.req_pool_index >= 0:
             self.rows.free(req.req_pool_index)
             req.req_pool_index = -1
+
+    def hold_releases(self) -> None:
+        """Until release_held(): requests that finish keep their row and slots (a step being
+        built over them still reads them)."""
+        self.held = []
 
     def release_held(self) -> None:
         held, self.held = self.held or [], None

@@ -4,8 +4,8 @@ target's slots; for EAGLE-3 so does what it needs of the target: fc(target featu
 token, stored by slot.
 
     plain step (K = 0):  store only: EAGLE-3 keeps fc(features) of the step's tokens at their
-                         slots (one small GEMM + scatter; a draft forward per plain step cost
-                         5-6% of a decode step on the H200); the draft itself falls behind
+                         slots (one small GEMM + scatter, far cheaper than a draft forward
+                         per plain step); the draft itself falls behind
     VERIFY step:         catch_up first: requests about to speculate extend the draft over
                          their backlog (graphed, K + 1 wide, when it fits, else eager chunks),
                          then after verification the draft extends over the accepted tokens
@@ -15,8 +15,8 @@ token, stored by slot.
 feature of position t for EAGLE-3, token t for a draft model). Stateless proposers (n-gram)
 skip all of it.
 
-Data flow: Engine.step (plain steps) / SpecWorker._verify_step -> DraftFollower ->
-proposer.store_features / proposer.draft_extend.
+Data flow: SpecRunner.after_plain (plain steps) / run and after_commit (VERIFY steps) ->
+DraftFollower -> proposer.store_features / proposer.draft_extend.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from gearshift.speculative.proposers.base import Proposer
 
 class DraftFollower:
     def __init__(self, proposer: Proposer, runner: ModelRunner, builder: BatchBuilder,
-                 max_k: int) -> None:
+                 num_draft_tokens: int, feed=None) -> None:
         self.proposer, self.runner, self.builder = proposer, runner, builder
-        self.max_k = max_k
-        self.feed = None  # Engine's TokenFeed: resolves placeholders of overlapped steps
+        self.num_draft_tokens = num_draft_tokens
+        self.feed = feed  # Engine's TokenFeed: resolves placeholders of overlapped steps
         self._timing: tuple[float, tuple | None] | None = None  # latest catch_up: host ms, events
         self.catch_up_rows = 0  # rows the latest catch_up ran the draft over
 
@@ -135,11 +135,11 @@ class DraftFollower:
         (more rows, prefill chunks, no graphs, or padding would run past the RoPE table).
         One width, not 1 and K+1: a VERIFY step where every request rejected its first
         draft extends 1 token each, a shape the warm-up may not have met at that batch
-        size (H200, session 7: captured inside timed runs at batch 4 and 32); the padding
-        costs the one-layer draft a few more tokens."""
+        size (a graph captured mid-run); the padding costs the one-layer draft a few more
+        tokens."""
         if not (self.proposer.graph_extend and self.runner.shape_graphs is not None):
             return None
-        width = self.max_k + 1
+        width = self.num_draft_tokens + 1
         if max(extend) > width or max(prefix) + width > self.runner.max_positions:
             return None
         return width

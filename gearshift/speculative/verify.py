@@ -13,8 +13,8 @@ Greedy rows use one-hot target distributions, which turns both schemes below int
     sequential tests, hence exactly lossless (SpecInfer-style multi-draft, target-only).
 Randomness is counter-based (runner/sampler.py): (request seed ^ salt, output index).
 
-Data flow: speculative/worker.py: target VERIFY logits [B, N, V] + DraftTree -> VerifyResult ->
-host (one sync) -> Scheduler.commit_spec.
+Data flow: SpecRunner.run: target VERIFY logits [B, N, V] + DraftTree -> VerifyResult ->
+host (one sync) -> StepResult -> Scheduler.commit.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def apply_measured(policy, measured: dict | None) -> None:
 def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3) -> dict:
     """Run the warm-up (see module doc); -> {gear: [[bs, median ms], ...]} measured."""
     spec, sched = engine.spec, engine.scheduler
-    max_k = engine.config.num_draft_tokens
+    max_k = engine.config.num_draft_tokens  # the configured draft depth
     tree = spec.topk > 1  # gear max_k + 1: the tree; chains by AlwaysPolicy(K, topk=1)
     if sizes is None:
         graphs = engine.runner.graphs
@@ -79,30 +79,28 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
         return {}
     # K = max .. 1 (timed), K = 0 (timed; the draft falls behind), then untimed steps whose
     # catch-ups use the other draft-extend shapes: a backlog of several rows, then of one
-    # (each timed K starts with one untimed step. On the H200 this first pass still read
-    # K = 4 ~1 ms dear at batch 2, a second pass did not: the table is a prior that the
-    # first online observation replaces; docs/benchmarks/2026-11-30-h200-session4.md)
+    # (each timed K starts with one untimed step; the table is a prior that the first
+    # online observation replaces, so one pass suffices)
     schedule = [*((k, repeats + 1, True) for k in range(max_k + tree, 0, -1)),
                 (0, repeats + 2, True), (max_k, 1, False), (0, 1, False), (max_k, 1, False)]
     t0 = time.perf_counter()
     # counters, incl. the population's acceptance evidence: dummy prompts are no evidence
-    saved_policy, saved_seqs, saved_counters = sched.policy, sched.max_num_seqs, engine.counters()
+    saved_policy, saved_counters = sched.policy, engine.counters()
     measured: dict[int, list[list[float]]] = {k: [] for k in range(max_k + 1 + tree)}
     params = SamplingParams(max_tokens=generated + 1, temperature=0.0, ignore_eos=True)
     with gc_paused():  # a collection inside a timed step is not that gear's cost
         try:
             for bs in sorted(sizes, reverse=True):  # largest first: smaller graphs reuse its pool
-                sched.max_num_seqs = bs
                 ids = [f"__warmup-{bs}-{i}" for i in range(bs)]
                 for i, rid in enumerate(ids):
                     engine.add_request(rid, [(7 * i + j) % engine.model_config.vocab_size + 1
                                              for j in range(PROMPT_LEN)], params)
-                sched.policy = AlwaysPolicy(0)
+                engine.set_policy(AlwaysPolicy(0))
                 while sched.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids)
                                            for r in sched.running):
                     engine.step()
                 for k, n, timed in schedule:
-                    sched.policy = AlwaysPolicy(min(k, max_k), spec.topk if k > max_k else 1)
+                    engine.set_policy(AlwaysPolicy(min(k, max_k), spec.topk if k > max_k else 1))
                     times = []
                     for i in range(n):
                         seen = engine._num_graphs()
@@ -117,7 +115,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                 while engine.has_unfinished_requests():
                     engine.step()
         finally:
-            sched.policy, sched.max_num_seqs = saved_policy, saved_seqs
+            engine.set_policy(saved_policy)
             engine.restore_counters(saved_counters)
     measured = {k: sorted(pts) for k, pts in measured.items() if pts}
     spec.measured_costs = measured

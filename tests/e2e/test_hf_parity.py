@@ -207,7 +207,7 @@ def test_folded_norms_capture_the_same_features(tiny_llama_dir: Path, make_llm) 
         plan = StepPlan(mode=ForwardMode.EXTEND)
         plan.add(req, len(prompt))
         try:
-            fb, _ = engine.builder.prepare(plan)
+            fb = engine.builder.prepare(plan).forward
             outs.append(runner.model(fb.input_ids, fb.positions, fb, runner.attn, capture=(0, 1)))
         finally:
             engine.scheduler._release(req)

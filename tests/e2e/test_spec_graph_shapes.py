@@ -75,10 +75,10 @@ def test_steps_that_capture_a_graph_are_not_observed(make_llm, tiny_llama_dir, t
     eng = llm.engine
     graphs = install(llm)
     calls = iter(range(10**6))  # K = 3 and K = 0 in turn (VERIFY, then overlapped DECODE)
-    eng.scheduler.policy.plan = lambda view: [3 * (next(calls) % 2)] * len(view.requests)
+    eng.policy.plan = lambda view: [3 * (next(calls) % 2)] * len(view.requests)
     eng._graphs_seen = 0
     seen = []
-    eng.scheduler.policy.observe = lambda k, bs, ctx, ms: seen.append((k, ms))
+    eng.policy.observe = lambda k, bs, ctx, ms: seen.append((k, ms))
     verify, decode = [], []
     orig_verify, orig_step = eng._verify, eng.runner.run
 
@@ -179,14 +179,14 @@ def test_verify_step_cost_includes_its_planning(make_llm, tiny_llama_dir):
                    spec_policy="always")
     eng = llm.engine
     seen = []
-    eng.scheduler.policy.observe = lambda k, bs, ctx, ms: seen.append((k, ms))
-    plan = eng.scheduler.policy.plan
+    eng.policy.observe = lambda k, bs, ctx, ms: seen.append((k, ms))
+    plan = eng.policy.plan
 
     def slow_plan(view):
         time.sleep(0.05)  # 50 ms of planning
         return plan(view)
 
-    eng.scheduler.policy.plan = slow_plan
+    eng.policy.plan = slow_plan
     llm.generate([[5, 6, 7, 5, 6, 7, 5, 6]],
                  SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     verify_ms = [ms for k, ms in seen if k]

@@ -98,7 +98,7 @@ def test_random_policy_flips_k_and_stays_exact(make_llm, tiny_llama_dir, draft_d
     if variant.endswith("-tree"):  # a tree engine's steps verify chains or trees, step by step
         assert stats["tree_steps"] > 0 and stats["chain_steps"] > 0
         # tree steps are tree evidence and, from their top-1 chains, paired chain evidence
-        tree_num, tree_den, chain_num, chain_den = llm.engine.spec.tree_population()
+        tree_num, tree_den, chain_num, chain_den = llm.engine.spec.acceptance.tree_population()
         assert tree_den > 0 and 0 < chain_den and chain_num <= tree_num + 1e-9
         assert 0 <= stats["tree_top1_accepted"] <= stats["tree_accepted"] <= stats["accepted"]
     else:
@@ -156,7 +156,7 @@ def test_prefill_chunks_ride_along_with_verification(make_llm, tiny_llama_dir, d
 
     def schedule():
         plan = orig()
-        if plan.draft_lens and any(n > 1 for n in plan.extend_lens):
+        if plan.num_draft_tokens and any(n > 1 for n in plan.extend_lens):
             mixed.append(plan)
         return plan
 

@@ -38,10 +38,11 @@ def test_prepare_runs_inside_each_verify_step_before_its_commit(make_llm, tiny_l
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    num_draft_tokens=2, overlap_schedule=False)
     eng = llm.engine
-    eng.scheduler.policy = pol = Recording()
+    pol = Recording()
+    eng.set_policy(pol)
     verify_steps = []
-    step = eng.spec.verify_step
-    eng.spec.verify_step = lambda plan, s: verify_steps.append(plan) or step(plan, s)
+    run = eng.spec.run
+    eng.spec.run = lambda plan, batch, **kw: verify_steps.append(plan) or run(plan, batch, **kw)
     assert [o.token_ids for o in llm.generate(prompts, greedy)] == plain
     prepared = [seen for kind, seen in pol.seen if kind == "prepare"]
     assert len(prepared) == len(verify_steps) > 0
@@ -70,7 +71,8 @@ def test_a_verify_steps_cost_is_observed_inside_the_next_step_before_its_sync(
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    num_draft_tokens=2, overlap_schedule=False)
     eng = llm.engine
-    eng.scheduler.policy = pol = Observing()
+    pol = Observing()
+    eng.set_policy(pol)
     walls = []
     step = eng.step
 
@@ -90,7 +92,8 @@ def test_a_verify_steps_cost_is_observed_inside_the_next_step_before_its_sync(
         if kind == "observe" and seen[0] == 2 and kinds[i + 1:i + 2] == ["prepare"]:
             assert kinds[i - 1] == "plan"  # between the next step's plan and its prepare
     later = Observing()
-    eng.scheduler.policy, eng.step = later, step
-    eng.step()  # idle: the last step's cost goes to the policy that ran it
+    eng.step = step
+    eng.set_policy(later)
+    eng.step()  # the last step's cost went to the policy that ran it
     assert [s for kind, s in pol.seen if kind == "observe" and s[0] == 2] == walls
     assert later.seen == []

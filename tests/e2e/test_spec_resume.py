@@ -28,7 +28,7 @@ def proposals(llm, prompt: list[int], policy: Policy, count: int = 1) -> list[tu
     """Run until `count` VERIFY steps have proposed: per step (the draft tree's tokens,
     outputs before it)."""
     eng = llm.engine
-    eng.scheduler.policy = policy
+    eng.set_policy(policy)
     seen: list[tuple[list[int], list[int]]] = []
     orig = eng.spec.proposer.propose
 

@@ -30,7 +30,7 @@ def test_warm_up_captures_every_shape_and_measures_costs(make_llm, tiny_llama_di
     for k in (1, 2, 3):  # the proposal graph of every (padded batch, K) exists
         assert {key[2] for key in graphs.keys if key[:2] == ("eagle3", "expand") and key[3] == k} \
             == {1, 2, 4}
-    assert eng.scheduler.policy.cost.base[2] == measured[2]  # goodput starts from them
+    assert eng.policy.cost.base[2] == measured[2]  # goodput starts from them
     assert eng.spec.measured_costs == measured
     # nothing left behind: no requests, every slot free, counters as before
     assert not eng.has_unfinished_requests() and eng.slots.num_free == free
@@ -111,7 +111,7 @@ def test_warm_up_measures_the_tree_gear_of_a_tree_engine(make_llm, tiny_llama_di
     assert sorted(measured) == [0, 1, 2, 3]  # 3 = the tree
     expand = {(key[3], key[4]) for key in graphs.keys if key[:2] == ("eagle3", "expand")}
     assert {(1, 1), (2, 1), (2, 4)} <= expand  # (K, width): chains and the tree
-    policy = eng.scheduler.policy  # goodput prices the tree from the warm-up and may pick it
+    policy = eng.policy  # goodput prices the tree from the warm-up and may pick it
     assert policy.cost.base[3] == measured[3] and policy.top_gear(PolicyView([], 0, 2, None, 4)) == 3
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     assert not eng.has_unfinished_requests() and eng.slots.num_free == eng.slots.total

@@ -123,10 +123,10 @@ def test_goodput_engine_warms_up_every_shape_before_serving(tiny_llama_dir, tmp_
     eng = llm.engine
     assert sorted(eng.spec.measured_costs) == [0, 1, 2, 3]
     assert [p[0] for p in eng.spec.measured_costs[3]] == sorted(eng.runner.graphs.graphs)
-    assert eng.scheduler.spec_mixed is False
+    assert eng.scheduler.speculation.mixed is False
     captured = len(eng.runner.shape_graphs.entries)
     for k in (3, 1, 0, 2):  # every K at several batch sizes, requests finishing at random
-        eng.scheduler.policy = AlwaysPolicy(k)
+        eng.set_policy(AlwaysPolicy(k))
         params = [SamplingParams(max_tokens=5 + 3 * i, temperature=0, ignore_eos=True)
                   for i in range(len(prompts))]
         got = [o.token_ids for o in llm.generate(prompts, params)]
@@ -152,12 +152,12 @@ def test_tree_engine_warms_up_and_serves_chains_and_trees(tiny_llama_dir, tmp_pa
               draft_model=str(head), num_draft_tokens=4, draft_topk=4, num_verify_tokens=16)
     eng = llm.engine
     assert sorted(eng.spec.measured_costs) == [0, 1, 2, 3, 4, 5]
-    assert eng.scheduler.policy.top_gear(PolicyView([], 0, 4, None, 4)) == 5  # may pick trees
+    assert eng.policy.top_gear(PolicyView([], 0, 4, None, 4)) == 5  # may pick trees
     captured = len(eng.runner.shape_graphs.entries)
     # uniform chains, then trees: shapes the warm-up captured; then random K and shape per
     # step (depths the warm-up did not run are captured on first use)
     for policy in (AlwaysPolicy(4, topk=1), AlwaysPolicy(4), RandomPolicy(4, seed=3)):
-        eng.scheduler.policy = policy
+        eng.set_policy(policy)
         params = [SamplingParams(max_tokens=5 + 3 * i, temperature=0, ignore_eos=True)
                   for i in range(len(prompts))]
         got = [o.token_ids for o in llm.generate(prompts, params)]

@@ -66,8 +66,8 @@ def test_burst_drives_probes_to_k0_and_speculation_resumes(make_llm):
 
     n_burst = 24
     llm = make_llm(default_target_dir(), speculative_algorithm="eagle3", max_num_seqs=2 + n_burst)
-    llm.engine.scheduler.policy.observe = lambda *a: None
-    llm.engine.scheduler.policy.explore_every = 10**9  # no exploration steps: same choices per run
+    llm.engine.policy.observe = lambda *a: None
+    llm.engine.policy.explore_every = 10**9  # no exploration steps: same choices per run
     prompts = make_prompts(llm.tokenizer, llm.engine.model_config.vocab_size, 2 + n_burst, 48, 0)
     r = burst.burst_experiment(llm, prompts[:2], [p[:24] for p in prompts[2:]], max_tokens=120,
                                   burst_tokens=16, inject_at=24, window=(72, 120))

@@ -100,7 +100,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
     calls = []
 
     def fake_point(engine, prompts, c, output_len):
-        calls.append((engine.scheduler.policy, c, tuple(p[0] for p in prompts)))
+        calls.append((engine.policy, c, tuple(p[0] for p in prompts)))
         tpot = [1.0] * len(prompts)
         return {"concurrency": c, "requests": len(prompts), "output_tokens": 10 * len(prompts),
                 "output_tok_per_s": 5.0, "elapsed_s": 2.0 * len(prompts), "tpot_ms": tpot,

@@ -138,8 +138,7 @@ def _record(engine, mode: str) -> list[dict]:
     if mode != "ref":
         runner.extend_sizes = list(BUCKETS)
         prepare = builder.prepare
-        builder.prepare = lambda plan, padding=None, pad_to=None: prepare(
-            plan, runner.padding(plan), pad_to=pad_to)
+        builder.prepare = lambda plan, padding=None: prepare(plan, runner.padding(plan))
     if mode == "graph":
         runner.extend_graphs = graphs = ExtendGraphRunner(
             runner._forward_logits, BUCKETS, runner.extend_rows, runner.device)

@@ -7,13 +7,19 @@ import random
 from gearshift.forward_batch import ForwardMode
 from gearshift.request import Request, RequestStatus, SamplingParams
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
+from gearshift.scheduler.plan import Speculation, StepResult
 from gearshift.scheduler.scheduler import Scheduler
 
 
-def make(total=256, seqs=8, budget=64, max_len=256):
+def make(total=256, seqs=8, budget=64, max_len=256, policy=None, **spec):
     slots, rows = SlotPool(total), ReqRowPool(seqs)
+    speculation = None
+    if policy is not None:
+        spec = {"num_draft_tokens": 3, "draft_topk": 1, "num_nodes": lambda k, w: 1 + k,
+                "num_scratch": lambda k, w: 0, **spec}
+        speculation = Speculation(**spec)
     return Scheduler(slots, rows, max_num_seqs=seqs, max_num_batched_tokens=budget,
-                     max_model_len=max_len), slots, rows
+                     max_model_len=max_len, speculation=speculation, policy=policy), slots, rows
 
 
 def req(rid, n_prompt, max_tokens=4, **kw):
@@ -22,20 +28,39 @@ def req(rid, n_prompt, max_tokens=4, **kw):
 
 
 def fake_prepare(plan, slots, rows):
-    """What BatchBuilder.prepare does to host state: rows and exactly the planned slots."""
-    for r, n in zip(plan.reqs, plan.extend_lens):
+    """What BatchBuilder.prepare does to host state: rows and exactly the planned slots, the
+    nodes joining each request's slot list. -> the slots per request."""
+    new = []
+    for r, n, nodes in zip(plan.reqs, plan.num_slots, plan.num_nodes or plan.extend_lens):
         if r.req_pool_index < 0:
             r.req_pool_index = rows.alloc()
-        r.slots.extend(slots.alloc(n))
+        new.append(slots.alloc(n))
+        r.slots.extend(new[-1][:nodes])
+    return new
+
+
+def sampled(plan, tokens):
+    """A plain step's StepResult tokens: one token where the plan samples."""
+    return [[t] if smp else [] for smp, t in zip(plan.sample, tokens)]
+
+
+def step_once(sched, slots, rows, tokens):
+    """schedule -> prepare -> commit with `tokens(plan)` sampled; -> (plan, outputs)."""
+    plan = sched.schedule()
+    new = fake_prepare(plan, slots, rows)
+    return plan, sched.commit(plan, StepResult(new, sampled(plan, tokens(plan))))
 
 
 def drive(sched, slots, rows, token=lambda r: 5, max_steps=10_000):
+    """Synchronous steps until idle. token(r) is asked once the step is booked: r's output
+    ends with the placeholder of the token being sampled."""
     plans = []
     while sched.has_unfinished() and len(plans) < max_steps:
         plan = sched.schedule()
         plans.append(plan)
-        fake_prepare(plan, slots, rows)
-        sched.commit(plan, [token(r) for r in plan.reqs])
+        new = fake_prepare(plan, slots, rows)
+        sched.commit(plan, StepResult(new, sampled(plan, [
+            token(r) if idx >= 0 else -1 for r, idx in zip(plan.reqs, plan.placeholders)])))
         for r in sched.running:  # every running request owns a slot per computed token
             assert len(r.slots) == r.num_computed_tokens
     return plans
@@ -57,8 +82,7 @@ def test_chunked_prefill_respects_budget_then_decodes():
 def test_mixed_step_carries_decodes_with_a_new_prefill():
     sched, slots, rows = make(budget=32)
     sched.add(req("a", 4, max_tokens=10))
-    drive_one = lambda: (p := sched.schedule(), fake_prepare(p, slots, rows),
-                         sched.commit(p, [7] * p.batch_size))[0]
+    drive_one = lambda: step_once(sched, slots, rows, lambda p: [7] * p.batch_size)[0]
     drive_one()  # prefill a
     sched.add(req("b", 20))
     p = drive_one()
@@ -73,7 +97,7 @@ def test_finish_reasons_eos_stop_ids_ignore_eos():
     for r in (a, b, c):
         sched.add(r)
     seq = {"a": [4, 0], "b": [9], "c": [0, 0, 0, 0, 0]}
-    drive(sched, slots, rows, token=lambda r: seq[r.request_id][len(r.output_token_ids)])
+    drive(sched, slots, rows, token=lambda r: seq[r.request_id][len(r.output_token_ids) - 1])
     assert (a.finish_reason, a.output_token_ids) == ("stop", [4, 0])
     assert (b.finish_reason, b.output_token_ids) == ("stop", [9])
     assert (c.finish_reason, len(c.output_token_ids)) == ("length", 5)
@@ -84,10 +108,8 @@ def test_admission_limited_by_max_num_seqs_and_fifo():
     rs = [req(str(i), 5, max_tokens=2) for i in range(5)]
     for r in rs:
         sched.add(r)
-    p = sched.schedule()
+    p, _ = step_once(sched, slots, rows, lambda p: [5] * p.batch_size)
     assert [r.request_id for r in p.reqs] == ["0", "1"]
-    fake_prepare(p, slots, rows)
-    sched.commit(p, [5, 5])
     drive(sched, slots, rows)
     assert all(r.status is RequestStatus.FINISHED for r in rs)
 
@@ -97,7 +119,7 @@ def test_preemption_frees_newest_and_recomputes_without_loss():
     rs = [req(str(i), 8, max_tokens=12) for i in range(3)]
     for r in rs:
         sched.add(r)
-    plans = drive(sched, slots, rows, token=lambda r: 100 + len(r.output_token_ids))
+    plans = drive(sched, slots, rows, token=lambda r: 99 + len(r.output_token_ids))
     assert sched.num_preemptions > 0
     assert any(p.preempted for p in plans)
     for r in rs:  # every request completed with its full, in-order output
@@ -110,9 +132,7 @@ def test_abort_running_and_waiting_frees_everything():
     a, b = req("a", 10, max_tokens=50), req("b", 10)
     sched.add(a)
     sched.add(b)
-    p = sched.schedule()
-    fake_prepare(p, slots, rows)
-    sched.commit(p, [5])
+    step_once(sched, slots, rows, lambda p: [5])
     assert sched.abort("a") is a and a.finish_reason == "abort"
     assert sched.abort("b") is b
     assert not sched.has_unfinished()
@@ -136,25 +156,25 @@ def test_random_workload_keeps_invariants():
     assert slots.num_free == slots.total and rows.num_free == rows.size
 
 
-# ---- overlap scheduling: advance (tokens still on the device) then resolve -----------------
+# ---- overlap scheduling: step n+1 planned (and booked) before step n is committed --------
 
 def overlap_drive(sched, slots, rows, token):
-    """The engine's overlapped loop: plan n+1, advance it, then resolve step n.
+    """The engine's overlapped loop: plan step n+1, then commit step n.
     token(request, output index) -> the token sampled there."""
     pending, outputs, placeholder_inputs = None, [], 0
     while sched.has_unfinished() or pending:
         plan = sched.schedule()
-        out = []
+        step = None
         if not plan.is_empty:
-            fake_prepare(plan, slots, rows)
+            new = fake_prepare(plan, slots, rows)
             for r, p, n in zip(plan.reqs, plan.prefix_lens, plan.extend_lens):
                 placeholder_inputs += sum(t < 0 for t in r.token_slice(p, p + n))
-            step = (plan, sched.advance(plan, tag=0))
+            step = (plan, new)
         if pending is not None:
-            toks = [token(r, row[0]) if row else -1 for r, row in zip(pending[0].reqs, pending[1])]
-            out = sched.resolve(pending[0], pending[1], toks)
-        pending = step if not plan.is_empty else None
-        outputs.extend(out)
+            done, new = pending
+            toks = [token(r, i) if i >= 0 else -1 for r, i in zip(done.reqs, done.placeholders)]
+            outputs.extend(sched.commit(done, StepResult(new, sampled(done, toks))))
+        pending = step
     return outputs, placeholder_inputs
 
 
@@ -201,24 +221,54 @@ def test_overlap_preempted_request_waits_for_its_pending_token():
 def test_speculation_plans_a_uniform_k_near_max_tokens_and_commit_stops_at_the_limit():
     """K is the policy's for every decoding request, also for one with fewer tokens left
     than K (cutting it would give the batch mixed K, which has no captured graph); the
-    VERIFY commit still stops that request at max_tokens."""
+    VERIFY commit keeps the accepted nodes' slots and still stops that request at
+    max_tokens."""
     from gearshift.policy.static import AlwaysPolicy
 
-    sched, slots, rows = make()
-    sched.policy, sched.max_draft_len, sched.spec_slots = AlwaysPolicy(3), 3, lambda k, topk: 1 + k
+    sched, slots, rows = make(policy=AlwaysPolicy(3))
     a, b = req("a", 3, max_tokens=2), req("b", 3, max_tokens=20)
     sched.add(a)
     sched.add(b)
-    plan = sched.schedule()  # prefill
-    fake_prepare(plan, slots, rows)
-    sched.commit(plan, [5, 5])
+    step_once(sched, slots, rows, lambda p: [5, 5])  # prefill
     plan = sched.schedule()
-    assert plan.mode is ForwardMode.VERIFY and plan.draft_lens == [3, 3]
-    kept = [slots.alloc(4) for _ in plan.reqs]  # the pending token + 3 drafts, all accepted
-    outs = sched.commit_spec(plan, [[6, 7, 8, 9], [6, 7, 8, 9]], kept, [[], []])
+    assert plan.mode is ForwardMode.VERIFY and plan.num_draft_tokens == [3, 3]
+    assert plan.num_nodes == [4, 4] and plan.num_slots == [4, 4]
+    new = fake_prepare(plan, slots, rows)  # the pending token + 3 drafts each
+    outs = sched.commit(plan, StepResult(new, [[6, 7, 8, 9], [6, 7, 8, 9]],
+                                         kept=[[0, 1, 2, 3], [0, 1, 2, 3]]))
     assert a.output_token_ids == [5, 6] and a.finish_reason == "length"
     assert [o.new_token_ids for o in outs] == [[6], [6, 7, 8, 9]]
-    assert b.num_computed_tokens == 7 and len(b.slots) == 7
+    assert b.num_computed_tokens == 7 and b.slots == [4, 5, 6] + new[1]
+
+
+def test_verify_commit_keeps_the_accepted_path_and_frees_the_rest_by_count():
+    """A tree step's nodes are not in position order: commit keeps the accepted path's slots
+    at positions prefix.. in path order and frees every other node and the draft's scratch."""
+    from gearshift.policy.static import AlwaysPolicy
+
+    sched, slots, rows = make(policy=AlwaysPolicy(2, topk=2), num_draft_tokens=2, draft_topk=2,
+                              num_nodes=lambda k, w: 5 if w > 1 else 1 + k,
+                              num_scratch=lambda k, w: 2 * (k - 1) * w)
+    r = req("r", 4, max_tokens=20)
+    sched.add(r)
+    step_once(sched, slots, rows, lambda p: [5])
+    free = slots.num_free
+    plan = sched.schedule()
+    assert plan.mode is ForwardMode.VERIFY and plan.draft_topk == 2
+    assert plan.num_nodes == [5] and plan.num_scratch == [4] and plan.num_slots == [9]
+    new = fake_prepare(plan, slots, rows)
+    assert slots.num_free == free - 9 and r.slots[4:] == new[0][:5]
+    sched.commit(plan, StepResult(new, [[8, 9, 10]], kept=[[0, 3, 4]]))
+    assert r.slots[4:] == [new[0][0], new[0][3], new[0][4]]
+    assert r.num_computed_tokens == 7 and r.output_token_ids == [5, 8, 9, 10]
+    assert slots.num_free == free - 3  # two nodes and four scratch slots back
+    # a failed step keeps nothing: every slot it allocated goes back
+    plan = sched.schedule()
+    new = fake_prepare(plan, slots, rows)
+    sched.commit(plan, StepResult(new, [[]], kept=[[]]))
+    assert r.num_computed_tokens == 7 and len(r.slots) == 7 and slots.num_free == free - 3
+    sched.abort("r")
+    assert slots.num_free == slots.total and rows.num_free == rows.size
 
 
 def test_speculation_plan_records_the_policys_tree_width_and_counts_its_slots():
@@ -229,14 +279,10 @@ def test_speculation_plan_records_the_policys_tree_width_and_counts_its_slots():
 
     def decoding(topk, total=256):
         """A tree-capable scheduler (width 4) with one request past its prefill."""
-        sched, slots, rows = make(total=total)
-        sched.policy, sched.max_draft_len = AlwaysPolicy(2, topk), 2
-        sched.spec_slots = lambda k, w: 1 + (16 if w > 1 else k)
-        sched.draft_topk = 4
+        sched, slots, rows = make(total=total, policy=AlwaysPolicy(2, topk), num_draft_tokens=2,
+                                  draft_topk=4, num_nodes=lambda k, w: 16 if w > 1 else 1 + k)
         sched.add(req("a", 3, max_tokens=20))
-        plan = sched.schedule()
-        fake_prepare(plan, slots, rows)
-        sched.commit(plan, [5])
+        step_once(sched, slots, rows, lambda p: [5])
         return sched
 
     for topk, want in ((None, 4), (1, 1), (4, 4)):
@@ -245,7 +291,8 @@ def test_speculation_plan_records_the_policys_tree_width_and_counts_its_slots():
     # a pool with room for a chain's slots but not a tree's: plain decode
     sched = decoding(None, total=8)
     plan = sched.schedule()
-    assert plan.mode is ForwardMode.DECODE and not plan.draft_lens and plan.draft_topk == 1
-    sched.policy = AlwaysPolicy(2, topk=1)
+    assert plan.mode is ForwardMode.DECODE and not plan.num_draft_tokens and plan.draft_topk == 1
+    sched = decoding(None, total=8)
+    sched.set_policy(AlwaysPolicy(2, topk=1))
     plan = sched.schedule()
     assert plan.mode is ForwardMode.VERIFY and plan.draft_topk == 1

@@ -1,0 +1,209 @@
+"""SpecRunner: the speculative stages of the engine's one step pipeline.
+
+    VERIFY plan -> BatchBuilder.prepare (node + scratch slots, staged inputs)
+      -> run(): draft catch-up -> proposer.propose -> DraftTree [B, N]        (device)
+                -> target VERIFY over the valid nodes (verify_batch.py)        (device)
+                -> verification: accepted path + bonus per request             (device)
+                -> before_sync() (the policy's next plan) -> one host sync
+                -> StepResult (tokens, accepted node indices)
+      -> Scheduler.commit (keep the path's slots, free the rest)
+      -> after_commit(): the draft extends over the accepted tokens; acceptance counters
+    plain plan -> ModelRunner.run -> after_plain(): the draft's state follows at K = 0
+
+Data flow: Engine.step -> SpecRunner.run / after_commit (VERIFY plans), after_plain (plain).
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+import torch
+
+from gearshift.config import EngineConfig
+from gearshift.runner.batch import BatchBuilder, StepBatch
+from gearshift.runner.model_runner import ModelRunner
+from gearshift.scheduler.plan import Speculation, StepPlan, StepResult
+from gearshift.speculative import verify_batch as vb
+from gearshift.speculative.acceptance import Acceptance, age
+from gearshift.speculative.draft_follow import DraftFollower
+from gearshift.speculative.proposers import create_proposer
+from gearshift.speculative.proposers.base import ProposeContext
+from gearshift.speculative.verify import verify
+from gearshift.speculative.verify_device import node_valid, pack, record_paths
+
+
+class SpecRunner:
+    def __init__(self, config: EngineConfig, runner: ModelRunner, builder: BatchBuilder,
+                 feed=None) -> None:
+        self.runner, self.builder = runner, builder
+        self.proposer = create_proposer(config, runner)
+        self.topk = config.draft_topk  # the widest tree a step may verify (1: chains only)
+        self.num_draft_tokens = config.num_draft_tokens
+        self.tree_nodes = config.verify_nodes if self.topk > 1 else 0
+        self.capture = self.proposer.aux_layers if self.proposer.needs_features else ()
+        self.draft_frac = self.proposer.cost_fraction(runner.model)  # a draft step / target step
+        self.split_k_verify_below = 64  # (requests x kv heads) under which chains use split-K
+        self.acceptance = Acceptance(tree=self.topk > 1)
+        # `feed` (the engine's TokenFeed) resolves tokens of overlapped steps on the device
+        self.follow = DraftFollower(self.proposer, runner, builder, self.num_draft_tokens, feed)
+        self.measured_costs: dict | None = None  # {gear: [[bs, ms]]} from the start-up warm-up
+        self._last: tuple | None = None  # run()'s context for after_commit
+
+    # ------------------------------------------------------------------ sizing
+    # A step verifies chains (topk 1: K + 1 nodes) or, when the engine has a tree width
+    # (draft_topk > 1), one draft tree per request (`verify_nodes` nodes): the plan says which.
+    def nodes(self, k: int, topk: int = 1) -> int:
+        if k == 0:
+            return 1
+        return 1 + k if topk == 1 else self.tree_nodes
+
+    def scratch(self, k: int, topk: int = 1) -> int:
+        if k == 0:
+            return 0
+        return self.proposer.scratch_slots(k if topk == 1 else self.num_draft_tokens, topk)
+
+    def slots_needed(self, k: int, topk: int = 1) -> int:
+        """KV slots a request needs for a step with draft length k (0 = plain decode) and
+        tree width topk."""
+        return self.nodes(k, topk) + self.scratch(k, topk)
+
+    def speculation(self) -> Speculation:
+        """The frozen shape the scheduler plans with. Prefill chunks ride in a chain's causal
+        verify pass only without CUDA graphs: that pass is eager, while with graphs a step
+        with a prefill chunk is a graphed mixed EXTEND step, its decoders at K = 0."""
+        return Speculation(
+            num_draft_tokens=self.num_draft_tokens, draft_topk=self.topk,
+            num_nodes=self.nodes, num_scratch=self.scratch,
+            population=self.acceptance.population,
+            tree_population=self.acceptance.tree_population,
+            draft_catches_up=self.proposer.keeps_state,
+            mixed=self.topk == 1 and self.runner.shape_graphs is None)
+
+    def gear(self, plan: StepPlan) -> int:
+        """The cost model's key of a planned step: K for chains (0 = plain decode), the
+        draft depth + 1 for a tree step (policy/goodput.py)."""
+        if not plan.speculating:
+            return 0
+        return self.num_draft_tokens + 1 if plan.draft_topk > 1 else max(plan.num_draft_tokens)
+
+    @property
+    def stats(self):
+        return self.acceptance.stats
+
+    def split_k_chains(self, b: int) -> bool:
+        """Do a step's b chains verify with split-K tree attention (graphed only)? Few
+        (request, kv head) pairs cannot fill the GPU: split-K spreads each prefix over the
+        SMs; beyond that, causal extend reads each prefix once. Decided on the PADDED batch,
+        the graph's shape: the warm-up runs every graph size exactly, and a 6-request step
+        padded to 8 must replay what it captured at 8, not capture a new graph mid-run."""
+        if self.runner.shape_graphs is None:
+            return False
+        rows = self.runner.decode_pad(b)
+        return rows * self.runner.model.config.num_kv_heads < self.split_k_verify_below
+
+    # ------------------------------------------------------------------ plain steps
+    def after_plain(self, plan: StepPlan, aux: torch.Tensor | None) -> None:
+        """After an EXTEND / DECODE step: the draft keeps what it needs of the tokens just
+        computed, and the acceptance evidence of requests that decoded plainly ages."""
+        self.follow.after_plain(plan, aux)
+        for req, dec in zip(plan.reqs, plan.decoding):
+            if dec:
+                age(req)
+
+    # ------------------------------------------------------------------ VERIFY steps
+    @torch.inference_mode()
+    def run(self, plan: StepPlan, batch: StepBatch, before_sync=None) -> StepResult:
+        """Decoding requests verify their nodes; prefill chunks in the same plan ("riders",
+        chains only) extend as usual in the same causal pass and sample at their end.
+        `before_sync`: host work to do while the device runs, before the step's one sync."""
+        reqs, ks, topk = plan.reqs, plan.num_draft_tokens, plan.draft_topk
+        b = len(reqs)
+        ride = [not d for d in plan.decoding]
+        prefix = plan.prefix_lens
+        node_slots = [s[:n] for s, n in zip(batch.slots, plan.num_nodes)]
+        d, sb = batch.staged, batch.sampling
+        depth = max(ks)
+        n_max, s_max = max(plan.num_nodes), max(plan.num_scratch)
+        # the draft catches up on rows committed while these requests ran at K = 0
+        self.follow.catch_up([r for r, k, rd in zip(reqs, ks, ride) if k and not rd])
+        ctx = ProposeContext(reqs, ks, depth, topk, n_max, d["roots"], d["prefix"], prefix,
+                             d["rows"], d["scratch"].view(b, s_max), sb)
+        tree, nodes_override = self.proposer.propose(ctx)
+        n_tree = tree.num_nodes  # a tree is smaller than its budget when K was capped
+        n_nodes = nodes_override or [min(len(s), n_tree) if k else 1
+                                     for s, k in zip(node_slots, ks)]
+        # tokens each request sends through the target (a rider: its whole chunk)
+        n_tokens = [len(s) if r else n for s, r, n in zip(node_slots, ride, n_nodes)]
+        offsets = [0, *accumulate(n_tokens)][:b]  # first target token of each request
+        if topk == 1 and (any(ride) or not self.split_k_chains(b)):
+            # chains verify as a causal extend over positions L..L+K (prefix read once)
+            fb, flat, key, node_tok = vb.chain_batch(self.runner, reqs, prefix, tree,
+                                                     node_slots, n_nodes, n_tree, ride)
+            slots_bn = None
+        else:
+            d2, pad = vb.stage_tree_nodes(self.runner, reqs, prefix, n_nodes, n_tree)
+            flat = d2["flat"]
+            slots_bn = d["node_slots"].view(b, n_max)[:, :n_tree] if n_max >= n_tree else \
+                torch.nn.functional.pad(d["node_slots"].view(b, n_max), (0, n_tree - n_max))
+            fb = vb.tree_batch(self.runner, tree, slots_bn, d2, depth, max(prefix), pad)
+            key = ("verify-tree", fb.num_tokens, n_tree) if self.runner.shape_graphs is not None \
+                and fb.num_tokens <= self.runner.max_verify_graph_tokens else None
+            node_tok = None
+        logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key)  # [T(+pad), V]
+        # the tree path's accepted slots go to req_to_token on the device (a chain verified
+        # as an extend recorded its nodes' slots while building the batch)
+        record = None if slots_bn is None else (d["rows"], d["prefix"], slots_bn)
+        if sb.all_greedy:
+            packed = vb.greedy_verify(self.runner, tree, logits_t, flat, node_tok, d["k"], depth,
+                                      record, graphed=key is not None,
+                                      per_row=vb.uniform(n_nodes))
+        else:
+            logits_t = logits_t[node_tok] if node_tok is not None else logits_t[: flat.shape[0]]
+            logits = torch.zeros(b * n_tree, logits_t.shape[-1], device=logits_t.device)
+            logits[flat] = logits_t
+            valid = node_valid(flat, d["k"], tree.depths)
+            res = verify(tree, valid, logits.view(b, n_tree, -1), sb, depth, topk)
+            if record is not None:
+                record_paths(self.runner.kv.req_to_token, *record, res)
+            packed = pack(res)
+        if before_sync is not None:
+            before_sync()
+        packed = packed.tolist()  # the step's one host sync
+        if self.follow.catch_up_rows:  # what leaving K = 0 cost (its events are done now)
+            self.stats["catch_up_rows"] += self.follow.catch_up_rows
+            self.stats["catch_up_ms"] += self.follow.catch_up_ms()
+        tokens, paths = [], []
+        for i in range(b):
+            if ride[i]:  # the whole chunk stays; its last token's sample only if it ends the prompt
+                paths.append(list(range(len(node_slots[i]))))
+                tokens.append(packed[i][depth + 2:][:1] if plan.sample[i] else [])
+                continue
+            a = packed[i][0]
+            paths.append(packed[i][1:depth + 2][:a + 1])
+            tokens.append(packed[i][depth + 2:][:a + 1])
+            if ks[i]:  # the request's own counters before commit: its outputs carry them
+                reqs[i].spec_proposed += n_nodes[i] - 1
+                reqs[i].spec_accepted += a
+        self._last = (aux, offsets, n_nodes, packed, depth)
+        return StepResult(batch.slots, tokens, kept=paths)
+
+    def after_commit(self, plan: StepPlan, result: StepResult) -> None:
+        """The draft follows the committed tokens: it extends over the accepted ones where it
+        is current, else their features are stored for a later catch-up; then the step's
+        acceptance is recorded (while the device runs the draft)."""
+        aux, offsets, n_nodes, packed, depth = self._last
+        self._last = None
+        reqs, prefix = plan.reqs, plan.prefix_lens
+        live = [i for i, r in enumerate(reqs) if not r.is_finished and r.params.speculative]
+        # both groups are split before either runs: extending moves draft_rows
+        current = [reqs[i].draft_rows == prefix[i] for i in live]
+        for follows in (True, False):
+            group = [i for i, cur in zip(live, current) if cur is follows]
+            args = ([reqs[i] for i in group], [prefix[i] for i in group],
+                    [len(result.kept[i]) for i in group], aux,
+                    [offsets[i] + j for i in group for j in result.kept[i]])
+            (self.follow.extend if follows else self.follow.store)(*args)
+        for i, d in enumerate(plan.decoding):
+            if d:
+                self.acceptance.record(reqs[i], plan.num_draft_tokens[i], plan.draft_topk,
+                                       n_nodes[i] - 1, packed[i][0], packed[i][2 * depth + 3])
