@@ -1,16 +1,15 @@
-"""H200 microbenchmark of the split-K decode attention kernel on the Llama-3.1-8B head shape
-(32 query heads, 8 KV heads, head_dim 128, bf16): each (KV splits, BLOCK_N, warps, stages)
-against the engine's default (pick_num_kv_splits, decode_blocks), at the
-batch sizes and contexts of issue 2's two figures (batch 1 at 1k context, batch 64 at the
-offline run's ~640). Timed as the skinny-GEMM chooser times (in a CUDA graph, L2 evicted
-by a read before every call: in a decode step the weights have just streamed through L2).
-Each request's K/V slots are a shuffled run of the pool, as after many allocations.
-Writes JSON; prints the fastest configs per case with GB/s of K/V read.
+"""Kernel micro-benchmark: the split-K decode attention kernel (gearshift/kernels/decode.py)
+on the Llama-3.1-8B head shape (32 query heads, 8 KV heads, head_dim 128, bf16), on one GPU.
 
-Session 5's profile: batch 1, 1k context: 5.0 us split + 2.7 us merge per layer (K/V 4 MB:
-~1 us at 4.2 TB/s); batch 64, ~640 context: 46.0 + 3.1 us (168 MB: ~40 us).
+Each (KV splits, BLOCK_N, warps, stages) is timed against the engine's own pick
+(pick_num_kv_splits, decode_blocks) at batch 1 / 1k context and batch 64 / 640 context
+(the batch-1 decode and offline-throughput figures of docs/benchmarks.md; `--cases` for
+others). Timed as the skinny-GEMM chooser times (in a CUDA graph, L2 evicted by a read
+before every call: in a decode step the weights have just streamed through L2). Each
+request's K/V slots are a shuffled run of the pool, as after many allocations. Writes
+JSON; prints the fastest configs per case with GB/s of K/V read.
 
-Usage: python scripts/bench_decode_attn.py --out decode_attn.json
+Usage: python benchmarks/bench_decode_attn.py --out decode_attn.json
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from gearshift.kernels.decode import (
     alloc_decode_workspace,
     decode_attention,
     decode_blocks,
+    num_sms,
     pick_num_kv_splits,
 )
 from gearshift.kernels.skinny_select import graph_ms, kernel_ms
@@ -45,7 +45,8 @@ def case(bs: int, ctx: int, configs, flush: torch.Tensor, evict_ms: float) -> li
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(bs, HEADS, HEAD_DIM, device="cuda", generator=g).to(torch.bfloat16)
     ref = torch.empty_like(q)
-    default_splits = pick_num_kv_splits(bs, KV_HEADS)
+    sms = num_sms("cuda")
+    default_splits = pick_num_kv_splits(bs, KV_HEADS, sms)
     decode_attention(q, k, v, req_to_token, rows, seq_lens, HEAD_DIM**-0.5, ref,
                      num_kv_splits=default_splits)
     gbytes = 2 * bs * ctx * KV_HEADS * HEAD_DIM * 2 / 1e9
@@ -66,12 +67,12 @@ def case(bs: int, ctx: int, configs, flush: torch.Tensor, evict_ms: float) -> li
         out.append({"splits": splits, "blocks": list(blocks), "us": ms * 1e3,
                     "gbps": gbytes / ms * 1e3, "max_err": (o.float() - ref.float()).abs().max().item(),
                     "default": splits == default_splits
-                    and blocks == decode_blocks(bs, KV_HEADS, splits)})
+                    and blocks == decode_blocks(bs, KV_HEADS, splits, sms)})
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="decode_attn.json")
     ap.add_argument("--cases", default="1x1024,64x640", help="BSxCONTEXT,...")
     ap.add_argument("--blocks", nargs="*", help="BLOCK_N,WARPS,STAGES ... (default: a grid)")

@@ -1,24 +1,23 @@
-"""H200 microbenchmark of the extend (prefill) attention kernel on the Llama-3.1-8B head
-shape (32 query heads, 8 KV heads, head_dim 128, bf16): tile configs against the engine's
-pick (extend_config of the case's step class: 64-row tiles of 16 tokens x 4 heads, BLOCK_N
-64, 4 warps, 3 stages; decode-heavy: 8 tokens x 4 heads, BLOCK_N 128, 2 stages), timed as
-the skinny-GEMM chooser times (CUDA graph, L2 evicted before each call).
+"""Kernel micro-benchmark: the extend (prefill) attention kernel (gearshift/kernels/extend.py)
+on the Llama-3.1-8B head shape (32 query heads, 8 KV heads, head_dim 128, bf16), on one GPU:
+tile configs against the engine's pick (extend_config of the case's step class, normal or
+decode-heavy), timed as the skinny-GEMM chooser times (CUDA graph, L2 evicted before each
+call). "default" in the output is the engine's pick for the case.
 
 Cases (requests as (prefix, new tokens); an EXTEND graph pads the rows to max_num_seqs + 1
 with empty requests, as the `_graph` cases do):
-- `mixed`: issue 2's offline run at step budget 256. 60 decoders at 512-768 context ride
-  along with one 196-token prefill chunk at prefix 316. Session 5's graphed profile
-  measured 66.6 µs per layer, against ~40 µs for the decoders' K/V alone at 4.2 TB/s.
-  At two programs an SM, 480 decoder + 104 prefill programs make three waves.
-- `prefill`: 4 fresh 512-token prompts in one 2,048-token step (no regression wanted).
+- `mixed`: a mixed step of the offline run at a 256-token step budget: 60 decoders at
+  512-768 context ride along with one 196-token prefill chunk at prefix 316.
+- `prefill`: 4 fresh 512-token prompts in one 2,048-token step.
 - `mixed_graph`: `mixed` in the 256-token graph's 65 rows.
 - `mixed512_graph`: 60 decoders with a 452-token chunk at prefix 60 (budget 512), 65 rows.
 - `chunk256_graph`: one lone 256-token chunk at prefix 256 in the 256-token graph.
-Session 13 added the last three to place the decode-heavy threshold (extend.py,
-DECODE_HEAVY_MEAN); "default" in the output is the engine's pick for the case. Session 15
-added the decoder path (ExtendConfig.decode_rows, dec_block_n) to the configs.
+- `dec60_graph`, `chunk452_graph`: `mixed512_graph`'s two parts alone.
+The mixed and chunk cases sit either side of the decode-heavy threshold
+(extend.DECODE_HEAVY_MEAN). Configs: each class's tiles with the decoder path (1-token
+requests as one tile of the group's heads) off and on, then a grid of other tiles.
 
-Usage: python scripts/bench_extend_attn.py --out extend_attn.json
+Usage: python benchmarks/bench_extend_attn.py --out extend_attn.json [--classes-only]
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ CASES = {
     "mixed_graph": DECODERS + [(316, 196)] + [EMPTY] * 4,
     "mixed512_graph": DECODERS + [(60, 452)] + [EMPTY] * 4,
     "chunk256_graph": [(256, 256)] + [EMPTY] * 64,
-    # session 19: mixed512_graph's two parts alone (does the launch overlap them?)
+    # mixed512_graph's two parts alone (does the launch overlap them?)
     "dec60_graph": DECODERS + [EMPTY] * 5,
     "chunk452_graph": [(60, 452)] + [EMPTY] * 64,
 }
@@ -87,7 +86,7 @@ def run(b: dict, out: torch.Tensor, config: ExtendConfig | None) -> torch.Tensor
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="extend_attn.json")
     ap.add_argument("--cases", nargs="*", help="case names (default: all)")
     ap.add_argument("--classes-only", action="store_true",
@@ -97,8 +96,8 @@ def main() -> None:
     evict_ms = graph_ms(lambda: None, flush)
     classes = [extend_config(torch.bfloat16, HEADS, KV_HEADS, HEAD_DIM, 9, heavy)
                for heavy in (False, True)]
-    # session 15: the decoder path (1-token requests as DEC_M-row tiles) on and off at the
-    # two classes' tiles, its key block 64 / 128, then other tiles with it on
+    # the decoder path (1-token requests as DEC_M-row tiles) off and on at the two
+    # classes' tiles, its key block 64 / 128, then other tiles with it on
     configs = ([dataclasses.replace(c, decode_rows=False) for c in classes]
                + [dataclasses.replace(c, decode_rows=True, dec_block_n=bn)
                   for c in classes for bn in (64, 128)]
