@@ -34,14 +34,15 @@ start-up. Online softmax in the log2 domain, fp32 accumulators.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from gearshift import env
+
+_INTERPRET = env.triton_interpret()
 _LOG2E = 1.4426950408889634
 
 

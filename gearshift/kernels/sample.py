@@ -25,16 +25,16 @@ host and the grid depends only on shapes: calls are CUDA-graph safe.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from gearshift import env
 from gearshift.runner import sampler
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = env.triton_interpret()
 HASH_MUL: tl.constexpr = tl.constexpr(sampler.HASH_MUL)
 STEP_OFFSET: tl.constexpr = tl.constexpr(sampler.STEP_OFFSET)
 U_MAX: tl.constexpr = tl.constexpr(sampler.U_MAX)

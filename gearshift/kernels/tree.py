@@ -27,15 +27,14 @@ their shared prefix blocks can be served from L2.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from gearshift import env
 from gearshift.kernels.decode import alloc_decode_workspace
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = env.triton_interpret()
 _LOG2E = 1.4426950408889634
 
 
