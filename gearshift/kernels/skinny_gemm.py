@@ -37,7 +37,6 @@ host sync: CUDA-graph safe once compiled.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -49,11 +48,15 @@ try:  # Triton >= 3.4: host-side TMA descriptors
 except ImportError:  # pragma: no cover - older Triton: tma configs run the pointer kernel
     TensorDescriptor = None
 
+from gearshift import env
 from gearshift.kernels import pdl
 from gearshift.kernels.norm import rms_norm
 from gearshift.kernels.pdl import pdl_trigger, pdl_wait, prefetch_rows_l2
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = env.triton_interpret()
+# weight columns prefetched into L2 before the PDL wait, in pipeline stages (BLOCK_K
+# columns each): what the first stages of the K loop load
+PDL_PREFETCH_STAGES = 2
 
 
 @dataclass(frozen=True)
@@ -231,9 +234,8 @@ def skinny_linear(
     if rms is not None and not tma:  # the norm in its own launch
         x = rms_norm(x, *rms)
     use_pdl, line = pdl.enabled(x.device), 128 // weight.element_size()
-    # weight columns prefetched under PDL: what the pipeline's first stage(s) load (a power
-    # of two, at least a line, at most K)
-    prefetch = _pow2_floor(min(k, pdl.PREFETCH_STAGES * config.block_k)) if use_pdl else 0
+    # weight columns prefetched under PDL (a power of two, at least a line, at most K)
+    prefetch = _pow2_floor(min(k, PDL_PREFETCH_STAGES * config.block_k)) if use_pdl else 0
     prefetch = prefetch if prefetch >= line else 0
     launch = pdl.launch_kwargs(x.device)
     if tma:
