@@ -81,8 +81,8 @@ def race_score(x, temp, key, cols, ACCURATE_LOG: tl.constexpr):
 
 # The integer arguments are not specialised (Triton would otherwise compile a variant per
 # divisibility class of each) and BLOCK_C depends on the vocabulary and tile only, so a
-# step with a new number of rows compiles nothing: session 14 saw 15 compiles (up to
-# 0.46 s a step) inside the first offline run, in mixed steps of 2, 5, 13 ... rows.
+# step with a new number of rows compiles nothing (mixed steps ask for 1..N rows, and a
+# compile inside a step costs tenths of a second).
 @triton.jit(do_not_specialize=["vocab", "stride_row", "tiles_per_chunk", "num_chunks"])
 def _chunk_best_kernel(
     Logits, Temps, Seeds, Steps, PartVal, PartIdx,
