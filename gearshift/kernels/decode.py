@@ -246,8 +246,8 @@ def pick_num_kv_splits(batch_size: int, num_kv_heads: int, sm_count: int = 132,
 
     Depends only on host ints, so a CUDA graph captured for one batch size keeps its grid.
     Measured with benchmarks/bench_decode_attn.py, this picks the fastest count (or one
-    within noise) at every batch bucket; splitting into more waves paid the merge for
-    nothing at large batches.
+    within noise) at every batch bucket; a ~4-wave rule split twice as often and was
+    slower at large batches.
     """
     fit = 2 * sm_count // max(batch_size * num_kv_heads, 1)
     return max(1, min(max_kv_splits, 1 << max(fit, 1).bit_length() - 1))
