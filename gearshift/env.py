@@ -1,8 +1,8 @@
 """Environment switches: the one place Gearshift reads and documents them.
 
-Data flow: a module that honours a switch asks its `EnvSwitch` for the value (`.get()`),
-at import or at construction as noted beside each switch below; a value outside a
-switch's choices raises ValueError naming the variable. Everything else is configured
+Data flow: a module that honours a switch asks its `EnvSwitch` for the value (`.get()`)
+when the table below says; a value outside a switch's choices raises ValueError naming
+the variable. Everything else is configured
 through EngineConfig and the command line, not the environment.
 
     variable                values          default  read by
