@@ -3,9 +3,9 @@
 Triton 3.6's interpreter turns a kernel's runtime int argument used as a loop bound into
 a Python int with int() of a 1-element NumPy array, which NumPy 2.4 refuses ("only
 0-dimensional arrays can be converted to Python scalars"): every kernel with such a loop
-fails. Measured (session 19): triton 3.6.0 + numpy 2.4.6 fails 88 interpreter tests,
-triton 3.6.0 + numpy 2.3.5 and triton 3.7.0 / 3.9.0 + numpy 2.4.6 pass. torch 2.11 pins
-triton 3.6, so a GPU machine may have that pair.
+fails. Triton 3.6.0 + numpy 2.4.6 fails the interpreter tests; triton 3.6.0 + numpy
+2.3.5 and triton 3.7.0 / 3.9.0 + numpy 2.4.6 pass. torch 2.11 pins triton 3.6, so a GPU
+machine may have that pair.
 """
 
 from __future__ import annotations

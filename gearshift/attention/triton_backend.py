@@ -1,23 +1,19 @@
 """Triton attention backend: split-K decode and causal flash extend over the slot pool.
 
-Data flow: Attention layer -> TritonBackend.rope_store_attend. DECODE (default,
-GEARSHIFT_DECODE_ROPE=fused): the decode kernel rotates q and k and stores K/V itself
-(kernels/decode.py, RopeInputs). Otherwise -> TritonBackend.rope_and_store (on CUDA one
-fused kernel, kernels/rope.py: rotates q in place, writes rotated K and V at
-out_cache_loc) -> AttentionBackend.attend -> TritonBackend.decode / .extend / .tree ->
-kernels/decode.py, kernels/extend.py, kernels/tree.py.
+Data flow: Attention layer -> TritonBackend.rope_store_attend. DECODE: the decode kernel
+rotates q and k and stores K/V itself (kernels/decode.py, RopeInputs). Other modes ->
+TritonBackend.rope_and_store (on CUDA one fused kernel, kernels/rope.py: rotates q in
+place, writes rotated K and V at out_cache_loc) -> AttentionBackend.attend ->
+TritonBackend.decode / .extend / .tree -> kernels/decode.py, kernels/extend.py,
+kernels/tree.py.
 
 Decode is CUDA-graph safe: its grid depends only on the padded batch size (the number
 of KV splits is a function of it), and its fp32 scratch comes from one persistent buffer
-per (num_heads, head_dim) that every layer and step reuses; the fused split merge takes
-its tickets from one persistent zeroed int32 buffer [rows, num_kv_heads] that each call
-leaves zeroed. Buffers are only ever added, never freed, so graphs captured against an
-older buffer stay valid.
+per (num_heads, head_dim) that every layer and step reuses. Buffers are only ever added,
+never freed, so graphs captured against an older buffer stay valid.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -25,7 +21,6 @@ from gearshift.attention.base import AttentionBackend, KVCache
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.kernels.decode import (
     RopeInputs,
-    alloc_decode_counters,
     decode_attention,
     num_sms,
     pick_num_kv_splits,
@@ -40,18 +35,10 @@ class TritonBackend(AttentionBackend):
     def __init__(self, kv: KVCache, sm_scale: float, max_kv_splits: int = 32) -> None:
         super().__init__(kv, sm_scale)
         self.max_kv_splits = max_kv_splits
-        # DECODE: RoPE + K/V store inside the decode kernel (GEARSHIFT_DECODE_ROPE=fused,
-        # default) or the RoPE kernel first (separate)
-        rope = os.environ.get("GEARSHIFT_DECODE_ROPE", "fused").lower()
-        if rope not in ("fused", "separate"):
-            raise ValueError(f"GEARSHIFT_DECODE_ROPE must be 'fused' or 'separate', not {rope!r}")
-        self.decode_rope = rope == "fused"
         self.num_kv_heads = kv.k.shape[2]
         self.sm_count = num_sms(kv.k.device)
         # (num_heads, head_dim) -> (max batch rows, flat fp32 scratch)
         self._workspaces: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}
-        # split tickets of the fused decode merge: [max batch rows, num_kv_heads] int32, zero
-        self._counters = alloc_decode_counters(0, self.num_kv_heads, kv.k.device)
         self._retired: list[torch.Tensor] = []  # kept alive for graphs that captured them
 
     def num_kv_splits(self, batch_size: int) -> int:
@@ -78,9 +65,6 @@ class TritonBackend(AttentionBackend):
             self._retired.append(self._workspaces[key][1])
         buffer = torch.empty(numel, dtype=torch.float32, device=self.kv.k.device)
         self._workspaces[key] = (rows, buffer)
-        if self._counters.shape[0] < rows:
-            self._retired.append(self._counters)
-            self._counters = alloc_decode_counters(rows, self.num_kv_heads, self.kv.k.device)
 
     def _decode_workspace(self, bs: int, num_heads: int, head_dim: int,
                           splits: int) -> torch.Tensor:
@@ -102,7 +86,7 @@ class TritonBackend(AttentionBackend):
                           positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                           layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         # DECODE: RoPE and the K/V store inside the decode kernel (no launch of their own)
-        if self.decode_rope and fb.mode is ForwardMode.DECODE and fb.tree is None:
+        if fb.mode is ForwardMode.DECODE and fb.tree is None:
             return self.decode(q, layer_id, fb,
                                RopeInputs(k, v, positions, cos, sin, fb.out_cache_loc))
         return super().rope_store_attend(q, k, v, positions, cos, sin, layer_id, fb)
@@ -112,12 +96,12 @@ class TritonBackend(AttentionBackend):
         # q: [padded_bs, num_heads, head_dim] (unrotated with `rope`)
         bs, num_heads, head_dim = q.shape
         splits = self.num_kv_splits(bs)
-        workspace = self._decode_workspace(bs, num_heads, head_dim, splits)  # sizes counters too
+        workspace = self._decode_workspace(bs, num_heads, head_dim, splits)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         return decode_attention(
             q, self.kv.k[layer_id], self.kv.v[layer_id], self.kv.req_to_token,
             fb.req_pool_indices, fb.seq_lens, self.sm_scale, out,
-            num_kv_splits=splits, workspace=workspace, counters=self._counters, rope=rope,
+            num_kv_splits=splits, workspace=workspace, rope=rope,
         )
 
     def tree(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:

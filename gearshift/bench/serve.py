@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import statistics
 import time
@@ -20,6 +19,8 @@ from datetime import UTC, datetime
 
 import httpx
 from tqdm.auto import tqdm
+
+from gearshift import env
 
 WORDS = ("time gear shift speculative decoding model token batch server quick brown fox jumps "
          "over the lazy dog hello world").split()
@@ -77,7 +78,7 @@ def make_prompts(n: int, input_len: int, kind: str, seed: int) -> list[str | lis
 
 
 async def bench(args) -> dict:
-    api_key = args.api_key or os.environ.get("GEARSHIFT_API_KEY")
+    api_key = args.api_key or env.API_KEY.get()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=args.concurrency + 4)
     timeout = httpx.Timeout(args.timeout, connect=30.0)

@@ -11,18 +11,17 @@ no host sync, so it is CUDA-graph safe.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from gearshift import env
 from gearshift.kernels import pdl
 from gearshift.kernels.pdl import pdl_enter
 from gearshift.models.reference_ops import silu_and_mul_ref  # noqa: F401 (re-exported)
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = env.triton_interpret()
 _BLOCK = 1024
 
 

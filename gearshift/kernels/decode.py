@@ -1,16 +1,15 @@
 """Decode attention (one query token per request) over the slot pool, split-K in Triton.
 
-Data flow: TritonBackend.decode -> decode_attention -> stage 1 (partial softmax per KV
-split, into a persistent fp32 workspace) -> stage 2 (merge the splits into `out`: by
-default inside the stage-1 launch, see "Fused merge" below).
+Data flow: TritonBackend.decode / rope_store_attend -> decode_attention -> stage 1
+(partial softmax per KV split, into a persistent fp32 workspace) -> stage 2 (a second
+launch merges the splits into `out`).
 
 Each request's keys 0..seq_len-1 are read through req_to_token[row, position] -> slot.
 The grid is (batch, kv_heads, num_kv_splits): it depends only on host ints, and the
 kernels never sync with the host, so the call can be captured in a CUDA graph. The
 split length is computed on the device from seq_len (rounded up to whole KV blocks);
 splits past the end of a short sequence store nothing and are skipped by the merge. With
-one split (large batches) stage 1 writes `out` directly and there is no stage 2 (session
-13, H200: the merge launch cost 2.5 us a layer at batch 64).
+one split (large batches) stage 1 writes `out` directly and the merge launch is saved.
 
     keys of one request  [ split 0 | split 1 | split 2 | (empty) ]   num_kv_splits = 4
     workspace[b, h, s]   [ acc_s / l_s  (head_dim floats) | lse_s (log2 domain) | pad ]
@@ -18,50 +17,30 @@ one split (large batches) stage 1 writes `out` directly and there is no stage 2 
 One stage-1 program handles every query head of one KV group, so each K/V block is
 loaded once per group (GQA), with the heads as the M side of a tl.dot.
 
-Fused merge (GEARSHIFT_DECODE_MERGE=fused; the default is `separate`, the two-launch path,
-read once at import: on the H200 the fused launch was slower, 4.78 vs 4.64 ms device time
-for a Llama-3.1-8B decode step at batch 1 / 1k context, docs/benchmarks): stage 2 runs
-inside the stage-1 launch. Each split
-program stores its partial, then takes a ticket from Count[b, kv_head] (int32 atomic add,
-acq_rel, gpu scope). Every split counts, empty ones included (they store nothing), so
-the program drawing ticket num_kv_splits - 1 is the last one: all partials of its group
-are visible to it, it merges them for the group's query heads (the stage-2 math, empty
-splits skipped) and sets the counter back to 0. Count is a persistent zeroed buffer
-(alloc_decode_counters) that every call leaves zeroed again, so layers and CUDA-graph
-replays reuse it without a memset; calls sharing one buffer must not run concurrently
-(as with the workspace).
-
-    split programs of (b, kv_head):  s0 ─┐ s1 ─┐ ... s{n-1} ─┐   ticket = atomic_add(Count, 1)
-                                         └─────┴──────────────┴─► ticket n-1: merge, Count = 0
-
 RoPE inside (`rope=RopeInputs(...)`, the DECODE step on the Triton backend): q and this
 step's k arrive unrotated from the qkv projection, so the step needs no RoPE + K/V store
 launch of its own. Every split program rotates its group's q (fp32, rounded to q's dtype,
 as the RoPE kernel does). The split holding position seq_len - 1 (the new token) rotates
 k, stores k and v at out_cache_loc, and attends to that key from registers; the loop
 stops one key short. No program reads the new slot, so no ordering between programs is
-needed. Other paths (extend, VERIFY, trees) keep kernels/rope.py.
+needed. Other paths (extend, VERIFY, trees, callers with rotated q) keep kernels/rope.py.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from gearshift import env
 from gearshift.kernels import pdl
 from gearshift.kernels.pdl import pdl_enter, pdl_trigger, pdl_wait
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = env.triton_interpret()
 _LOG2E = 1.4426950408889634
-_MERGE = os.environ.get("GEARSHIFT_DECODE_MERGE", "separate").lower()
-if _MERGE not in ("fused", "separate"):
-    raise ValueError(f"GEARSHIFT_DECODE_MERGE must be 'fused' or 'separate', not {_MERGE!r}")
-FUSED_MERGE_DEFAULT = _MERGE == "fused"
 
 
 @triton.jit
@@ -78,7 +57,7 @@ def _merge_head(
     mask_d = offs_d < HEAD_DIM
 
     w_ptrs = w_head + offs_s * stride_ws  # [BLOCK_S]
-    # .cg: read at L2, never from an L1 line another SM's partial could have gone stale in
+    # .cg: the partials come from other programs; read them at L2, never from L1
     lse = tl.load(w_ptrs + HEAD_DIM, mask=valid, other=float("-inf"), cache_modifier=".cg")
     part = tl.load(w_ptrs[:, None] + offs_d[None, :], mask=valid[:, None] & mask_d[None, :],
                    other=0.0, cache_modifier=".cg")  # [BLOCK_S, BLOCK_D]
@@ -99,7 +78,7 @@ def _rotate(x, x_sw, cos, sin):
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, ReqToToken, ReqPoolIdx, SeqLens, Work, Count, Out,
+    Q, K, V, ReqToToken, ReqPoolIdx, SeqLens, Work, Out,
     KNew, VNew, Positions, Cos, Sin, OutCacheLoc,  # ROPE only (else any tensors)
     sm_scale_log2,
     stride_qb, stride_qh,
@@ -108,12 +87,10 @@ def _decode_split_kernel(
     stride_vs, stride_vh,
     stride_rt,
     stride_wb, stride_wh, stride_ws,
-    stride_cb,
     stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    PDL: tl.constexpr, ROPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
 ):
     # ROPE (see "RoPE inside" in the module docstring): q and this step's k arrive
     # unrotated; the split holding the last position stores rotated k and v at
@@ -210,19 +187,6 @@ def _decode_split_kernel(
                  mask=store_h[:, None] & mask_d[None, :])
         tl.store(w_ptrs + HEAD_DIM, m_i + tl.log2(l_i), mask=store_h)
 
-        if FUSED_MERGE:
-            tl.debug_barrier()  # all threads' partial stores come before the release below
-            count = Count + b * stride_cb + kv_head
-            ticket = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
-            if ticket == NUM_SPLITS - 1:  # every split of this group has stored: merge them
-                for h in range(GROUP):
-                    head = kv_head * GROUP + h
-                    _merge_head(Work + b * stride_wb + head * stride_wh,
-                                Out + b * stride_ob + head * stride_oh,
-                                seq_len, split_len, stride_ws,
-                                HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D)
-                tl.atomic_xchg(count, 0)  # zero again for the next layer / graph replay
-
 
 @triton.jit
 def _decode_merge_kernel(
@@ -268,7 +232,7 @@ class RopeInputs:
 
 @functools.cache
 def num_sms(device: torch.device | str) -> int:
-    """Streaming multiprocessors of a CUDA device (a nominal 132, an H200's, elsewhere)."""
+    """Streaming multiprocessors of a CUDA device (elsewhere a nominal 132, an H100's / H200's)."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -281,11 +245,9 @@ def pick_num_kv_splits(batch_size: int, num_kv_heads: int, sm_count: int = 132,
     within ~2 waves (2 * sm_count programs), at least one.
 
     Depends only on host ints, so a CUDA graph captured for one batch size keeps its grid.
-    Session 13 (H200, 8B heads, 1k context at batch 1-8, 640 at 16-64;
-    scripts/bench_decode_attn.py): this picks the fastest count, or one within 0.4 us, at
-    every batch bucket, where the former ~4-wave rule split twice as often (batch 64: 2
-    splits took 51.4 us a layer against 46.1 us for 1; batch 32: 30.1 against 29.6, and
-    24.6 with decode_blocks' 128-key blocks).
+    Measured with benchmarks/bench_decode_attn.py, this picks the fastest count (or one
+    within noise) at every batch bucket; a ~4-wave rule split twice as often and was
+    slower at large batches.
     """
     fit = 2 * sm_count // max(batch_size * num_kv_heads, 1)
     return max(1, min(max_kv_splits, 1 << max(fit, 1).bit_length() - 1))
@@ -296,13 +258,10 @@ def decode_blocks(batch_size: int, num_kv_heads: int, num_kv_splits: int,
     """(BLOCK_N, num_warps, num_stages) of stage 1, from host ints (graph-safe).
 
     128 keys a block where splits are few (<= 8, so a split is long enough to fill them at
-    short contexts) and the grid fits in ~2 waves; else 64 (many splits: a 1k context cut
-    32 ways leaves 32 keys a split; more than 2 waves: batch 64 at 640 context took 50.9 us
-    a layer with 128 against 46.1 us with 64). Session 13, H200: 128 won at batch 4-32
-    (batch 32: 24.6 against 29.6 us). One split over more than ~2 waves (large batches)
-    runs 2 warps a program: session 18, batch 64 at 640 context, four runs of
-    scripts/bench_decode_attn.py: 45.0 / 43.7 / 41.5 / 42.9 us against 46.2 / 45.3 / 42.9 /
-    44.2 with 4.
+    short contexts) and the grid fits in ~2 waves; else 64 (many splits leave few keys a
+    split, and past ~2 waves the larger block was slower). One split over more than ~2
+    waves (large batches) runs 2 warps a program, which measured a little faster than 4
+    (benchmarks/bench_decode_attn.py).
     """
     if _INTERPRET:
         return 16, 1, 1
@@ -324,13 +283,6 @@ def alloc_decode_workspace(batch_size: int, num_heads: int, head_dim: int, num_k
                        dtype=torch.float32, device=device)
 
 
-def alloc_decode_counters(batch_size: int, num_kv_heads: int,
-                          device: torch.device | str) -> torch.Tensor:
-    """Split tickets for the fused merge: [bs, num_kv_heads] int32, zero (and left zero by
-    every decode_attention call, so one buffer serves every layer and graph replay)."""
-    return torch.zeros(batch_size, num_kv_heads, dtype=torch.int32, device=device)
-
-
 def decode_attention(
     q: torch.Tensor,  # [bs, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_slots + 1, num_kv_heads, head_dim]
@@ -343,16 +295,13 @@ def decode_attention(
     *,
     num_kv_splits: int = 8,
     workspace: torch.Tensor | None = None,  # [>= bs, num_heads, >= splits, >= head_dim+1]
-    counters: torch.Tensor | None = None,  # [>= bs, num_kv_heads] int32, all zero
-    fused_merge: bool | None = None,  # None: GEARSHIFT_DECODE_MERGE (default separate)
     blocks: tuple[int, int, int] | None = None,  # stage 1 (BLOCK_N, warps, stages); None: default
     rope: RopeInputs | None = None,  # q and this step's k unrotated: see RopeInputs
 ) -> torch.Tensor:
     """Attention of one new query per request over its cached keys; returns `out`.
 
-    Pass a persistent `workspace` (see alloc_decode_workspace) and, for the fused merge,
-    persistent zeroed `counters` (alloc_decode_counters; left zeroed) to stay CUDA-graph
-    safe; without them fresh buffers are allocated. With `rope`, q is unrotated and this
+    Pass a persistent `workspace` (see alloc_decode_workspace) to stay CUDA-graph safe;
+    without it a fresh one is allocated. With `rope`, q is unrotated and this
     step's K/V are not in the cache yet: the kernel rotates q and k and stores k and v
     (module docstring, "RoPE inside").
     """
@@ -366,12 +315,6 @@ def decode_attention(
     assert workspace.dtype == torch.float32 and workspace.stride(3) == 1
     assert workspace.shape[0] >= bs and workspace.shape[1] == num_heads
     assert workspace.shape[2] >= num_kv_splits and workspace.shape[3] >= head_dim + 1
-    fused = FUSED_MERGE_DEFAULT if fused_merge is None else fused_merge
-    if fused and counters is None:
-        counters = alloc_decode_counters(bs, num_kv_heads, q.device)
-    if fused:
-        assert counters.dtype == torch.int32 and counters.stride(1) == 1
-        assert counters.shape[0] >= bs and counters.shape[1] == num_kv_heads
     if bs == 0:
         return out
 
@@ -388,8 +331,7 @@ def decode_attention(
         rope.check(q, k_cache)
     r = rope or RopeInputs(q, q, seq_lens, seq_lens, seq_lens, seq_lens)  # unused stand-ins
     _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](
-        q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, workspace,
-        counters if fused else seq_lens, out,  # Count is unused (any tensor) when separate
+        q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, workspace, out,
         r.k, r.v, r.positions.contiguous(), r.cos, r.sin, r.out_cache_loc.contiguous(),
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1),
@@ -398,16 +340,14 @@ def decode_attention(
         v_cache.stride(0), v_cache.stride(1),
         req_to_token.stride(0),
         workspace.stride(0), workspace.stride(1), workspace.stride(2),
-        counters.stride(0) if fused else 0,
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits,
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n,
-        BLOCK_S=block_s, FUSED_MERGE=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32: exact, no TF32
         PDL=use_pdl, ROPE=rope is not None, num_warps=num_warps, num_stages=num_stages,
         **launch,
     )
-    if fused or num_kv_splits == 1:  # one split: stage 1 wrote `out` itself
+    if num_kv_splits == 1:  # stage 1 wrote `out` itself
         return out
     _decode_merge_kernel[(bs, num_heads)](
         workspace, seq_lens, out,

@@ -34,14 +34,15 @@ start-up. Online softmax in the log2 domain, fp32 accumulators.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from gearshift import env
+
+_INTERPRET = env.triton_interpret()
 _LOG2E = 1.4426950408889634
 
 
@@ -216,8 +217,8 @@ class ExtendConfig:
 
 
 # Mean new tokens per request at or below which a step counts as decode-heavy (decoders
-# riding along with a short prefill chunk): session 13's H200 measurement, 60 decoders +
-# a 196-token chunk in 61 requests (4.2 a request).
+# riding along with a short prefill chunk): 60 decoders and a 196-token chunk, 4.2 tokens
+# a request, measured decode-heavy.
 DECODE_HEAVY_MEAN = 4
 
 
@@ -235,18 +236,17 @@ def extend_config(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_di
     Every config sends 1-token requests (decoders riding along) down the decoder path:
     one tile of the group's heads (16 rows, the dot's minimum) over `dec_block_n`-key
     blocks, where a token tile would carry them in BLOCK_T x BLOCK_G rows, most of them
-    empty. Session 15 (H200, 8B heads, scripts/bench_extend_attn.py): 60 decoders at
-    512-768 context with a 452-token chunk (a 512-token mixed step) took 64.6 us a layer
-    against 81.0 us without it; with a 196-token chunk (decode-heavy) 58.0 against 67.2.
+    empty (benchmarks/bench_extend_attn.py: mixed steps of 60 decoders and a prefill chunk
+    ran clearly faster with it, decode-heavy or not).
 
     GPU, 16-bit, head_dim <= 128: M = 64 rows (G = 4: 16 tokens x 4 heads), BLOCK_N = 64.
-    On Hopper that is one warpgroup (4 warps, wgmma m64), 2 stages (session 15: 4 fresh
-    512-token prompts 61.5 us against 63.8 with 3); decoders over 128-key blocks. Before
-    Hopper 4 warps spill at this tile: 8 warps, 3 stages.
+    On Hopper that is one warpgroup (4 warps, wgmma m64), 2 stages (faster than 3 on fresh
+    prompts); decoders over 128-key blocks. Before Hopper 4 warps spill at this tile: 8
+    warps, 3 stages.
 
     Decode-heavy steps on Hopper: M = 32 (8 tokens x 4 heads), BLOCK_N = 64, 2 stages: the
-    short chunk's tiles waste fewer rows. Session 13 measured the 32-row tile far behind
-    on fresh prompts (94.6 us against 64.3 for 4 x 512 tokens), hence the two classes.
+    short chunk's tiles waste fewer rows. On fresh prompts the 32-row tile fell far behind,
+    hence the two classes.
     """
     group = num_heads // num_kv_heads
     if _INTERPRET:

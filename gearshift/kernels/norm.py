@@ -16,17 +16,16 @@ depends only on shapes and nothing syncs with the host, so calls are CUDA-graph 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from gearshift import env
 from gearshift.kernels import pdl
 from gearshift.kernels.pdl import pdl_enter
 from gearshift.models.reference_ops import fused_add_rms_norm_ref, rms_norm_ref  # noqa: F401 (re-exported)
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = env.triton_interpret()
 _MAX_COLS = 32768  # one row must fit in one program's registers
 
 

@@ -23,19 +23,16 @@ Rules for a kernel launched with PDL (`pdl_enter` keeps them at its top):
   its own wait. A wait covers every earlier kernel, since each of them waited for its
   predecessor before it could complete.
 
-Measured on the H200 (session 16, docs/benchmarks/2026-11-30-h200-session16.md; batch-1
-decode at 1k context, the offline run of 256 prompts at budget 512), against PDL off in
-the same lease:
-- every kernel triggering at its top: batch 1 4.60 ms against 4.34 (chains of kernels
-  launched at once and prefetched together), offline +0.3%;
-- waiting first, triggering at the top: batch 1 4.43-4.56 against 4.39 (the next
-  kernel's programs were placed while this one filled the SMs), offline +0.5%;
-- this code (GEMMs and decode attention trigger after their main loop, 2 stages
-  prefetched): batch 1 4.26 and 4.38 against 4.46 and 4.38, offline 7,286 against 7,242
-  tok/s (809 decode steps 4.84 s against 4.91).
+Where the trigger goes was measured on whole decode steps against PDL off: every kernel
+triggering at its top let whole chains of kernels launch at once and prefetch together,
+slower than no PDL; waiting first and triggering at the top still placed the next
+kernel's programs while this one filled the SMs. What helps is what the helpers below do:
+short kernels wait, then trigger (`pdl_enter`); GEMMs and decode attention trigger after
+their main loop (`pdl_trigger`); the skinny GEMM prefetches the weights of its first
+pipeline stages before its wait.
 
-GEARSHIFT_PDL: `auto` (default: on for CUDA devices of compute capability >= 9), `on`,
-`off`. Read at import, like the other kernel knobs.
+GEARSHIFT_PDL (gearshift/env.py), read at import: `auto` (default) and `on` launch with
+PDL on CUDA devices of compute capability >= 9, `off` never.
 
 Data flow: skinny_gemm / norm / activation / rope (kernels/) and kernels/
 decode launch with `launch_kwargs(device)` and pass `PDL=enabled(device)` to their jit
@@ -46,21 +43,16 @@ decode attention) and `prefetch_rows_l2` below.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # Triton >= 3.3
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_MODE = os.environ.get("GEARSHIFT_PDL", "auto").lower()
-# weight columns a skinny GEMM prefetches before its wait, in pipeline stages (BLOCK_K
-# columns each); experiments only
-PREFETCH_STAGES = int(os.environ.get("GEARSHIFT_PDL_PREFETCH_STAGES", "2"))
-if _MODE not in ("auto", "on", "off"):
-    raise ValueError(f"GEARSHIFT_PDL must be auto, on or off, not {_MODE!r}")
+from gearshift import env
 
+_INTERPRET = env.triton_interpret()
+_MODE = env.PDL.get()
 
 
 @functools.cache
@@ -87,8 +79,8 @@ def launch_kwargs(device: torch.device | str) -> dict:
 def pdl_enter(PDL: tl.constexpr):
     """Wait for the previous kernel, then let the next one launch (no-op without PDL).
     Waiting first keeps at most one kernel launched ahead of the one running: triggering
-    first let whole chains of kernels launch at once and prefetch together (session 16:
-    batch-1 decode 4.60 ms against 4.34 without PDL)."""
+    first let whole chains of kernels launch at once and prefetch together, slower than
+    no PDL at all."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()

@@ -23,17 +23,16 @@ Every token reads its position and slot on the device: CUDA-graph safe.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from gearshift import env
 from gearshift.kernels import pdl
 from gearshift.kernels.pdl import pdl_enter
 from gearshift.models.reference_ops import apply_rope_ref  # noqa: F401 (re-exported)
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = env.triton_interpret()
 
 
 @triton.jit

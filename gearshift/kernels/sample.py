@@ -25,16 +25,16 @@ host and the grid depends only on shapes: calls are CUDA-graph safe.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from gearshift import env
 from gearshift.runner import sampler
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = env.triton_interpret()
 HASH_MUL: tl.constexpr = tl.constexpr(sampler.HASH_MUL)
 STEP_OFFSET: tl.constexpr = tl.constexpr(sampler.STEP_OFFSET)
 U_MAX: tl.constexpr = tl.constexpr(sampler.U_MAX)
@@ -81,8 +81,8 @@ def race_score(x, temp, key, cols, ACCURATE_LOG: tl.constexpr):
 
 # The integer arguments are not specialised (Triton would otherwise compile a variant per
 # divisibility class of each) and BLOCK_C depends on the vocabulary and tile only, so a
-# step with a new number of rows compiles nothing: session 14 saw 15 compiles (up to
-# 0.46 s a step) inside the first offline run, in mixed steps of 2, 5, 13 ... rows.
+# step with a new number of rows compiles nothing (mixed steps ask for 1..N rows, and a
+# compile inside a step costs tenths of a second).
 @triton.jit(do_not_specialize=["vocab", "stride_row", "tiles_per_chunk", "num_chunks"])
 def _chunk_best_kernel(
     Logits, Temps, Seeds, Steps, PartVal, PartIdx,

@@ -1,43 +1,39 @@
 """`x @ W.T (+ b)` for few rows (decode at small batch, short VERIFY passes): one Triton
 program per BLOCK_N output columns, looping over all of K, so every SM streams weights.
 
-Why: at M <= 8, cuBLAS picks 64-row tiles for the 8B shapes' qkv (N = 6144) and o_proj
-(N = 4096) projections: 96 and 64 thread blocks on 132 SMs, ~73% of the bandwidth that
-the larger gate_up / down projections reach (session 4's profile of a batch-2 VERIFY step).
-With BLOCK_N = 16 the same weights make 384 / 256 programs, a few per SM. Measured on
-the H200 (session 5, graph-timed), the gain is small: the chooser keeps cuBLAS except for
-o_proj at 1-2 rows (12.2 vs 13.0 us).
+Why: at few rows, cuBLAS picks 64-row tiles for the 8B shapes' qkv (N = 6144) and o_proj
+(N = 4096) projections: 96 and 64 thread blocks on 132 SMs, well short of the bandwidth
+that the larger gate_up / down projections reach. With BLOCK_N = 16 the same weights make
+384 / 256 programs, a few per SM. Alone, the plain product gains little over cuBLAS; the
+fusions below are where it wins, so skinny_select measures every shape and takes the
+kernel only where it is faster.
 
 `gated` fuses the MLP's SiLU-and-mul after gate_up: each program streams the gate and the
 up rows of its columns into two accumulators and writes silu(gate) * up, so the
-activation needs no launch (and no [M, 2I] round trip) of its own. Session 14, the 8B's
-gate_up on the H200, chooser-timed: at 64 rows 63.0 us (n64 tiles) against 66.3 for cuBLAS +
-the SiLU kernel; at 1-32 rows cuBLAS + SiLU stays ahead (64.3 against 66.1 at 1 row).
-The RMSNorm before the product is fused only in the TMA kernel (`rms`, below): in the
-pointer kernel any elementwise work on x inside the K loop made it 2-3x slower
-(scripts/bench_fused_gemm.py, session 14).
+activation needs no launch (and no [M, 2I] round trip) of its own (ahead of cuBLAS + the
+SiLU kernel at 64 rows, behind at fewer). The RMSNorm before the product is fused only in
+the TMA kernel (`rms`, below): in the pointer kernel any elementwise work on x inside the
+K loop made it several times slower.
 
 `tma` configs (Hopper and later) run the same tile loop with x and W read through host
 tensor descriptors: each stage is one bulk copy into shared memory, so stages cost no
-registers and out-of-range rows / K read as zero (no masks). Session 15 (H200, 8B shapes,
-scripts/bench_tma_gemm.py) measured it ahead of cuBLAS and the pointer kernel at 64 rows:
-qkv 15.7 us (cuBLAS 18.3), o_proj 11.7 (12.1), down 32.1 (34.6). Deeper pointer pipelines
-(6 stages) led at one row for o_proj (10.4 against 10.6) and down (29.1 against 31.0).
-An x the descriptor cannot address (a base or row stride not 16-byte aligned) runs the
-pointer kernel with the same tiles. `rms` (session 15): x is the residual stream and W
-holds the norm weight (LlamaForCausalLM.fold_norms); each row's rstd comes from the x
-tiles in shared memory and scales the accumulators. `accumulate`: out += the product.
+registers and out-of-range rows / K read as zero (no masks); at 64 rows they measured
+ahead of cuBLAS and the pointer kernel on the 8B's qkv, o_proj and down, while deeper
+pointer pipelines (6 stages) led at one row. An x the descriptor cannot address (a base
+or row stride not 16-byte aligned) runs the pointer kernel with the same tiles. `rms`: x
+is the residual stream and W holds the norm weight (LlamaForCausalLM.fold_norms); each
+row's rstd comes from the x tiles in shared memory and scales the accumulators.
+`accumulate`: out += the product.
 
 Data flow: models/ops.linear / gated_linear / rms_linear / linear_accumulate ->
 skinny_select (start-up timing: this kernel or its cuBLAS form, per (rows bucket, N, K,
-dtype, bias, kind)) -> skinny_linear. Accumulates in fp32 (tensor-core dot of a zero-padded [BLOCK_M, BLOCK_K]
-x tile with the [BLOCK_N, BLOCK_K] weight tile), rounds once to the output dtype. No
-host sync: CUDA-graph safe once compiled.
+dtype, bias, kind)) -> skinny_linear. Accumulates in fp32 (tensor-core dot of a
+zero-padded [BLOCK_M, BLOCK_K] x tile with the [BLOCK_N, BLOCK_K] weight tile), rounds
+once to the output dtype. No host sync: CUDA-graph safe once compiled.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -49,11 +45,15 @@ try:  # Triton >= 3.4: host-side TMA descriptors
 except ImportError:  # pragma: no cover - older Triton: tma configs run the pointer kernel
     TensorDescriptor = None
 
+from gearshift import env
 from gearshift.kernels import pdl
 from gearshift.kernels.norm import rms_norm
 from gearshift.kernels.pdl import pdl_trigger, pdl_wait, prefetch_rows_l2
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = env.triton_interpret()
+# weight columns prefetched into L2 before the PDL wait, in pipeline stages (BLOCK_K
+# columns each): what the first stages of the K loop load
+PDL_PREFETCH_STAGES = 2
 
 
 @dataclass(frozen=True)
@@ -231,9 +231,8 @@ def skinny_linear(
     if rms is not None and not tma:  # the norm in its own launch
         x = rms_norm(x, *rms)
     use_pdl, line = pdl.enabled(x.device), 128 // weight.element_size()
-    # weight columns prefetched under PDL: what the pipeline's first stage(s) load (a power
-    # of two, at least a line, at most K)
-    prefetch = _pow2_floor(min(k, pdl.PREFETCH_STAGES * config.block_k)) if use_pdl else 0
+    # weight columns prefetched under PDL (a power of two, at least a line, at most K)
+    prefetch = _pow2_floor(min(k, PDL_PREFETCH_STAGES * config.block_k)) if use_pdl else 0
     prefetch = prefetch if prefetch >= line else 0
     launch = pdl.launch_kwargs(x.device)
     if tma:

@@ -5,26 +5,25 @@ CUDA-graph warm-up runs do that before capture), never during a capture.
 Why measured: which one wins depends on the GPU's SM count and on cuBLAS's tile choice
 for the shape (it loses only where its tiles leave SMs idle), so no table is written by
 hand. Each candidate is timed inside a CUDA graph, each call after evicting L2 by reading
-a 256 MB buffer. Both matter (session 5, H200): timed eagerly, the host's launch latency
-counted (a Triton launch costs more host time than a 15 us GEMV); evicted by a write
-(zero_()), dirty lines were written back during the timed call (cuBLAS's gate_up read
-67 us, against 55 us inside the model; in a graph after a read: 55 us). The kernel is
-taken only when it beats cuBLAS by SKINNY_MARGIN (3%), or, where it launches under PDL, is
-within PDL_KERNEL_MARGIN (10%) of it (`kernel_margin`). A candidate tiling that does not fit
-the GPU (Triton's OutOfResources at compile time) is skipped, timed as inf.
+a 256 MB buffer. Both matter: timed eagerly, the host's launch latency counts (a Triton
+launch costs more host time than a short GEMV); evicted by a write (zero_()), dirty lines
+are written back during the timed call, which inflated cuBLAS's times well past what it
+takes inside the model. The kernel is taken only when it beats cuBLAS by SKINNY_MARGIN
+(3%), or, where it launches under PDL, is within PDL_KERNEL_MARGIN (10%) of it
+(`kernel_margin`). A candidate tiling that does not fit the GPU (Triton's OutOfResources
+at compile time) is skipped, timed as inf.
 
-GEARSHIFT_SKINNY_GEMM: `auto` (default: measure), `off` (always cuBLAS), `on` (always the
-kernel's first candidate, for tests). GEARSHIFT_SKINNY_MARGIN: one margin for every choice,
-for experiments (session 13 tried 1.0 and 1.03 at batch 1: no gain over run-to-run spread).
+GEARSHIFT_SKINNY_GEMM (gearshift/env.py): `auto` (default: measure), `off` (always
+cuBLAS), `on` (always the kernel's first candidate, for tests).
 
-Kinds of product: `plain` (F.linear), `gated` (the MLP's silu_and_mul(F.linear(x)),
-session 14), `rms` / `gated_rms` (of rms_norm(x), the norm weight folded into W; TMA
-tilings only) and `acc` (out += x @ W.T, the residual stream; session 15). Each kind is
-timed against its cuBLAS form (+ the SiLU kernel, the norm kernel first, `addmm_`), so a
-fusion is taken where the launch it saves outweighs the kernel's loss to cuBLAS.
+Kinds of product: `plain` (F.linear), `gated` (the MLP's silu_and_mul(F.linear(x))),
+`rms` / `gated_rms` (of rms_norm(x), the norm weight folded into W; TMA tilings only) and
+`acc` (out += x @ W.T, the residual stream). Each kind is timed against its cuBLAS form
+(+ the SiLU kernel, the norm kernel first, `addmm_`), so a fusion is taken where the
+launch it saves outweighs the kernel's loss to cuBLAS.
 
-Each kind's cuBLAS form is also timed through cuBLASLt (CUBLASLT, session 18) where torch
-can switch to it, and taken by the same margin.
+Each kind's cuBLAS form is also timed through cuBLASLt (CUBLASLT) where torch can switch
+to it, and taken by the same margin.
 
 Data flow: models/ops.linear / gated_linear / rms_linear / linear_accumulate ->
 choose(x, weight, bias, kind) -> SkinnyConfig | None (the cuBLAS form) | CUBLASLT (the
@@ -33,41 +32,35 @@ cuBLAS form through cuBLASLt).
 
 from __future__ import annotations
 
-import os
 import statistics
 
 import torch
 from triton.runtime.errors import OutOfResources
 
+from gearshift import env
 from gearshift.kernels import pdl
 from gearshift.kernels.activation import silu_and_mul
 from gearshift.kernels.norm import rms_norm
 from gearshift.kernels.skinny_gemm import SkinnyConfig, TensorDescriptor, skinny_linear
 from gearshift.models.reference_ops import linear_ref
 
-# products of more rows run their cuBLAS forms (the TMA tilings lost to cuBLAS at 128-512
-# rows: sessions 16 and 19); the fused decoder path itself runs at any size
+# products of more rows run their cuBLAS forms (the TMA tilings measured no faster than
+# cuBLAS at 128-512 rows); the fused decoder path itself runs at any size
 MAX_ROWS = 64
 # a choice must take <= SKINNY_MARGIN x the time of the one it replaces: cuBLASLt against
-# cuBLAS, and the kernel against the cuBLAS form where kernels launch plainly
-# (GEARSHIFT_SKINNY_MARGIN: one margin for every choice, for experiments)
-_MARGIN_ENV = os.environ.get("GEARSHIFT_SKINNY_MARGIN")
-SKINNY_MARGIN = float(_MARGIN_ENV or "0.97")
+# cuBLAS, and the kernel against the cuBLAS form where kernels launch plainly (a margin of
+# 1.0 or 1.03 gained nothing over run-to-run spread)
+SKINNY_MARGIN = 0.97
 # the kernel against the cuBLAS form where our kernels launch under PDL (kernels/pdl.py).
 # Timed alone, such a kernel cannot show what it gains inside the step: it launches during
 # the previous kernel's tail and prefetches its weights into L2 there, which cuBLAS's
-# kernels do not. Session 19 (H200, 8B, offline at budget 512, three pairs in one lease,
-# GEARSHIFT_SKINNY_MARGIN=1.1 against 0.97): 7,629 / 7,609 / 7,621 against 7,595 / 7,590 /
-# 7,613 tok/s, decode steps 4.61 s against 4.64 s every time; the 64-row o_proj and down
-# went to the TMA kernel (12.5 us alone against cuBLAS's 12.0; 33.0 against cuBLASLt's
-# 30.8); batch 1 4.19 ms either way.
+# kernels do not. Taking the kernel within 10% raised offline throughput a little in every
+# A/B pair, and left batch 1 unchanged.
 PDL_KERNEL_MARGIN = 1.10
 
 
 def kernel_margin(device: torch.device) -> float:
     """The margin the kernel must meet against the cuBLAS form on `device`."""
-    if _MARGIN_ENV:
-        return SKINNY_MARGIN
     return PDL_KERNEL_MARGIN if pdl.enabled(device) else SKINNY_MARGIN
 
 
@@ -78,21 +71,18 @@ _DTYPES = (torch.float16, torch.bfloat16)
 # folded into W (TMA tilings only); acc: out += x @ W.T (the residual stream)
 KINDS = ("plain", "gated", "rms", "gated_rms", "acc")
 # a choice: the cuBLAS form through cuBLASLt (torch.backends.cuda.preferred_blas_library),
-# timed beside torch's default back end. Session 18 (H200, scripts/bench_blas_library.py):
-# at 64 rows cuBLASLt ran the 8B's down in 31.9 us against cuBLAS's 35.1 (the skinny
-# kernel's 33.7) and gate_up in 59.1 against 62.2; equal on qkv, o_proj and lm_head.
+# timed beside torch's default back end: at 64 rows cuBLASLt ran some of the 8B's
+# products (down, gate_up) faster than cuBLAS and the skinny kernel, others equally.
 CUBLASLT = "cublaslt"
 _RMS_KINDS = ("rms", "gated_rms")
-# per row block: a few tilings (session 5's H200 microbenchmark picked the first ones).
-# The wide 8-warp tiling: session 13's, the one 64-row tiling to beat cuBLAS by the margin
-# on an 8B shape (lm_head 4096 -> 128256: 255.6 us against 285.4 us); at 32 rows it is a
-# guess the measurement settles. The 4-warp 64- / 128-column ones: session 14's split-K
-# experiment (scripts/bench_splitk_gemm.py) found gate_up at 64 rows fastest that way
-# (59.8 us against cuBLAS's 63.7); a gated product loads twice the weight rows a column.
-# Session 15 (scripts/bench_tma_gemm.py, 8B shapes on the H200): 6 stages led at one row
-# for o_proj / down, and the TMA tilings at 64 rows for qkv / o_proj / down and at one row
-# for gate_up (56.8 us against the pointer kernel's 60.5); the 32-row TMA ones are guesses
-# between the two. TMA tilings are only timed where the GPU has TMA (`tma_capable`).
+# per row block: a few tilings, the first ones the fastest in a microbenchmark of 8B
+# shapes (benchmarks/bench_skinny.py). The wide 8-warp tiling is the one 64-row tiling to
+# beat cuBLAS by the margin on the 8B's lm_head; at 32 rows it is a guess the measurement
+# settles. The 4-warp 64- / 128-column ones won gate_up at 64 rows (a gated product loads
+# twice the weight rows a column). 6 stages led at one row for o_proj / down; the TMA
+# tilings led at 64 rows for qkv / o_proj / down and at one row for gate_up; the 32-row
+# TMA ones are guesses between the two. TMA tilings are only timed where the GPU has TMA
+# (`tma_capable`).
 CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
     16: (SkinnyConfig(16, 32, 256, 4, 4), SkinnyConfig(16, 16, 256, 4, 4),
          SkinnyConfig(16, 32, 128, 4, 4), SkinnyConfig(16, 32, 256, 4, 6),
@@ -105,6 +95,8 @@ CANDIDATES: dict[int, tuple[SkinnyConfig, ...]] = {
          SkinnyConfig(64, 128, 128, 4, 4), SkinnyConfig(64, 64, 128, 4, 6, tma=True),
          SkinnyConfig(64, 32, 256, 4, 4, tma=True), SkinnyConfig(64, 64, 128, 4, 4, tma=True)),
 }
+
+
 def tma_capable(device: torch.device) -> bool:
     """Tensor-memory-accelerator loads: a CUDA GPU of compute capability >= 9 and a Triton
     with host tensor descriptors."""
@@ -131,10 +123,7 @@ def row_bucket(m: int) -> int:
 
 class SkinnyChooser:
     def __init__(self, mode: str | None = None) -> None:
-        mode = (mode or os.environ.get("GEARSHIFT_SKINNY_GEMM", "auto")).lower()
-        if mode not in ("auto", "off", "on"):
-            raise ValueError(f"GEARSHIFT_SKINNY_GEMM must be auto, off or on, not {mode!r}")
-        self.mode = mode
+        self.mode = env.SKINNY_GEMM.get(mode)  # `mode`, else GEARSHIFT_SKINNY_GEMM
         self.table: dict[tuple, SkinnyConfig | str | None] = {}
         self.timings: dict[tuple, dict[str, float]] = {}  # key -> {candidate: ms per call}
         self.skipped_in_capture = 0
@@ -178,8 +167,8 @@ class SkinnyChooser:
                 continue
             fns[_name(cfg)] = lambda cfg=cfg: kernel(cfg)
         # interleaved rounds, the fastest of each: a clock ramp or a slow replay during one
-        # candidate's timing must not decide (session 14: cuBLAS, timed first, read 15.0 us
-        # at qkv / 1 row in one start-up and 19.5 in another, and lost to the kernel there)
+        # candidate's timing must not decide (cuBLAS, timed first, once read 30% slow and
+        # lost to the kernel)
         for _ in range(_ROUNDS):
             self._evict_ms = None
             for name, fn in fns.items():
@@ -215,7 +204,7 @@ def graph_ms(fn, flush: torch.Tensor, repeats: int = _REPEATS) -> float:
     """ms per (evict L2, fn): `repeats` of them captured in one CUDA graph, the median of
     three replays. The eviction reads `flush` (>= the L2 size; a read leaves no dirty
     lines to write back inside the timed call). kernel_ms takes the eviction's time out.
-    Also used by the kernel benches in scripts/."""
+    Also used by the kernel micro-benchmarks in benchmarks/."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -27,15 +27,14 @@ their shared prefix blocks can be served from L2.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from gearshift import env
 from gearshift.kernels.decode import alloc_decode_workspace
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = env.triton_interpret()
 _LOG2E = 1.4426950408889634
 
 
@@ -167,9 +166,9 @@ def _tree_merge_kernel(
 def pick_tree_kv_splits(num_tokens: int, num_kv_heads: int, sm_count: int = 132,
                         max_kv_splits: int = 32) -> int:
     """KV splits of the prefix for `num_tokens` query tokens: enough stage-1 programs for
-    ~4 waves, a power of two (host ints only: graph-safe). The rule issue 4's VERIFY steps
-    were measured with (decode's own, pick_num_kv_splits, aims at ~2 waves since session
-    13; the tree kernel's splits have not been re-measured)."""
+    ~4 waves, a power of two (host ints only: graph-safe). Decode's own rule
+    (pick_num_kv_splits) aims at ~2 waves, measured faster there; the tree kernel's splits
+    have not been re-measured under it."""
     wanted = triton.cdiv(4 * sm_count, max(num_tokens * num_kv_heads, 1))
     return max(1, min(max_kv_splits, triton.next_power_of_2(wanted)))
 

@@ -4,14 +4,12 @@
 Data flow: models/llama.py composes these; Attention hands q/k/v and RotaryEmbedding's
 cos/sin tables to the attention backend chosen by the runner (`rope_store_attend`:
 rotate, write K/V to the slot pool, attend; the Triton backend's decode does all three in
-one kernel). With the norm weights folded into the
-products after them (LlamaForCausalLM.fold_norms), small steps run
-DecoderLayer.forward_fused instead of forward:
+one kernel). With the norm weights folded into the products after them
+(LlamaForCausalLM.fold_norms), every step runs DecoderLayer.forward_fused instead of
+forward:
 
     forward:        add+norm -> qkv -> attn -> o_proj -> add+norm -> gate_up -> down
     forward_fused:  qkv(rms) -> attn -> o_proj(+= r) -> gate_up(rms) -> down(+= r)
-
-(the H200 session-15 figures are in docs/benchmarks/2026-11-30-h200-session15.md).
 """
 
 from __future__ import annotations

@@ -40,9 +40,8 @@ class LlamaForCausalLM(nn.Module):
         product before it (DecoderLayer.forward_fused). Up to skinny_select.MAX_ROWS tokens
         the skinny kernels do both in one launch where the chooser takes them; larger
         steps run cuBLAS with the norm kernel first (RMSNorm alone: x is already the
-        residual stream) and the add in cuBLAS's epilogue (addmm_). Session 19 (H200, 8B,
-        offline at budget 512, one lease): 7,386 / 7,388 tok/s against 7,363 / 7,367 with
-        add + RMSNorm kernels above 64 tokens, the 291 mixed steps 4.09 s against 4.11-4.12."""
+        residual stream) and the add in cuBLAS's epilogue (addmm_), which measured a little
+        faster than the add + RMSNorm kernels there."""
         if self.norms_folded:
             return
         for layer in self.layers:
@@ -80,10 +79,9 @@ class LlamaForCausalLM(nn.Module):
         # (`out`: written there, the fp32 conversion in the same pass; `mm_out`: [B, vocab]
         # in the model dtype for the product itself, so that no new one is allocated).
         # fp32=False: the product in the model dtype, for the sampler, which converts each
-        # logit to fp32 as it reads it (the same tokens without a [B, vocab] fp32 copy:
-        # 25 us a 64-row step for the 8B on the H200, session 18).
+        # logit to fp32 as it reads it (the same tokens without a [B, vocab] fp32 copy).
         # The product goes through ops.linear: on CUDA the skinny GEMM where it measured
-        # faster (at 64 rows on the H200, 256 against 285 us for the 8B's lm_head).
+        # faster than cuBLAS (the 8B's lm_head at 64 rows).
         x = self.norm(hidden)
         if out is None:
             logits = linear(x, self.lm_head)

@@ -29,10 +29,11 @@ logit -inf), then race like every other row.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
+
+from gearshift import env
 
 HASH_MUL = 0x45D9F3B  # < 2**27: products of 32-bit values stay inside int64
 STEP_OFFSET = 0x9E3779B  # added to the output index before hashing
@@ -126,7 +127,7 @@ def sample_ref(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
 
 
 # GEARSHIFT_SAMPLER=torch: the torch path on CUDA too (an escape hatch for new GPU types)
-_TORCH_ONLY = os.environ.get("GEARSHIFT_SAMPLER", "").lower() == "torch"
+_TORCH_ONLY = env.SAMPLER.get() == "torch"
 
 
 def sample(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
+from gearshift import env
 from gearshift.config import ConfigError
 
 log = logging.getLogger("gearshift.server")
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_waiting < 1 or args.max_body_bytes < 1:
         raise ConfigError("--max-waiting and --max-body-bytes must be >= 1")
-    api_key = args.api_key or os.environ.get("GEARSHIFT_API_KEY") or None
+    api_key = args.api_key or env.API_KEY.get() or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("binding %s without an API key: anyone who can reach it can use it",
                     args.host)

@@ -1,8 +1,7 @@
 """GPU tier: the skinny GEMM inside the model (bf16). With every few-row product forced
 through the kernel (`on`, the MLP's gate_up with its SiLU fused) the decoder layers'
-outputs match cuBLAS's (`off`); `auto`
-measures each shape once, outside CUDA-graph captures (the graph warm-up runs do it),
-and reports its choices."""
+outputs match cuBLAS's (`off`); `auto` measures each shape once, outside CUDA-graph
+captures (the graph warm-up runs do it), and reports its choices."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def test_one_split_writes_the_output_without_a_merge(slot_pool, device, monkeypa
 
 @pytest.mark.parametrize("blocks", [(16, 1, 1), (32, 2, 1)])
 def test_decode_kernel_block_override(slot_pool, device, blocks):
-    """The stage-1 block override (scripts/bench_decode_attn.py tunes with it): any KV block
+    """The stage-1 block override (benchmarks/bench_decode_attn.py tunes with it): any KV block
     length gives the same attention, split lengths rounded to it."""
     num_heads, num_kv_heads, head_dim = 8, 2, 64
     kv, rows = slot_pool(SEQ_LENS, num_kv_heads, head_dim, seed=2)
@@ -104,6 +104,22 @@ def test_decode_kernel_block_override(slot_pool, device, blocks):
     decode_attention(q, kv.k[0], kv.v[0], kv.req_to_token, fb.req_pool_indices, fb.seq_lens,
                      0.125, out, num_kv_splits=4, blocks=blocks)
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 4])
+def test_decode_empty_sequence_writes_zeros(slot_pool, device, num_kv_splits):
+    """seq_len 0: every split is empty and stores nothing, yet the request's output is
+    written (zeros), by the merge or by the single split."""
+    seq_lens = [4, 0]
+    kv, rows = slot_pool(seq_lens, 1, 32, seed=12)
+    fb = decode_batch(kv, rows, seq_lens)
+    q = torch.randn(2, 2, 32, device=device)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, kv.k[0], kv.v[0], kv.req_to_token, fb.req_pool_indices, fb.seq_lens,
+                     0.2, out, num_kv_splits=num_kv_splits)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    torch.testing.assert_close(out[0], TorchBackend(kv, 0.2).decode(q, 0, fb)[0],
+                               atol=1e-4, rtol=1e-4)
 
 
 def test_decode_padded_rows_point_at_dummy_slot(slot_pool, device):
@@ -153,7 +169,7 @@ def test_pick_num_kv_splits_depends_only_on_batch_shape():
     assert {bs: pick_num_kv_splits(bs, 8, sm_count=132) for bs in expected} == expected
     assert pick_num_kv_splits(1, 8, sm_count=132, max_kv_splits=8) == 8
     assert pick_num_kv_splits(1, 8, sm_count=16) == 4
-    # tree attention keeps issue 4's ~4-wave rule
+    # tree attention aims at ~4 waves
     assert pick_tree_kv_splits(64, 8, sm_count=132) == 2 and pick_tree_kv_splits(5, 8) == 16
 
 
@@ -203,9 +219,7 @@ def test_rope_inside_decode_matches_rope_store_then_decode(slot_pool, device, nu
     scale = head_dim ** -0.5
     expected = TorchBackend(ref_kv, scale).rope_store_attend(q.clone(), k.clone(), v, fb.positions,
                                                              cos, sin, 1, fb)
-    backend = TritonBackend(kv, scale)
-    assert backend.decode_rope
-    actual = backend.rope_store_attend(q, k, v, fb.positions, cos, sin, 1, fb)
+    actual = TritonBackend(kv, scale).rope_store_attend(q, k, v, fb.positions, cos, sin, 1, fb)
     torch.testing.assert_close(actual[:len(SEQ_LENS)], expected[:len(SEQ_LENS)],
                                atol=1e-4, rtol=1e-4)
     real = fb.out_cache_loc[:len(SEQ_LENS)]
@@ -238,13 +252,3 @@ def test_rope_inside_decode_any_split_count(slot_pool, device, num_kv_splits):
     torch.testing.assert_close(kv.k, ref_kv.k, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(kv.v, ref_kv.v)
 
-
-def test_decode_rope_knob(slot_pool, monkeypatch):
-    """GEARSHIFT_DECODE_ROPE: fused (default) or separate; anything else is an error that
-    names the knob, not a silent fallback."""
-    kv, _ = slot_pool([4], 1, 16)
-    monkeypatch.setenv("GEARSHIFT_DECODE_ROPE", "separate")
-    assert not TritonBackend(kv, 0.25).decode_rope
-    monkeypatch.setenv("GEARSHIFT_DECODE_ROPE", "fuse")
-    with pytest.raises(ValueError, match="GEARSHIFT_DECODE_ROPE"):
-        TritonBackend(kv, 0.25)

@@ -143,7 +143,7 @@ def test_decode_rows_mixed_with_prefills(slot_pool, device, num_heads, num_kv_he
                                     extend_kernels.ExtendConfig(8, 4, 16, 1, 1, 16, False),
                                     extend_kernels.ExtendConfig(8, 4, 32, 1, 1, 16, True, 16)])
 def test_extend_kernel_config_override(slot_pool, device, config):
-    """A config override (scripts/bench_extend_attn.py tunes with it): other tile heights,
+    """A config override (benchmarks/bench_extend_attn.py tunes with it): other tile heights,
     key blocks, tile-search chunks, decoders on the token tiles (decode_rows off) or on
     the decoder path with their own key block give the same attention."""
     kv, rows = slot_pool([p + n for p, n in REQUESTS], 2, 32, seed=8)
@@ -170,8 +170,8 @@ def test_block_config_depends_on_model_shape_only():
 
 
 def test_decode_heavy_steps_get_the_short_tile(monkeypatch):
-    """Hopper, 16-bit, GQA group 4: decode-heavy steps (measured on the H200, sessions 13
-    and 15) get 8-token tiles; elsewhere both classes share one config. Every config sends
+    """Hopper, 16-bit, GQA group 4: decode-heavy steps (measured faster so) get 8-token
+    tiles; elsewhere both classes share one config. Every config sends
     decoders down the decoder path, over 128-key blocks on a GPU in 16 bits."""
     monkeypatch.setattr(extend_kernels, "_INTERPRET", False)
     config = extend_config.__wrapped__  # uncached: the module's _INTERPRET is patched

@@ -184,10 +184,9 @@ def test_launch_plan_covers_the_vocabulary():
 @pytest.mark.skipif(not HAS_CUDA, reason="compiles happen on a GPU (the interpreter compiles nothing)")
 def test_after_the_warmup_no_step_compiles():
     """The runner's start-up `warmup` compiles every variant: afterwards rows of any count,
-    greedy or sampled, on logits of either warmed dtype, reuse them (session 18: bf16
-    logits for plain steps compiled three variants inside the first offline run). Mixed
-    steps ask for logits of 1..N rows, and a compile is tenths of a second inside a step
-    (session 14: 15 of them, up to 0.46 s a step, in the first offline run before this)."""
+    greedy or sampled, on logits of either warmed dtype (bf16 for plain steps), reuse
+    them. Mixed steps ask for logits of 1..N rows, and a compile is tenths of a second
+    inside a step."""
     from gearshift.kernels.sample import warmup
     from gearshift.runner.jit_log import triton_compiles
 

@@ -6,8 +6,6 @@ MLP's SiLU-and-mul in the same launch) against the unfused torch path; the TMA t
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -62,8 +60,7 @@ def test_wider_row_block():
 
 
 def test_rows_beyond_one_block_tile_over_m():
-    """More rows than a block: row blocks tile M (the last one ragged), for the mid-size
-    GEMMs of scripts/bench_gemm_rows.py."""
+    """More rows than a block: row blocks tile M (the last one ragged), for mid-size GEMMs."""
     _check(37, 48, 96, torch.float16, bias=True, config=SMALL)
     _check(70, 33, 64, torch.float16, bias=False, config=SkinnyConfig(block_m=32, block_n=16, block_k=32))
 
@@ -193,23 +190,10 @@ def test_linear_writes_into_out(monkeypatch):
         ops.linear(x.cpu(), torch.nn.Linear(64, 48).half().requires_grad_(False), out=out.cpu())
 
 
-def test_margin_from_the_environment():
-    import subprocess
-    import sys
-
-    code = "from gearshift.kernels import skinny_select as s; print(s.SKINNY_MARGIN)"
-    run = lambda env: subprocess.run([sys.executable, "-c", code], env=env,  # noqa: E731
-                                     capture_output=True, text=True, check=True).stdout.strip()
-    env = {k: v for k, v in os.environ.items() if k != "GEARSHIFT_SKINNY_MARGIN"}
-    assert run(env) == "0.97"
-    assert run({**env, "GEARSHIFT_SKINNY_MARGIN": "1.03"}) == "1.03"
-
-
 def test_kernel_margin_is_wider_under_pdl(monkeypatch):
     """Where our kernels launch under PDL, the chooser takes one within 10% of the cuBLAS
     form (timed alone it cannot show the overlap it gets in the step); elsewhere it must
-    beat cuBLAS by 3%. cuBLASLt against cuBLAS keeps the 3% either way. The environment's
-    margin, when set, is used for every choice."""
+    beat cuBLAS by 3%. cuBLASLt against cuBLAS keeps the 3% either way."""
     from gearshift.kernels import skinny_select as sel
 
     cfg = SkinnyConfig(16, 32, 256, 4, 4)
@@ -226,7 +210,6 @@ def test_kernel_margin_is_wider_under_pdl(monkeypatch):
     monkeypatch.setattr(sel, "CANDIDATES", {16: (cfg,)})
     monkeypatch.setattr(sel, "skinny_linear", fake_linear)
     monkeypatch.setattr(sel.pdl, "enabled", lambda device: pdl_on[0])
-    monkeypatch.setattr(sel, "_MARGIN_ENV", None)
     chooser = sel.SkinnyChooser("auto")
     monkeypatch.setattr(chooser, "_time", fake_time)
     w = torch.zeros(64, 32, dtype=torch.float16)
@@ -236,16 +219,20 @@ def test_kernel_margin_is_wider_under_pdl(monkeypatch):
     pdl_on[0] = True
     assert sel.kernel_margin(w.device) == sel.PDL_KERNEL_MARGIN == 1.10
     assert chooser._measure(key, w, None) is cfg  # under PDL: the kernel
-    monkeypatch.setattr(sel, "_MARGIN_ENV", "0.97")  # an experiment's margin wins
-    assert sel.kernel_margin(w.device) == sel.SKINNY_MARGIN
-    assert chooser._measure(key, w, None) is None
 
 
-def test_chooser_modes():
+def test_chooser_modes(monkeypatch):
     from gearshift.kernels.skinny_select import SkinnyChooser, row_bucket
 
     with pytest.raises(ValueError, match="GEARSHIFT_SKINNY_GEMM"):
         SkinnyChooser("fast")
+    monkeypatch.setenv("GEARSHIFT_SKINNY_GEMM", "Off")  # read when a chooser is built
+    assert SkinnyChooser().mode == "off" and SkinnyChooser("on").mode == "on"
+    monkeypatch.setenv("GEARSHIFT_SKINNY_GEMM", "fast")
+    with pytest.raises(ValueError, match="GEARSHIFT_SKINNY_GEMM"):
+        SkinnyChooser()
+    monkeypatch.delenv("GEARSHIFT_SKINNY_GEMM")
+    assert SkinnyChooser().mode == "auto"
     assert [row_bucket(m) for m in (1, 2, 3, 5, 16, 17, 64)] == [1, 2, 4, 8, 16, 32, 64]
     x = torch.zeros(2, 32, dtype=torch.float16)
     w = torch.zeros(16, 32, dtype=torch.float16)

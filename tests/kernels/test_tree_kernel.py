@@ -171,7 +171,7 @@ def test_tree_bf16_long_prefix(slot_pool, device, num_heads, num_kv_heads, head_
 
 def test_tree_kernel_takes_broadcast_rows_and_prefix_lens(slot_pool, device):
     """A draft step's rows / prefix lengths can be expanded views (stride 0) of one value
-    per request: the kernel must read them like contiguous tensors (on the H200 it read
+    per request: the kernel must read them like contiguous tensors (on a GPU it once read
     past the 1-element storage: an illegal address; the interpreter segfaulted)."""
     num_heads, num_kv_heads, head_dim = 4, 2, 32
     kv, fb = pool_and_batch(slot_pool, num_kv_heads, head_dim)

@@ -31,8 +31,7 @@ from gearshift.kernels import decode
 from gearshift.kernels import activation, norm, rope, skinny_gemm
 
 DECODE_PTRS = {"ReqToToken": "*i32", "ReqPoolIdx": "*i64", "SeqLens": "*i32", "Work": "*fp32",
-               "Count": "*i32", "Positions": "*i64", "Cos": "*fp32", "Sin": "*fp32",
-               "OutCacheLoc": "*i64"}
+               "Positions": "*i64", "Cos": "*fp32", "Sin": "*fp32", "OutCacheLoc": "*i64"}
 TMA_PTRS = {"x_desc": "tensordesc<bf16[64, 128]>", "w_desc": "tensordesc<bf16[64, 128]>"}
 KERNELS = {  # name -> (jit function, pointer types, constexprs)
     "skinny_tma": (skinny_gemm._skinny_tma_kernel, TMA_PTRS, dict(
@@ -48,12 +47,10 @@ KERNELS = {  # name -> (jit function, pointer types, constexprs)
                    dict(HALF=64, BLOCK_H=8, BLOCK_D=64, STORE_KV=True)),
     "decode_split": (decode._decode_split_kernel, DECODE_PTRS,
                      dict(GROUP=4, HEAD_DIM=128, NUM_SPLITS=2, BLOCK_H=16, BLOCK_D=128,
-                          BLOCK_N=64, BLOCK_S=2, DOT_PRECISION="tf32", FUSED_MERGE=False,
-                          ROPE=False)),
+                          BLOCK_N=64, DOT_PRECISION="tf32", ROPE=False)),
     "decode_rope": (decode._decode_split_kernel, DECODE_PTRS,
                     dict(GROUP=4, HEAD_DIM=128, NUM_SPLITS=1, BLOCK_H=16, BLOCK_D=128,
-                         BLOCK_N=64, BLOCK_S=1, DOT_PRECISION="tf32", FUSED_MERGE=False,
-                         ROPE=True)),
+                         BLOCK_N=64, DOT_PRECISION="tf32", ROPE=True)),
 }
 FLOATS = {"eps", "inv_num_cols", "sm_scale_log2"}
 GEMM = skinny_gemm._skinny_gemm_kernel  # its M, N, K are sizes (decode's K is the cache)
