@@ -81,3 +81,22 @@ def test_each_registration_adds_the_subcommand_it_is_named_for():
     assert names(build_parser()) == list(COMMANDS)
     for name in COMMANDS:
         assert names(build_parser(name)) == [name]
+
+
+def test_bench_without_its_extra_stops_at_once_with_the_install_command(monkeypatch, capsys):
+    """rich and matplotlib come with the [bench] extra: without them `gearshift bench ...`
+    says so before running anything (its --help still works)."""
+    import importlib.util
+
+    from gearshift.cli import main
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
+    assert main(["bench", "spec-tax", "--model", "nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert "[bench] extra (matplotlib not installed)" in err
+    assert "pip install 'gearshift[bench]'" in err
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
