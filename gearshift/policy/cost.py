@@ -10,8 +10,8 @@ its measured wall time back (`observe`), which moves the nearest table points to
 (fast for a point's first observations, then by an EMA of the error), so the model tracks
 the real machine (host work and context growth included) without a user-written table.
 
-Data flow: ModelRunner profile -> CostModel; Engine.step -> observe(K, bs, ctx, ms);
-GoodputPolicy.plan -> predict(K, bs, ctx).
+Data flow: ModelRunner profile -> CostModel; Engine.step -> GoodputPolicy.observe ->
+observe(K, bs, ctx, ms); GoodputPolicy.plan -> GearScorer.scores -> predict(K, bs, ctx).
 """
 
 from __future__ import annotations
