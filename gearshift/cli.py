@@ -1,6 +1,10 @@
-"""`gearshift` command line: generate, serve, bench offline|serve, train-tiny-lm,
+"""`gearshift` command line: generate, serve, bench, train-tiny-lm, train-eagle3,
 make-bench-model. Each subcommand lives beside the code it drives and registers itself
 here; bad input ends with a one-line message and exit code 2.
+
+Registration is lazy: `main` reads which subcommand argv names and imports only that one's
+module (the bench and the server pull in torch, uvicorn, ...); `gearshift --help` or an
+unknown name builds every subcommand, so the listing and the errors are argparse's own.
 
 Data flow: argv -> argparse -> subcommand -> LLM / server / bench / train.
 """
@@ -8,10 +12,25 @@ Data flow: argv -> argparse -> subcommand -> LLM / server / bench / train.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import logging
 import sys
 
 from gearshift.engine_args import add_engine_args, engine_kwargs
+
+# subcommand -> "module:function" that adds its parser to the `gearshift` subparsers,
+# in the order `gearshift --help` lists them
+COMMANDS = {
+    "generate": "gearshift.cli:register_generate",
+    "serve": "gearshift.server.cli:register",
+    "bench": "gearshift.bench.cli:register",
+    "train-tiny-lm": "gearshift.train.cli:register_tiny_lm",
+    "train-eagle3": "gearshift.train.cli:register_eagle3",
+    "make-bench-model": "gearshift.train.cli:register_make_bench_model",
+}
+# subcommand -> (the optional extra it needs, the modules that extra brings)
+EXTRAS = {"bench": ("bench", ("rich", "matplotlib"))}
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -26,7 +45,7 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_generate(sub) -> None:
+def register_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate text offline from one or more prompts")
     add_engine_args(p)
     p.add_argument("--prompt", action="append", required=True, help="repeat for several prompts")
@@ -41,23 +60,51 @@ def _register_generate(sub) -> None:
     p.set_defaults(func=_generate)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `gearshift` parser with subcommand `command` only (its module alone is imported),
+    or with every subcommand (None)."""
     parser = argparse.ArgumentParser(prog="gearshift", description=__doc__.split("\n\n")[0])
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
-    _register_generate(sub)
-    from gearshift.bench.cli import register as register_bench
-    from gearshift.server.cli import register as register_serve
-    from gearshift.train.cli import register as register_train
-
-    register_serve(sub)
-    register_bench(sub)
-    register_train(sub)
+    for name, target in COMMANDS.items():
+        if command is None or name == command:
+            module, function = target.split(":")
+            getattr(importlib.import_module(module), function)(sub)
     return parser
 
 
+def named_command(argv: list[str]) -> str | None:
+    """The subcommand argv names, read as the full parser reads it (the top-level options,
+    then the name, then the subcommand's own arguments); None for `gearshift --help`, a
+    typo or an unknown option before the name: the full parser answers those."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--log-level")
+    pre.add_argument("-h", "--help", action="store_true")
+    pre.add_argument("command", nargs="?")
+    pre.add_argument("rest", nargs=argparse.REMAINDER)  # the subcommand's, --help included
+    known, unknown = pre.parse_known_args(argv)
+    if known.help or unknown or known.command not in COMMANDS:
+        return None
+    return known.command
+
+
+def missing_extra(command: str) -> str | None:
+    """Why `command` cannot run here (an extra not installed), or None."""
+    extra, modules = EXTRAS.get(command, ("", ()))
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        return (f"needs the [{extra}] extra ({', '.join(missing)} not installed): "
+                f"pip install 'gearshift[{extra}]'")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(named_command(argv)).parse_args(argv)
+    problem = missing_extra(args.command)
+    if problem:  # before the command runs, not at its first table or plot
+        print(f"gearshift {args.command}: error: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from gearshift.config import ConfigError
     from gearshift.request import SamplingParamsError

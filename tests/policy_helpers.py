@@ -17,11 +17,11 @@ def reqs(n, alpha=None, speculative=True, ctx=100):
     return out
 
 
-def memory_bound_costs(max_k=5, sizes=(1, 8, 64, 256), knee_tokens=256, floor_ms=4.0):
+def memory_bound_costs(num_draft_tokens=5, sizes=(1, 8, 64, 256), knee_tokens=256, floor_ms=4.0):
     """A decode step costs `floor_ms` until the step's tokens pass the knee, then grows
     linearly (an H200-like roofline); K drafts cost bs*(K+1) tokens."""
     m = CostModel()
-    for k in range(max_k + 1):
+    for k in range(num_draft_tokens + 1):
         m.base[k] = [[float(bs), floor_ms * max(1.0, bs * (k + 1) / knee_tokens)] for bs in sizes]
         m.attn_ms_per_token[k] = 0.0
     return m

@@ -19,17 +19,17 @@ def create_policy(config: EngineConfig, cost_model=None, pad=lambda bs: bs) -> P
     from gearshift.policy.threshold import SGLANG_LIKE, VLLM_LIKE, ThresholdPolicy
 
     name = config.spec_policy
-    k = config.num_draft_tokens
+    num_draft_tokens = config.num_draft_tokens
     if name == "off":
         return OffPolicy()
     if name == "always":
-        return AlwaysPolicy(k)
+        return AlwaysPolicy(num_draft_tokens)
     if name == "random":
-        return RandomPolicy(k, seed=config.seed)
+        return RandomPolicy(num_draft_tokens, seed=config.seed)
     if name == "threshold":
-        return ThresholdPolicy(SGLANG_LIKE, k)
+        return ThresholdPolicy(SGLANG_LIKE, num_draft_tokens)
     if name == "threshold-vllm":
-        return ThresholdPolicy(VLLM_LIKE, k)
+        return ThresholdPolicy(VLLM_LIKE, num_draft_tokens)
     if name == "goodput":
-        return GoodputPolicy(cost_model(), k, pad=pad)
+        return GoodputPolicy(cost_model(), num_draft_tokens, pad=pad)
     raise ConfigError(f"unknown spec_policy {name!r} ({', '.join(POLICIES)})")

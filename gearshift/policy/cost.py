@@ -2,16 +2,16 @@
 
     t(K, bs, ctx) = base[K](bs) + attn[K] * ctx_tokens          (milliseconds)
 
-K is a gear: 0 = plain decode, 1..max K = chains, max K + 1 = the engine's draft tree
-(policy/goodput.py). `base[K]` is a piecewise-linear curve over measured batch sizes: profiled at start-up on
-the GPU (target forward over bs*(K+1) tokens plus the draft's steps), or a roofline
-default when nothing was measured. Every executed step feeds its measured wall time back
-(`observe`), which moves the nearest table points towards it (fast for a point's first
-observations, then by an EMA of the error), so the model tracks the real machine (host
-work and context growth included) without a user-written table.
+K is a gear: 0 = plain decode, 1..num_draft_tokens = chains, num_draft_tokens + 1 = the
+engine's draft tree (policy/goodput.py). `base[K]` is a piecewise-linear curve over measured
+batch sizes: profiled at start-up on the GPU (target forward over bs*(K+1) tokens plus the
+draft's steps), or a roofline default when nothing was measured. Every executed step feeds
+its measured wall time back (`observe`), which moves the nearest table points towards it
+(fast for a point's first observations, then by an EMA of the error), so the model tracks
+the real machine (host work and context growth included) without a user-written table.
 
-Data flow: ModelRunner profile -> CostModel; Engine.step -> observe(K, bs, ctx, ms);
-GoodputPolicy.plan -> predict(K, bs, ctx).
+Data flow: ModelRunner profile -> CostModel; Engine.step -> GoodputPolicy.observe ->
+observe(K, bs, ctx, ms); GoodputPolicy.plan -> GearScorer.scores -> predict(K, bs, ctx).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class CostModel:
     # the next ones average in (weight 1/(n+1)) until the EMA rate takes over
     counts: dict[int, list[int]] = field(default_factory=dict)
     # K -> (the points list, its batch sizes): the planner predicts every K every step, and
-    # rebuilding the x list was half of plan()'s host time (CPU profile, session 5)
+    # rebuilding the x list each time would dominate plan()'s host time
     _xs: dict[int, tuple[list, list[float]]] = field(default_factory=dict, repr=False)
     # the draft's catch-up over rows the requests committed at K = 0, ms per row (a prior:
     # the draft's share of the target's per-token cost in its longest profiled forward)
@@ -40,26 +40,26 @@ class CostModel:
     # moves the other speculative gears' points at the same batch sizes, by this share of
     # the EMA step. What moves one gear's wall time (longer contexts, the host's state)
     # moves its neighbours', so a neighbour priced minutes ago must not look cheaper because
-    # the running gear's price followed the drift (simulated, session 9: a 25% drift
-    # tripled goodput's steps at a gear 5% worse). A neighbour's own observations (probes,
-    # explorations) move only its own points: they learn its gap to the running gear.
+    # the running gear's price followed the drift (goodput would then run a worse gear until
+    # its own price caught up). A neighbour's own observations (probes, explorations) move
+    # only its own points: they learn its gap to the running gear.
     shared: float = 1.0
 
     @classmethod
     def roofline(cls, weight_bytes: float, flops_per_token: float, kv_bytes_per_token: float,
-                 max_k: int, batch_sizes: list[int], bandwidth: float = 4.2e12,
+                 num_draft_tokens: int, batch_sizes: list[int], bandwidth: float = 4.2e12,
                  flops: float = 7.0e14, overhead_ms: float = 0.3, draft_frac: float = 0.05,
                  tree_nodes: int = 0) -> CostModel:
         """A prior from first principles: a step streams the weights once and computes every
         token; drafting costs `draft_frac` of a step per draft step. With `tree_nodes`, gear
-        max_k + 1 verifies a tree of that many nodes per request."""
+        num_draft_tokens + 1 verifies a tree of that many nodes per request."""
         m = cls()
-        for k in range(max_k + 1 + bool(tree_nodes)):
+        for k in range(num_draft_tokens + 1 + bool(tree_nodes)):
             pts = []
             for bs in batch_sizes:
-                tokens = bs * (tree_nodes if k > max_k else 1 + k)
+                tokens = bs * (tree_nodes if k > num_draft_tokens else 1 + k)
                 t = max(weight_bytes / bandwidth, tokens * flops_per_token / flops) * 1e3
-                t *= 1 + draft_frac * min(k, max_k)
+                t *= 1 + draft_frac * min(k, num_draft_tokens)
                 pts.append([float(bs), t + overhead_ms])
             m.base[k] = pts
             m.attn_ms_per_token[k] = kv_bytes_per_token / bandwidth * 1e3

@@ -38,32 +38,33 @@ def _time_tokens(runner, num_tokens: int, repeats: int = 3) -> float:
     return (time.perf_counter() - t0) / repeats * 1e3
 
 
-def build_cost_model(runner, max_k: int, max_num_seqs: int, draft_frac: float,
+def build_cost_model(runner, num_draft_tokens: int, max_num_seqs: int, draft_frac: float,
                      tree_nodes: int = 0) -> CostModel:
-    """Gears 0..max_k (plain, chains) and, with `tree_nodes`, max_k + 1 (the draft tree)."""
+    """Gears 0..num_draft_tokens (plain, chains) and, with `tree_nodes`, num_draft_tokens + 1
+    (the draft tree)."""
     cfg = runner.model.config
     params = sum(p.numel() for p in runner.model.parameters())
     elem = next(runner.model.parameters()).element_size()
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem
     sizes = profile_batch_sizes(max_num_seqs)
     if runner.device.type != "cuda":
-        return CostModel.roofline(params * elem, 2.0 * params, kv_per_token, max_k, sizes,
-                                  bandwidth=2e10, flops=1e11, overhead_ms=2.0,
+        return CostModel.roofline(params * elem, 2.0 * params, kv_per_token, num_draft_tokens,
+                                  sizes, bandwidth=2e10, flops=1e11, overhead_ms=2.0,
                                   draft_frac=draft_frac, tree_nodes=tree_nodes)
     model = CostModel()
     cache: dict[int, float] = {}
     limit = runner.max_positions
     plain = {bs: _time_plain(runner, bs) for bs in sizes}
-    for k in range(max_k + 1 + bool(tree_nodes)):
+    for k in range(num_draft_tokens + 1 + bool(tree_nodes)):
         pts = []
         for bs in sizes:
             if k == 0:
                 pts.append([float(bs), plain[bs]])
                 continue
-            tokens = min(bs * (tree_nodes if k > max_k else 1 + k), limit)
+            tokens = min(bs * (tree_nodes if k > num_draft_tokens else 1 + k), limit)
             if tokens not in cache:
                 cache[tokens] = _time_verify(runner, tokens)
-            ms = cache[tokens] + draft_frac * min(k, max_k) * plain[bs] + SPEC_HOST_MS
+            ms = cache[tokens] + draft_frac * min(k, num_draft_tokens) * plain[bs] + SPEC_HOST_MS
             pts.append([float(bs), ms])
         model.base[k] = pts
         model.attn_ms_per_token[k] = kv_per_token / 4.2e12 * 1e3

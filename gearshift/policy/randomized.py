@@ -10,13 +10,13 @@ from gearshift.policy.base import Policy, PolicyView
 
 
 class RandomPolicy(Policy):
-    def __init__(self, max_k: int, seed: int = 0) -> None:
-        self.max_k = max_k
+    def __init__(self, num_draft_tokens: int, seed: int = 0) -> None:
+        self.num_draft_tokens = num_draft_tokens
         self.rng = random.Random(seed)
         self._topk = 1
 
     def plan(self, view: PolicyView) -> list[int]:
-        k = min(self.max_k, view.num_draft_tokens)
+        k = min(self.num_draft_tokens, view.num_draft_tokens)
         self._topk = self.rng.choice((1, view.topk)) if view.topk > 1 else 1
         if self.rng.random() < 0.3:  # whole steps at K=0 too, so the DECODE path is exercised
             return [0] * len(view.requests)

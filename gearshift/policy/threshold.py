@@ -11,12 +11,12 @@ VLLM_LIKE = ((64, 3), (128, 1), (10**9, 0))
 
 
 class ThresholdPolicy(Policy):
-    def __init__(self, table: tuple[tuple[int, int | None], ...], max_k: int,
+    def __init__(self, table: tuple[tuple[int, int | None], ...], num_draft_tokens: int,
                  topk: int | None = None) -> None:
-        self.table, self.max_k, self.topk = table, max_k, topk
+        self.table, self.num_draft_tokens, self.topk = table, num_draft_tokens, topk
 
     def plan(self, view: PolicyView) -> list[int]:
         bs = len(view.requests)
         k = next((k for limit, k in self.table if bs <= limit), 0)
-        k = min(self.max_k if k is None else k, view.num_draft_tokens)
+        k = min(self.num_draft_tokens if k is None else k, view.num_draft_tokens)
         return [k if self.eligible(r) else 0 for r in view.requests]

@@ -1,8 +1,8 @@
 """`gearshift train-tiny-lm`, `gearshift train-eagle3` and `gearshift make-bench-model`.
 
-Data flow: argv -> gearshift/cli.py -> register() here -> tiny_lm.train / eagle3.train /
+Data flow: argv -> gearshift/cli.py -> register_*() here -> tiny_lm.train / eagle3.train /
 widen.make_bench_model (+ widen_eagle3.make_bench_head).
-Heavy imports (torch, transformers) happen only when a subcommand runs.
+The CLI registers only the subcommand it runs; transformers is imported only when it runs.
 """
 
 from __future__ import annotations
@@ -51,20 +51,23 @@ def _make_bench_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the training subcommands to the `gearshift` parser."""
+def register_tiny_lm(sub: argparse._SubParsersAction) -> None:
     from gearshift.train import tiny_lm
 
     p = sub.add_parser("train-tiny-lm", help="train the default tiny Llama target")
     tiny_lm.build_parser(p)
     p.set_defaults(func=_train_tiny_lm)
 
+
+def register_eagle3(sub: argparse._SubParsersAction) -> None:
     from gearshift.train import eagle3
 
     p = sub.add_parser("train-eagle3", help="train an EAGLE-3 draft head for a target model")
     eagle3.build_parser(p)
     p.set_defaults(func=_train_eagle3)
 
+
+def register_make_bench_model(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "make-bench-model",
         help="embed a small trained Llama into a bigger Llama shape (same tokens, big cost)",

@@ -52,13 +52,13 @@ def test_cost_model_shares_the_running_gears_drift_with_its_neighbours():
 
 def test_roofline_prior_turns_compute_bound_with_tokens():
     m = CostModel.roofline(weight_bytes=16e9, flops_per_token=16e9, kv_bytes_per_token=0,
-                           max_k=4, batch_sizes=[1, 64, 256], overhead_ms=0.0, draft_frac=0.0)
+                           num_draft_tokens=4, batch_sizes=[1, 64, 256], overhead_ms=0.0, draft_frac=0.0)
     assert m.predict(0, 1, 0) == pytest.approx(16e9 / 4.2e12 * 1e3)  # weight streaming
     assert m.predict(4, 256, 0) > 5 * m.predict(0, 1, 0)  # 1280 tokens: compute-bound
 
 
 def test_one_outlier_moves_a_cost_point_at_most_twofold():
-    cost = memory_bound_costs(max_k=1)
+    cost = memory_bound_costs(num_draft_tokens=1)
     before = cost.predict(1, 8, 0)
     cost.observe(1, 8, 0, before * 100)  # e.g. a step that compiled or captured something
     assert cost.predict(1, 8, 0) <= 2 * before + 1e-9

@@ -9,23 +9,24 @@ from policy_helpers import memory_bound_costs, reqs
 
 from gearshift.policy.base import PolicyView
 from gearshift.policy.cost import CostModel
-from gearshift.policy.goodput import GoodputPolicy, expected_tokens
+from gearshift.policy.goodput import GoodputPolicy
 from gearshift.policy.randomized import RandomPolicy
+from gearshift.policy.scoring import expected_tokens
 from gearshift.policy.static import AlwaysPolicy, OffPolicy
 from gearshift.policy.threshold import SGLANG_LIKE, VLLM_LIKE, ThresholdPolicy
 
 
-def best_k_bruteforce(cost, alpha, bs, max_k):
-    return max(range(max_k + 1),
+def best_k_bruteforce(cost, alpha, bs, num_draft_tokens):
+    return max(range(num_draft_tokens + 1),
                key=lambda k: bs * expected_tokens(alpha, k) / cost.predict(k, bs, 0))
 
 
-def drive(pol, rs, actual: dict, steps: int, max_k: int = 4) -> list[int]:
+def drive(pol, rs, actual: dict, steps: int, num_draft_tokens: int = 4) -> list[int]:
     """`steps` plans of `pol` for requests `rs`, each step observed at its true cost
     actual[K] -> the K chosen per step."""
     chosen = []
     for _ in range(steps):
-        k = pol.plan(PolicyView(rs, 0, max_k))[0]
+        k = pol.plan(PolicyView(rs, 0, num_draft_tokens))[0]
         chosen.append(k)
         pol.observe(k, len(rs), 0, actual[k])
     return chosen
@@ -51,8 +52,8 @@ def test_goodput_goes_to_zero_when_verification_is_compute_bound():
     assert pol.plan(PolicyView(reqs(256, 0.7, ctx=1), 0, 5)) == [0] * 256
     # and it stays there, but for one exploration step in `explore_every` (bounded loss)
     plans = [pol.plan(PolicyView(reqs(256, 0.7, ctx=1), 0, 5))[0] for _ in range(640)]
-    assert sum(k > 0 for k in plans) <= 640 // pol.explore_every
-    pol.explore_ratio = 0.95  # gears this much worse than the best are never tried
+    assert sum(k > 0 for k in plans) <= 640 // pol.explorer.explore_every
+    pol.explorer.explore_ratio = 0.95  # gears this much worse than the best are never tried
     assert not any(pol.plan(PolicyView(reqs(256, 0.7, ctx=1), 0, 5))[0] for _ in range(640))
     # in between, a shorter chain wins (the knee at 256 tokens: bs 64 -> K = 3)
     ks = pol.plan(PolicyView(reqs(64, 0.7, ctx=1), 0, 5))
@@ -87,7 +88,7 @@ def test_goodput_explores_k0_while_speculating_and_a_bad_prior_is_corrected():
     """The start-up profile can be wrong (e.g. plain decode timed with host overhead that
     CUDA graphs and overlap scheduling hide). One step in `explore_every` at K = 0 measures
     plain decode, and the cost table's first observations replace the prior quickly."""
-    cost = memory_bound_costs(max_k=4)
+    cost = memory_bound_costs(num_draft_tokens=4)
     for p in cost.base[0]:
         p[1] = 20.0  # prior: plain decode looks 5x more expensive than it is
     actual = {0: 4.0, 1: 7.0, 2: 8.0, 3: 9.0, 4: 12.0}  # speculation costs host work
@@ -156,9 +157,9 @@ def test_goodput_keeps_its_gear_when_every_gears_cost_drifts():
 
 
 def test_goodput_explores_neighbour_gears_and_corrects_a_misjudged_one():
-    """The start-up profile overstated K = 4 (as the H200 warm-up seemed to): goodput settles on
+    """The start-up profile overstated K = 4 (as a warm-up on dummy requests can): goodput settles on
     K = 3; its exploration steps also try K + 1, whose measured cost then moves it to K = 4."""
-    cost = memory_bound_costs(max_k=4)
+    cost = memory_bound_costs(num_draft_tokens=4)
     actual = {0: 4.0, 1: 4.6, 2: 4.8, 3: 5.0, 4: 5.2}
     for k, ms in actual.items():
         cost.set_measured(k, [[8.0, ms * (1.25 if k == 4 else 1.0)]])
@@ -171,8 +172,8 @@ def test_goodput_explores_neighbour_gears_and_corrects_a_misjudged_one():
 
 
 def test_goodput_measures_an_unobserved_neighbour_within_its_first_steps():
-    """At a new load level the neighbour gear's cost is only the warm-up's (which overstated
-    K = 4 at batch 2 on the H200: 8.25 ms where real steps took ~7.0). Goodput tries it after
+    """At a new load level the neighbour gear's cost is only the warm-up's (here it overstates
+    K = 4 at batch 2: 8.25 ms where real steps take 7.0). Goodput tries it after
     `fresh_gap` steps, the real step replaces the warm-up figure, and it switches at once,
     instead of waiting for the periodic exploration (one step in explore_every / 2)."""
     cost = CostModel()
@@ -189,13 +190,13 @@ def test_goodput_measures_an_unobserved_neighbour_within_its_first_steps():
     assert cost.observed(4, 2) >= 2 and cost.observed(4, 1) == 0
     # once both neighbours have their online observations, no more fresh explorations
     view = PolicyView(rs, 0, 4)
-    assert pol._unmeasured_neighbour(4, 4, pol.scores(view, 4), 2, view) == 0
+    assert pol.explorer._unmeasured_neighbour(4, 4, pol.scores(view, 4), 2, view) == 0
 
 
 def test_goodput_prior_is_the_population_acceptance_when_measured():
     """A request with no evidence of its own (new, or aged by plain steps) is judged by the
-    acceptance measured over recent requests, not by the fixed prior: at c = 64 on the H200
-    the fixed 0.6 made speculation look worse than plain decode where it was 10% better."""
+    acceptance measured over recent requests, not by the fixed prior, which can make
+    speculation look worse than plain decode where it is better."""
     cost = CostModel()
     for k, ms in {0: 5.1, 1: 8.6, 2: 10.8, 3: 12.0, 4: 14.5}.items():
         cost.set_measured(k, [[64.0, ms]])
@@ -207,7 +208,7 @@ def test_goodput_prior_is_the_population_acceptance_when_measured():
     assert pol.last_prediction["prior_acceptance"] == pytest.approx(806.0 / 1010.0)  # spec_stats
     assert GoodputPolicy(cost, 4).plan(PolicyView(rs, 0, 4, population=(200.0, 1000.0)))[0] == 0
     # little evidence: mostly the fixed prior (one rejected first draft is not the norm)
-    assert GoodputPolicy(cost, 4).population_prior(PolicyView(rs, 0, 4, population=(0.0, 1.0))) \
+    assert GoodputPolicy(cost, 4).scorer.population_prior(PolicyView(rs, 0, 4, population=(0.0, 1.0))) \
         == pytest.approx(6.0 / 11.0)
 
 
@@ -216,7 +217,7 @@ def test_goodput_probes_back_off_while_they_confirm_the_estimate():
     for the next, up to max_backoff x explore_every; a probe that finds the machine changed
     brings the period back to explore_every, and the policy follows the change. (Plain
     decode within explore_ratio of the best: a load where it may soon win.)"""
-    cost = memory_bound_costs(max_k=4)
+    cost = memory_bound_costs(num_draft_tokens=4)
     actual = {0: 2.0, 1: 4.4, 2: 4.8, 3: 5.2, 4: 5.6}
     for k, ms in actual.items():
         cost.set_measured(k, [[8.0, ms]])
@@ -225,7 +226,7 @@ def test_goodput_probes_back_off_while_they_confirm_the_estimate():
     chosen = drive(pol, rs, actual, 2000)
     assert chosen[:3] == [4] * 3
     assert 1 <= chosen[1000:2000].count(0) <= 1000 // 128 + 1  # one probe per 128 steps
-    assert pol._periods[8] == 128
+    assert pol.explorer._periods[8] == 128
     actual[0] = 0.5  # plain decode got 4x cheaper: the next probe is a surprise
     chosen = drive(pol, rs, actual, 800)
     assert chosen[200:400].count(0) >= 200 // 16  # probing at explore_every again
@@ -235,9 +236,9 @@ def test_goodput_probes_back_off_while_they_confirm_the_estimate():
 def test_goodput_probes_back_off_per_batch_size_under_churn():
     """A closed loop alternates batch 2 and 1 as requests finish. Each padded batch size
     backs off on its own once its probes confirm the estimate (one shared period, reset at
-    every change, never backed off: session 5 saw 24 VERIFY probes at c = 128), and probes
-    still come: the count towards the next one is not reset by the churn."""
-    cost = memory_bound_costs(max_k=4)
+    every change, would never back off), and probes still come: the count towards the next
+    one is not reset by the churn."""
+    cost = memory_bound_costs(num_draft_tokens=4)
     actual = {0: 2.0, 1: 4.4, 2: 4.8, 3: 5.2, 4: 5.6}  # plain decode within explore_ratio
     pol = GoodputPolicy(cost, 4, explore_every=16, max_backoff=8, explore_ratio=0.6)
     chosen = []
@@ -247,7 +248,7 @@ def test_goodput_probes_back_off_per_batch_size_under_churn():
         chosen.append(k)
         pol.observe(k, len(rs), 0, actual[k])
     assert 1 <= chosen[1000:].count(0) <= 1000 // 128 + 1  # backed off to one in 128
-    assert pol._periods == {1: 128, 2: 128}
+    assert pol.explorer._periods == {1: 128, 2: 128}
     assert chosen[:200].count(0) >= 3  # it probed while the estimates were new
 
 
@@ -255,8 +256,7 @@ def test_goodput_rechecks_the_gear_it_left_and_returns_when_its_price_was_stale(
     """A pass starts with K = 4 priced 12% over its real steps (a stale point): K = 3 looks
     better and goodput switches. The gear it left is re-measured within fresh_gap steps,
     each such step moving its price by at least explore_rate: goodput is back at K = 4
-    within a few steps, not after the pass (H200, session 9, call E: a whole pass at c = 4
-    ran the tree and K = 3 while K = 4 was best)."""
+    within a few steps, not after the pass."""
     actual = {0: 4.0, 1: 6.9, 2: 7.1, 3: 7.2, 4: 7.8}  # at a = 0.8, K = 4 leads by 5%
     cost = CostModel()
     for k, ms in actual.items():
@@ -264,9 +264,9 @@ def test_goodput_rechecks_the_gear_it_left_and_returns_when_its_price_was_stale(
         cost.attn_ms_per_token[k] = 0.0
     cost.counts = {k: [50] for k in actual}  # long established: EMA-rate updates
     pol = GoodputPolicy(cost, 4, explore_every=64)
-    chosen = drive(pol, reqs(8, 0.8), actual, 2 * pol.fresh_gap + 2)
+    chosen = drive(pol, reqs(8, 0.8), actual, 2 * pol.explorer.fresh_gap + 2)
     assert chosen[0] == 3  # the stale price made K = 3 look better
-    assert chosen[:2 * pol.fresh_gap + 1].count(4) == pol.fresh_obs  # two rechecks
+    assert chosen[:2 * pol.explorer.fresh_gap + 1].count(4) == pol.explorer.fresh_obs  # two rechecks
     assert pol.current_k == 4  # and back
     chosen = drive(pol, reqs(8, 0.8), actual, 300)
     assert chosen.count(4) >= 285  # and it stays (explorations aside)
@@ -278,7 +278,7 @@ def test_goodput_stops_probing_plain_decode_where_it_is_confirmed_far_behind():
     and it scores under explore_ratio of the best, no more probes there. A batch size where
     no probe confirmed it yet is probed, and a plain decode that becomes competitive (load)
     is probed again."""
-    cost = memory_bound_costs(max_k=4)
+    cost = memory_bound_costs(num_draft_tokens=4)
     actual = {0: 4.0, 1: 4.4, 2: 4.8, 3: 5.2, 4: 5.6}  # K = 4 gives 2.4x plain decode
     for k, ms in actual.items():
         cost.set_measured(k, [[1.0, ms], [8.0, ms]])
@@ -357,13 +357,13 @@ def test_goodput_learns_the_catch_up_cost_per_row_from_large_catch_ups():
     rows ~100x too high): only catch-ups of catch_up_min_rows rows or more count."""
     pol = GoodputPolicy(memory_bound_costs(), 5, catch_up_ms_per_row=1.0, catch_up_min_rows=100)
     pol.observe_catch_up(8, 1.0)  # small: ignored
-    assert pol.catch_up_ms_per_row == 1.0
+    assert pol.scorer.catch_up_ms_per_row == 1.0
     pol.observe_catch_up(500, 2.0)  # the first measurement replaces the prior
-    assert pol.catch_up_ms_per_row == pytest.approx(0.004)
+    assert pol.scorer.catch_up_ms_per_row == pytest.approx(0.004)
     pol.observe_catch_up(100, 1.4)  # then an EMA
-    assert pol.catch_up_ms_per_row == pytest.approx(0.004 + 0.2 * (0.014 - 0.004))
+    assert pol.scorer.catch_up_ms_per_row == pytest.approx(0.004 + 0.2 * (0.014 - 0.004))
     pol.observe_catch_up(0, 1.0)  # nothing caught up: ignored
-    assert pol.catch_up_ms_per_row == pytest.approx(0.006)
+    assert pol.scorer.catch_up_ms_per_row == pytest.approx(0.006)
 
 
 def test_goodputs_catch_up_prior_comes_from_the_cost_model():
@@ -371,6 +371,6 @@ def test_goodputs_catch_up_prior_comes_from_the_cost_model():
     target's per-token compute), not from a constant; a measured one replaces it."""
     cost = CostModel.roofline(16e9, 16e9, 1.3e5, 4, [1, 8, 64], flops=8e14, draft_frac=0.05)
     assert cost.catch_up_ms_per_row == pytest.approx(0.05 * 16e9 / 8e14 * 1e3)  # 1 us
-    assert GoodputPolicy(cost, 4).catch_up_ms_per_row == cost.catch_up_ms_per_row
-    assert GoodputPolicy(memory_bound_costs(), 5).catch_up_ms_per_row == 1e-3  # none known
-    assert GoodputPolicy(cost, 4, catch_up_ms_per_row=0.5).catch_up_ms_per_row == 0.5
+    assert GoodputPolicy(cost, 4).scorer.catch_up_ms_per_row == cost.catch_up_ms_per_row
+    assert GoodputPolicy(memory_bound_costs(), 5).scorer.catch_up_ms_per_row == 1e-3  # none known
+    assert GoodputPolicy(cost, 4, catch_up_ms_per_row=0.5).scorer.catch_up_ms_per_row == 0.5

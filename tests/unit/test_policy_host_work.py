@@ -78,7 +78,7 @@ def test_goodput_scores_small_batches_in_python_as_the_arrays_do(n):
     view = PolicyView(rs, 0, 4, population=(30.0, 50.0), topk=4,
                       tree_population=(12.0, 30.0, 10.0, 30.0), draft_catches_up=True)
     fast, arrays = GoodputPolicy(cost, 4), GoodputPolicy(cost, 4)
-    arrays.python_max = 0
+    arrays.scorer.python_max = 0
     a, b = fast.scores(view, 5), arrays.scores(view, 5)
     assert a.keys() == b.keys() == set(range(6))
     for k in a:
@@ -160,7 +160,7 @@ def test_goodput_keeps_its_gear_unscored_across_counts_of_one_padded_batch():
     """A closed loop's churn changes the count of decoding requests most steps, rarely the
     decode graph they pad to: kept plans and prepared scores carry across counts that pad
     to the same graph, and a count that pads to another graph scores."""
-    pol = GoodputPolicy(memory_bound_costs(max_k=4), 4, pad=lambda n: 8 if n > 4 else n,
+    pol = GoodputPolicy(memory_bound_costs(num_draft_tokens=4), 4, pad=lambda n: 8 if n > 4 else n,
                         fresh_obs=0)
     calls = []
     scores = pol.scores

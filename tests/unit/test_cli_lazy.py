@@ -1,0 +1,102 @@
+"""The `gearshift` CLI registers only the subcommand it runs: importing it, or running a
+subcommand, loads no bench or server module (nor torch) unless that subcommand needs them;
+every subcommand's --help still parses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gearshift.cli import COMMANDS, build_parser, named_command
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LOADED = """
+import sys
+print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('gearshift.')}
+             & {'bench', 'server'}), 'torch' in sys.modules)
+"""
+
+
+def _python(code: str) -> str:
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout.strip().splitlines()[-1]
+
+
+def test_importing_the_cli_loads_no_bench_server_or_torch():
+    assert _python("import gearshift.cli\n" + LOADED) == "[] False"
+
+
+@pytest.mark.parametrize("argv,loaded", [
+    (["generate", "--help"], "[] False"),
+    (["make-bench-model", "--help"], "[] False"),
+    (["serve", "--help"], "['server'] False"),
+])
+def test_a_subcommand_loads_only_its_own_modules(argv, loaded):
+    code = ("import contextlib, io\nfrom gearshift.cli import main\n"
+            "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    main({argv!r})\n" + LOADED)
+    assert _python(code) == loaded
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["bench", "--help"], ["offline", "sweep", "spec-tax", "serve"]),
+    (["bench", "sweep", "--help"], ["--policies", "--model"]),
+    (["serve", "--help"], ["--port", "--api-key", "--model"]),
+    (["--help"], list(COMMANDS)),
+])
+def test_help_still_parses(argv, expect):
+    res = subprocess.run([sys.executable, "-m", "gearshift.cli", *argv], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for word in expect:
+        assert word in res.stdout
+
+
+@pytest.mark.parametrize("argv,command", [
+    (["bench", "sweep", "--help"], "bench"),
+    (["--log-level", "DEBUG", "serve", "--port", "1"], "serve"),
+    (["train-eagle3", "-h"], "train-eagle3"),
+    (["--help"], None),
+    (["-h", "bench"], None),  # the top-level help, listing every subcommand
+    (["--bogus", "bench"], None),  # the full parser's error
+    (["benhc"], None),
+    ([], None),
+])
+def test_named_command_reads_argv_as_the_parser_does(argv, command):
+    assert named_command(argv) == command
+
+
+def test_each_registration_adds_the_subcommand_it_is_named_for():
+    """COMMANDS maps a name to the function that registers it: the lazy parser for that name
+    has exactly that subcommand, and the full parser has them all, in order."""
+    def names(parser):
+        return list(parser._subparsers._group_actions[0].choices)
+
+    assert names(build_parser()) == list(COMMANDS)
+    for name in COMMANDS:
+        assert names(build_parser(name)) == [name]
+
+
+def test_bench_without_its_extra_stops_at_once_with_the_install_command(monkeypatch, capsys):
+    """rich and matplotlib come with the [bench] extra: without them `gearshift bench ...`
+    says so before running anything (its --help still works)."""
+    import importlib.util
+
+    from gearshift.cli import main
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
+    assert main(["bench", "spec-tax", "--model", "nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert "[bench] extra (matplotlib not installed)" in err
+    assert "pip install 'gearshift[bench]'" in err
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
