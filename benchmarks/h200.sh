@@ -9,7 +9,8 @@
 # default model, a few tokens): tests/unit/test_benchmarks_h200.py runs it so this cannot rot.
 # COMMIT=<hash> names the commit where the device's copy of the tree has no .git.
 #
-# Steps, each with its own timeout (cap), none past END (585 s) so the call ends in time.
+# Steps, each with its own timeout (cap), none past END (580 s; a step that ignores its
+# SIGTERM is killed 10 s later) so the call ends within its 10 minutes.
 # Estimates come from earlier H200 runs of the same commands:
 #   step          what                                                      estimate  cap
 #   pair          make-bench-model: the 8B-shaped bench target (16 GB on       45 s   80 s
@@ -23,17 +24,17 @@
 #   offline       256 prompts x 512 in / 256 out, <= 64 running, step budget   30 s   70 s
 #                 512: ~10 s start-up, ~9 s timed run
 #   sweep         7 policies at c = 1, 8, 64, 256, 2 rounds x 2 passes        240 s  the rest
-#                 (>= 8 requests a point): ~75 s start-up (load 16 GB, graphs,   (>= 225 s)
+#                 (>= 8 requests a point): ~75 s start-up (load 16 GB, graphs,   (>= 220 s)
 #                 speculation warm-up at 256 sequences), ~10 s settling at
-#                 c = 1, ~35 s untimed warm-ups per point, ~125 s timed
-#   total                                                                   ~440 s  585 s
+#                 c = 1, ~35 s of untimed warm-ups before the points, ~125 s timed
+#   total                                                                   ~440 s  580 s
 # The sweep saves after each concurrency, so a cut sweep keeps its first points.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the output folder}"
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-END=${END:-585}
+END=${END:-580}
 SMOKE=${H200_SMOKE:-0}
 G=(python -m gearshift.cli)
 : > "$OUT/steps.jsonl"
@@ -101,7 +102,7 @@ run_step() {
     echo "[h200] $name: no time left, skipped"
   else
     echo "[h200] $(date -u +%T) $name: start (timeout ${cap} s)"
-    timeout "$cap" "$@" > "$OUT/$name.log" 2>&1
+    timeout -k 10 "$cap" "$@" > "$OUT/$name.log" 2>&1
     rc=$?
     tr '\r' '\n' < "$OUT/$name.log" | grep -v "it/s\]\|s/it\]\|^$" | tail -n 14
     echo "[h200] $name: exit $rc after $((SECONDS - t0)) s"

@@ -154,14 +154,14 @@ def run(args) -> int:
     prompts = make_prompts(llm.tokenizer, eng.model_config.vocab_size, most, args.input_len,
                            args.seed)
     env = environment(llm) | extra
+
+    def save(results: dict) -> None:  # after every concurrency: a cut sweep keeps its points
+        _save(args, results, env)
+        plot(results, args.output_png)
+
     results = sweep(eng, {label.get(n, n): policy_object(n, eng, 4) for n in names}, prompts,
-                    args, bar, done=lambda r: _save(args, r, env))
+                    args, bar, done=save)
     bar.close()
-    for pts in results.values():
-        for p in pts:
-            p.pop("tpot_ms", None)
-    _save(args, results, env)
-    plot(results, args.output_png)
     print_table(results)
     print(markdown_table(results))
     for line in verdict_lines(verdicts(results)):

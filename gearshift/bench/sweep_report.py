@@ -151,12 +151,15 @@ def plot(results: dict, path: str) -> None:
         xs = [p["concurrency"] for p in pts]
         a.plot(xs, [p["output_tok_per_s"] for p in pts], marker="o", label=name)
         b.plot(xs, [p["tpot_ms_median"] for p in pts], marker="o", label=name)
+    concs = sorted({p["concurrency"] for pts in results.values() for p in pts})
     for ax, title in ((a, "output tokens/s"), (b, "time per output token (ms, median)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(concs, [str(c) for c in concs])
+        ax.minorticks_off()
         ax.set_xlabel("concurrency")
         ax.set_title(title)
         ax.grid(alpha=0.3)
     a.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
