@@ -66,18 +66,19 @@ else
   SWEEP=(--concurrency 1,8,64,256 --rounds 2 --passes 2 --min-requests 8)
 fi
 
-python - "$OUT/meta.json" "$SMOKE" "${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" <<'PY'
+python - "$OUT" "$SMOKE" "${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" <<'PY'
 import json, subprocess, sys
 from datetime import UTC, datetime
-path, smoke, commit = sys.argv[1:]
+out, smoke, commit = sys.argv[1:]
 try:
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,power.limit,clocks.max.sm",
                           "--format=csv,noheader"], capture_output=True, text=True,
                          timeout=20).stdout.strip() or None
 except (OSError, subprocess.SubprocessError):
     gpu = None
-json.dump({"commit": commit, "smoke": smoke == "1", "gpu": gpu,
-           "started": datetime.now(UTC).isoformat(timespec="seconds")}, open(path, "w"), indent=1)
+json.dump({"commit": commit, "smoke": smoke == "1", "gpu": gpu, "out": out,
+           "started": datetime.now(UTC).isoformat(timespec="seconds")},
+          open(f"{out}/meta.json", "w"), indent=1)
 PY
 
 FAILED=0

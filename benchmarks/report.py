@@ -63,7 +63,8 @@ def command(data: dict, step: str, out: Path) -> str:
     if rec is None:
         return "(not run)"
     cmd = rec["command"].replace("python -m gearshift.cli ", "gearshift ")
-    return cmd.replace(str(out.resolve()) + "/", "$OUT/")
+    run_out = data.get("meta", {}).get("out") or str(out.resolve())  # the device's $OUT
+    return cmd.replace(run_out.rstrip("/") + "/", "$OUT/")
 
 
 def shape(env: dict) -> str:
@@ -81,7 +82,7 @@ def engine_line(env: dict) -> str:
 
 def facts(env: dict, commit: str, cmd: str, model: str, acceptance: str) -> list[str]:
     d = env.get("draft")
-    draft = ([f"- draft: {d['algorithm']} `{Path(d['model'] or 'the embedded head').name}`, up to "
+    draft = ([f"- draft: {d['algorithm']} head `{d['model'] or 'embedded'}`, up to "
               f"K = {d['num_draft_tokens']} drafts, tree width {d['draft_topk']}, engine policy "
               f"`{d['spec_policy']}`"] if d else [])
     return [f"- device: {env['device']}; date: {env['date'][:10]}; commit: `{commit[:12]}`; "

@@ -48,7 +48,8 @@ def _fake_out(out: Path) -> None:
     draft = {"algorithm": "eagle3", "model": "/tmp/pair/head", "num_draft_tokens": 4,
              "draft_topk": 1, "spec_policy": "off"}
     (out / "meta.json").write_text(json.dumps({"commit": "0123456789abcdef", "smoke": False,
-                                               "gpu": "NVIDIA H200, 700.00 W, 1980 MHz"}))
+                                               "gpu": "NVIDIA H200, 700.00 W, 1980 MHz",
+                                               "out": "/device/out"}))
     plain = {"input_len": 1024, "output_len": 128, "env": _env("llama-3.1-8b", "dummy"),
              "decode_by_batch": _decode([4.2, 5.6, 8.1], [4.15, 5.6, 8.1])}
     b = {**plain, "env": _env("llama-3.1-8b", "dummy", draft), "spec": {"proposed": 0},
@@ -72,7 +73,7 @@ def _fake_out(out: Path) -> None:
     g = "python -m gearshift.cli"
     steps = [("pair", f"{g} make-bench-model --shape llama-3.1-8b --out /tmp/pair/target"),
              ("decode_plain", f"{g} bench offline --preset llama-3.1-8b --load-format dummy "
-                              f"--batch-sizes 1,32,128 --output-json {out.resolve()}/decode_plain.json"),
+                              "--batch-sizes 1,32,128 --output-json /device/out/decode_plain.json"),
              ("decode_draft", f"{g} bench offline --draft-model /tmp/pair/head --spec-policy off"),
              ("offline", f"{g} bench offline --num-prompts 256 --max-num-batched-tokens 512"),
              ("sweep", f"{g} bench sweep --concurrency 1,8,64,256")]
