@@ -101,7 +101,8 @@ def missing(data: dict, step: str) -> list[str]:
 
 def model_name(env: dict) -> str:
     if env["load_format"] == "dummy":
-        return f"`{Path(env['model']).stem}` preset, random (dummy) weights"
+        name = Path(env["model"]).name.removesuffix(".json")  # a preset name or its file
+        return f"`{name}` preset, random (dummy) weights"
     return "the bench target (`gearshift make-bench-model`: the embedded default model widened)"
 
 

@@ -104,6 +104,7 @@ def test_page_has_every_figure_and_verdict(tmp_path):
     assert "`gearshift bench offline --preset llama-3.1-8b --load-format dummy --batch-sizes " \
            "1,32,128 --output-json $OUT/decode_plain.json`" in page
     assert "measured acceptance: none: the draft proposed 0 tokens (policy off)" in page
+    assert page.count("- model: `llama-3.1-8b` preset, random (dummy) weights") == 3
     assert "| 1 | 461 (0.60) | 217 | 429 (0.60) | 458 (0.60) | tree-4x4-16 | **1.007** |" in page
     assert "- goodput >= 0.97 x the best other policy at every concurrency: PASS (min 0.993)" in page
     assert "| 32 | 5.600 | 5.880 | **1.0500** | 5.600 | 5.700 | 1.0179 |" in page
