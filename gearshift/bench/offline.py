@@ -1,5 +1,14 @@
-"""`gearshift bench offline`: throughput and per-step time of the engine on synthetic
-prompts (random token ids, fixed lengths, ignore_eos), printed as a table and saved as JSON.
+"""`gearshift bench offline`: the engine on synthetic prompts (random token ids, fixed
+lengths, ignore_eos), two ways:
+
+  throughput    N prompts at once (at most --max-num-seqs running, --max-num-batched-tokens
+                a step): output tok/s = N x output_len / wall time of the run, step medians
+  decode table  --batch-sizes 1,32,128: per batch size b, b prompts run to the end; the
+                median wall (and device) time of the full-batch DECODE steps. With a draft
+                configured at --spec-policy off, the same table against one without a
+                draft is the tax of idle speculation (benchmarks/report.py divides them)
+
+Prints a table and writes JSON (with the environment: device, model shape, engine flags).
 
 Data flow: args -> LLM -> Engine.add_request x N -> Engine.step() loop timed per step
 (each step ends in its one host sync, so wall time per step is the device time).
@@ -8,15 +17,18 @@ Data flow: args -> LLM -> Engine.add_request x N -> Engine.step() loop timed per
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import time
-from datetime import UTC, datetime
 
 import torch
 from tqdm.auto import tqdm
 
+from gearshift.bench import require_extras
+from gearshift.bench.environment import environment
 from gearshift.request import SamplingParams
+from gearshift.runner.jit_log import triton_compiles
+
+SKIP_DECODE_STEPS = 4  # a decode table's first full-batch steps follow the prefill: not steady
 
 
 def synthetic_prompts(n: int, input_len: int, vocab: int, seed: int) -> list[list[int]]:
@@ -26,7 +38,7 @@ def synthetic_prompts(n: int, input_len: int, vocab: int, seed: int) -> list[lis
 
 def run_offline(llm, *, num_prompts: int, input_len: int, output_len: int, seed: int = 0,
                 temperature: float = 0.0, warmup_steps: int = 3,
-                profile: tuple[int, int, str] | None = None) -> dict:
+                profile: tuple[int, int, str] | None = None, progress: bool = True) -> dict:
     """`profile`: (first step, steps, path): those timed steps run under torch.profiler
     (CUDA graphs stay on; their kernels are listed) and a kernel table is written to path.
     Steps under the profiler run slower: don't quote the run's throughput then."""
@@ -41,52 +53,76 @@ def run_offline(llm, *, num_prompts: int, input_len: int, output_len: int, seed:
     for i, p in enumerate(synthetic_prompts(num_prompts, input_len, vocab, seed)):
         engine.add_request(f"bench-{i}", p, params)
     steps: list[dict] = []
-    bar = tqdm(total=num_prompts * output_len, desc="bench offline", unit="tok")
-    t_start = time.perf_counter()
+    bar = tqdm(total=num_prompts * output_len, desc="bench offline", unit="tok", disable=not progress)
     prof = None
-    while engine.has_unfinished_requests():
-        if profile is not None and len(steps) == profile[0]:
-            prof = _start_profiler()
-        if prof is not None and len(steps) == profile[0] + profile[1]:
-            _write_profile(prof, profile[2], steps[profile[0]:])
-            prof = None
-        bs, waiting = engine.num_running(), engine.num_waiting()
-        t0 = time.perf_counter()
-        outs = engine.step()
-        dt = time.perf_counter() - t0
-        last = engine.last_step
-        dev = last.get("device_ms")
-        if engine.overlap and last.get("mode") != "verify":  # it reports the step before it
-            if steps:
-                steps[-1]["device_ms"] = dev
-            dev = None
-        steps.append({"mode": last.get("mode"), "batch_size": last.get("batch_size"),
-                      "device_ms": dev,
-                      "running_before": bs, "waiting_before": waiting,
-                      "time_ms": dt * 1e3, "new_tokens": len(outs)})
-        bar.update(len(outs))
-    elapsed = time.perf_counter() - t_start
+    with triton_compiles() as compiles:
+        t_start = time.perf_counter()
+        while engine.has_unfinished_requests():
+            if profile is not None and len(steps) == profile[0]:
+                prof = _start_profiler()
+            if prof is not None and len(steps) == profile[0] + profile[1]:
+                _write_profile(prof, profile[2], steps[profile[0]:])
+                prof = None
+            bs, waiting = engine.num_running(), engine.num_waiting()
+            t0 = time.perf_counter()
+            outs = engine.step()
+            dt = time.perf_counter() - t0
+            last = engine.last_step
+            dev = last.get("device_ms")
+            if engine.overlap and last.get("mode") != "verify":  # it reports the step before it
+                if steps:
+                    steps[-1]["device_ms"] = dev
+                dev = None
+            steps.append({"mode": last.get("mode"), "batch_size": last.get("batch_size"),
+                          "device_ms": dev,
+                          "running_before": bs, "waiting_before": waiting,
+                          "time_ms": dt * 1e3, "new_tokens": len(outs)})
+            bar.update(len(outs))
+        elapsed = time.perf_counter() - t_start
     if prof is not None:
         _write_profile(prof, profile[2], steps[profile[0]:])
     bar.close()
     decode = [s["time_ms"] for s in steps if s["mode"] == "decode"]
+    extend = [s["time_ms"] for s in steps if s["mode"] == "extend"]
     full_decode = [s["time_ms"] for s in steps if s["mode"] == "decode" and s["waiting_before"] == 0]
     out_tokens = num_prompts * output_len
     return {
         "num_prompts": num_prompts, "input_len": input_len, "output_len": output_len,
         "elapsed_s": elapsed, "output_tok_per_s": out_tokens / elapsed,
         "total_tok_per_s": num_prompts * (input_len + output_len) / elapsed,
-        "steps": len(steps), "decode_steps": len(decode),
+        "steps": len(steps), "decode_steps": len(decode), "extend_steps": len(extend),
+        # where the run's time went: mixed (prefill) steps against plain decode steps
+        "decode_s": sum(decode) / 1e3, "extend_s": sum(extend) / 1e3,
+        "mean_running": statistics.fmean(s["running_before"] for s in steps) if steps else None,
         "decode_step_ms_median": statistics.median(decode) if decode else None,
         "decode_step_ms_mean": statistics.fmean(decode) if decode else None,
         "decode_step_ms_p90": _pct(decode, 0.9),
         "decode_step_ms_median_no_queue": statistics.median(full_decode) if full_decode else None,
         "decode_device_ms_median": _median([s["device_ms"] for s in steps if s["mode"] == "decode"]),
-        "extend_step_ms_median": _median([s["time_ms"] for s in steps if s["mode"] == "extend"]),
+        "extend_step_ms_median": statistics.median(extend) if extend else None,
+        # one-off costs inside the timed run (None: not observable without Triton's hook)
+        "triton_compiles": list(compiles) if compiles.available else None,
         "preemptions": engine.stats()["preemptions"],
         "graphs": engine.stats()["graphs"],  # graphed vs eager steps per mode
         "step_log": steps,
     }
+
+
+def decode_table(llm, batch_sizes: list[int], *, input_len: int, output_len: int, seed: int = 0,
+                 skip: int = SKIP_DECODE_STEPS) -> list[dict]:
+    """Per batch size b: b prompts run to the end (run_offline); the full-batch DECODE steps
+    after the first `skip` give the step's median wall and device time."""
+    rows = []
+    for bs in batch_sizes:
+        r = run_offline(llm, num_prompts=bs, input_len=input_len, output_len=output_len,
+                        seed=seed, progress=False)
+        full = [s for s in r["step_log"] if s["mode"] == "decode" and s["batch_size"] == bs][skip:]
+        wall = [s["time_ms"] for s in full]
+        rows.append({"batch_size": bs, "steps": len(full),
+                     "step_ms_median": statistics.median(wall) if wall else None,
+                     "step_ms_p90": _pct(wall, 0.9),
+                     "device_ms_median": _median([s["device_ms"] for s in full])})
+    return rows
 
 
 def _start_profiler():
@@ -120,23 +156,8 @@ def _pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def environment(llm) -> dict:
-    cfg = llm.engine.config
-    mc = llm.engine.model_config
-    dev = torch.cuda.get_device_name() if cfg.device.startswith("cuda") else platform.processor()
-    return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "device": dev, "torch": torch.__version__, "model": cfg.model,
-        "load_format": cfg.load_format, "dtype": cfg.dtype,
-        "attention_backend": cfg.attention_backend, "cuda_graphs": cfg.use_cuda_graphs,
-        "overlap_schedule": cfg.overlap_schedule,
-        "norms_in_gemms": llm.engine.runner.model.norms_folded,
-        "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
-        "kv_slots": llm.engine.memory_stats()["kv_slots_total"],
-        "model_shape": {"layers": mc.num_layers, "hidden": mc.hidden_size, "heads": mc.num_heads,
-                        "kv_heads": mc.num_kv_heads, "head_dim": mc.head_dim,
-                        "intermediate": mc.intermediate_size, "vocab": mc.vocab_size},
-    }
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
 def print_table(result: dict) -> None:
@@ -147,11 +168,24 @@ def print_table(result: dict) -> None:
     t.add_column("metric")
     t.add_column("value", justify="right")
     for key in ("num_prompts", "input_len", "output_len", "elapsed_s", "output_tok_per_s",
-                "total_tok_per_s", "steps", "decode_steps", "decode_step_ms_median",
-                "decode_step_ms_p90", "decode_step_ms_median_no_queue", "decode_device_ms_median",
-                "extend_step_ms_median", "preemptions"):
-        v = result[key]
-        t.add_row(key, f"{v:.2f}" if isinstance(v, float) else str(v))
+                "total_tok_per_s", "steps", "decode_steps", "extend_steps", "mean_running",
+                "decode_step_ms_median", "decode_step_ms_p90", "decode_step_ms_median_no_queue",
+                "decode_device_ms_median", "extend_step_ms_median", "preemptions"):
+        t.add_row(key, _fmt(result[key]))
+    Console().print(t)
+
+
+def print_decode_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"decode step by batch size ({result['input_len']} prompt tokens, "
+                    f"{result['output_len']} output)")
+    for col in ("batch", "steps", "wall ms (median)", "wall ms (p90)", "device ms (median)"):
+        t.add_column(col, justify="right")
+    for r in result["decode_by_batch"]:
+        t.add_row(str(r["batch_size"]), str(r["steps"]), _fmt(r["step_ms_median"]),
+                  _fmt(r["step_ms_p90"]), _fmt(r["device_ms_median"]))
     Console().print(t)
 
 
@@ -159,23 +193,47 @@ def run(args) -> int:
     from gearshift import LLM
     from gearshift.engine_args import engine_kwargs
 
-    llm = LLM(**engine_kwargs(args))
-    profile = None
-    if args.profile_steps:
-        profile = (args.profile_steps[0], args.profile_steps[1], args.profile_out)
-    result = run_offline(llm, num_prompts=args.num_prompts, input_len=args.input_len,
-                         output_len=args.output_len, seed=args.seed, temperature=args.temperature,
-                         profile=profile)
+    require_extras("rich")
+    kw = engine_kwargs(args)
+    if args.batch_sizes and args.max_num_seqs is None:
+        kw["max_num_seqs"] = max(args.batch_sizes)
+    llm = LLM(**kw)
+    if args.batch_sizes:
+        result = {"input_len": args.input_len, "output_len": args.output_len,
+                  "decode_by_batch": decode_table(llm, args.batch_sizes, input_len=args.input_len,
+                                                  output_len=args.output_len, seed=args.seed)}
+    else:
+        profile = None
+        if args.profile_steps:
+            profile = (args.profile_steps[0], args.profile_steps[1], args.profile_out)
+        result = run_offline(llm, num_prompts=args.num_prompts, input_len=args.input_len,
+                             output_len=args.output_len, seed=args.seed,
+                             temperature=args.temperature, profile=profile)
     result["env"] = environment(llm)
+    result["engine_stats"] = {k: v for k, v in llm.engine.stats().items() if k != "spec"}
+    if llm.engine.spec is not None:  # a draft at policy off never proposes: proposed stays 0
+        result["spec"] = llm.engine.spec_stats()
     if llm.engine.config.device.startswith("cuda"):
         from gearshift.kernels.skinny_select import CHOOSER
 
         result["skinny_gemm"] = {"mode": CHOOSER.mode, "shapes": CHOOSER.report()}
-    print_table(result)
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(result, f, indent=1)
+    (print_decode_table if args.batch_sizes else print_table)(result)
     return 0
+
+
+def _batch_sizes(text: str) -> list[int]:
+    import argparse
+
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected batch sizes >= 1 like 1,32,128, got {text!r}")
+    return sizes
 
 
 def add_args(p) -> None:
@@ -186,6 +244,9 @@ def add_args(p) -> None:
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--batch-sizes", type=_batch_sizes, default=None,
+                   help="decode table instead of throughput: median full-batch decode step per "
+                        "batch size, e.g. 1,32,128 (--max-num-seqs defaults to the largest)")
     p.add_argument("--output-json", default="bench_offline.json")
     p.add_argument("--profile-steps", type=int, nargs=2, metavar=("FIRST", "COUNT"),
                    help="run timed steps FIRST..FIRST+COUNT-1 under torch.profiler (slows them)")

@@ -21,6 +21,7 @@ import httpx
 from tqdm.auto import tqdm
 
 from gearshift import env
+from gearshift.bench import require_extras
 
 WORDS = ("time gear shift speculative decoding model token batch server quick brown fox jumps "
          "over the lazy dog hello world").split()
@@ -57,6 +58,7 @@ def add_serve_bench_args(p) -> None:
 
 
 def run_serve_bench(args) -> int:
+    require_extras("rich")
     if args.concurrency < 1 or args.num_prompts < 1 or args.input_len < 1 or args.output_len < 1:
         raise ValueError("--concurrency, --num-prompts, --input-len and --output-len must be >= 1")
     if args.request_rate <= 0:

@@ -3,7 +3,7 @@ client disconnects and some malformed requests, on loopback only; stops by itsel
 count or time limit) and checks that nothing answered 5xx, no KV slot leaked and the server
 is still healthy.
 
-    python -m gearshift.bench.soak --model DIR [--num-requests 3000] [--concurrency 32]
+    gearshift bench soak --model DIR [--num-requests 3000] [--concurrency 32]
 
 Data flow: args -> Engine -> AsyncEngine -> app on 127.0.0.1 (BackgroundServer) <- random
 httpx clients; at the end GET /metrics (KV gauges) + /health -> summary table + JSON.
@@ -184,8 +184,7 @@ async def _count_5xx(client: httpx.AsyncClient) -> int:
                    if name.startswith("gearshift_requests_total") and 'status="5' in name))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gearshift.bench.soak", description=__doc__)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model directory (default: embedded model)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-num-seqs", type=int, default=32)
@@ -201,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bad-prob", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", default="soak.json")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     if not 0 < args.time_limit <= 600:
         raise SystemExit("error: --time-limit must be in (0, 600] seconds")
 
@@ -222,12 +223,18 @@ def main(argv: list[str] | None = None) -> int:
             srv.base_url, num_requests=args.num_requests, concurrency=args.concurrency,
             time_limit=args.time_limit, seed=args.seed, disconnect_prob=args.disconnect_prob,
             bad_prob=args.bad_prob))
-    result["config"] = vars(args)
+    result["config"] = {k: v for k, v in vars(args).items() if k != "func"}
     result["engine_stats"] = engine.stats()
     print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=1))
     with open(args.output_json, "w") as f:
         json.dump(result, f, indent=1)
     return 0 if result["passed"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gearshift.bench.soak", description=__doc__)
+    add_args(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

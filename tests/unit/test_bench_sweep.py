@@ -1,5 +1,10 @@
 """`gearshift bench sweep` end to end on CPU with a tiny target + EAGLE-3 head: every policy
-is measured at every concurrency (after an untimed warm-up), JSON and PNG are written."""
+is measured at every concurrency (after an untimed warm-up) in a closed loop of at most c
+requests, JSON, PNG, the markdown table and the criteria verdicts are written; the table and
+verdicts (sweep_report.py) on hand-made results.
+
+Data flow (tests only): tiny checkpoints -> `gearshift bench sweep` / sweep functions -> JSON,
+stdout; fake sweep results -> sweep_report."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from gearshift.bench.sweep import CHAIN_POLICIES
 from gearshift.cli import main
 
 
-def test_sweep_cli_writes_every_point(tmp_path):
+def test_sweep_cli_writes_every_point(tmp_path, capsys):
     target = make_tiny_checkpoint(tmp_path / "t", "llama")
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
     out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
@@ -23,13 +28,19 @@ def test_sweep_cli_writes_every_point(tmp_path):
                "--settle", "0",  # goodput settled on the CPU speculates no more: keep its VERIFYs
                "--output-json", str(out), "--output-png", str(png)])
     assert rc == 0 and png.stat().st_size > 0
-    results = json.loads(out.read_text())["results"]
+    data = json.loads(out.read_text())
+    results = data["results"]
+    printed = capsys.readouterr().out
+    assert "| c | goodput | off |" in printed and "| 3 | " in printed  # the markdown table
+    assert "goodput >= 1.8 x off at c = 1: " in printed  # and the verdicts under it
+    assert [p["concurrency"] for p in data["criteria"]["points"]] == [1, 3]
     assert set(CHAIN_POLICIES) < set(results) and any(k.startswith("tree-") for k in results)
     for name, pts in results.items():
         assert [p["concurrency"] for p in pts] == [1, 3]
         # two passes (interleaved policies) of c * rounds requests each
         assert [p["requests"] for p in pts] == [2, 6]
         assert all(p["output_tok_per_s"] > 0 and len(p["pass_tok_per_s"]) == 2 for p in pts)
+        assert [p["max_running"] for p in pts] == [1, 3]  # the closed loop filled c slots
         assert all(len(p["gc_collections"]) == 3 and p["gc_ms"] >= 0 for p in pts)
         assert all(p["graph_keys_captured"] == [] for p in pts)  # CPU: no graphs
         assert all(p["device_ms_median_by_mode"] == {} for p in pts)  # CPU: no CUDA events
@@ -115,7 +126,8 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
                 "gc_collections": [1, 0, 0], "gc_ms": 0.5}
 
     monkeypatch.setattr(sw, "run_point", fake_point)
-    engine = SimpleNamespace(scheduler=SimpleNamespace(policy=None))
+    engine = SimpleNamespace(policy=None)
+    engine.set_policy = lambda policy: setattr(engine, "policy", policy)
     args = SimpleNamespace(concurrency=[1, 4], rounds=1, passes=2, min_requests=2, output_len=8,
                            settle=1)
     bar = SimpleNamespace(update=lambda n: None)
@@ -147,14 +159,6 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
     assert res["b"][0]["graph_keys_captured"] == []
 
 
-def _prior(path, table: dict) -> str:
-    """A sweep JSON with {policy: {c: tok/s}}."""
-    path.write_text(json.dumps({"results": {
-        name: [{"concurrency": c, "output_tok_per_s": v} for c, v in pts.items()]
-        for name, pts in table.items()}}))
-    return str(path)
-
-
 def test_every_pass_reaches_the_concurrency_and_refills_it():
     """A pass runs c * rounds requests however many passes there are: a point at c = 128 with
     5 rounds and 8 passes was one wave of 80 requests per pass (never 128 running)."""
@@ -170,77 +174,66 @@ def test_every_pass_reaches_the_concurrency_and_refills_it():
     assert per_pass(1, SimpleNamespace(rounds=1, passes=2, min_requests=16)) == 8
 
 
-def test_focus_keeps_goodput_and_the_closest_policies_per_concurrency(tmp_path):
-    from gearshift.bench.sweep_focus import focus_subsets
+def test_closed_loop_keeps_at_most_c_requests_in_the_engine(make_llm, tiny_llama_dir):
+    """The sweep's closed loop adds the next prompt when one finishes: never more than c
+    requests in the engine (none queued), c running once it filled, every prompt served."""
+    from gearshift.bench.sweep_point import closed_loop
+    from gearshift.request import SamplingParams
 
-    labels = ["goodput", "off", "always-2", "always-4", "tree"]
-    a = _prior(tmp_path / "a.json", {"goodput": {1: 9, 64: 9}, "off": {1: 2, 64: 10},
-                                     "always-2": {1: 6, 64: 9}, "always-4": {1: 8, 64: 7},
-                                     "tree": {1: 9, 64: 3}})
-    b = _prior(tmp_path / "b.json", {"off": {1: 2, 64: 9}, "always-2": {1: 7, 64: 10},
-                                     "always-4": {1: 9, 64: 7}, "tree": {1: 8, 64: 3}})
-    got = focus_subsets([a, b], 2, [1, 64, 256], labels)
-    assert got[1] == ["goodput", "always-4", "tree"]  # mean ratio to the best: 0.94, 0.94
-    assert got[64] == ["goodput", "off", "always-2"]
-    assert got[256] == labels  # not measured before: everything runs
-    assert focus_subsets([a], 1, [64], labels)[64] == ["goodput", "off"]
+    llm = make_llm(tiny_llama_dir)
+    engine = llm.engine
+    prompts = [[5 + i, 6, 7, 8] for i in range(7)]
+    seen, done = [], []
 
+    def on_step(outs):
+        seen.append((engine.num_running(), engine.num_waiting()))
+        done.extend(o.request_id for o in outs if o.finished)
 
-def test_focus_run_measures_only_the_kept_policies(tmp_path, capsys):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    target = make_tiny_checkpoint(tmp_path / "t", "llama")
-    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
-    prior = _prior(tmp_path / "prior.json", {"off": {1: 5}, "always-2": {1: 9},
-                                             "always-4": {1: 8}, "threshold": {1: 1}})
-    out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
-    base = ["bench", "sweep", "--model", str(target), "--draft-model", str(head),
-            "--device", "cpu", "--rounds", "1", "--input-len", "6", "--output-len", "4",
-            "--min-requests", "2", "--tree-topk", "1", "--output-json", str(out),
-            "--output-png", str(png)]
-    assert main([*base, "--concurrency", "1,2", "--focus", prior]) == 0
-    data = json.loads(out.read_text())
-    ran = {name: [p["concurrency"] for p in pts] for name, pts in data["results"].items()}
-    assert ran["goodput"] == [1, 2] and ran["always-2"] == [1, 2] and ran["always-4"] == [1, 2]
-    assert ran["off"] == [2] and ran["threshold"] == [2]  # c = 2 was not in the prior
-    assert data["env"]["focus"]["1"] == ["goodput", "always-2", "always-4"]
-    script = Path(__file__).resolve().parents[2] / "scripts" / "sweep_table.py"
-    table = subprocess.run([sys.executable, str(script), str(out)],
-                           capture_output=True, text=True, check=True).stdout
-    assert "| 1 | " in table and " - |" in table  # a gap where a policy did not run
-    assert "per pass: median, min" in table  # goodput / the best other, paired per pass
-    for bad, message in ((str(tmp_path / "missing.json"), "cannot read sweep JSON"),
-                         (str(target / "config.json"), "is not a sweep JSON")):
-        with pytest.raises(SystemExit) as e:
-            main([*base, "--concurrency", "1", "--focus", bad])
-        assert e.value.code != 0 and message in capsys.readouterr().err
+    closed_loop(engine, prompts, 3,
+                lambda i: SamplingParams(max_tokens=2 + i % 3, temperature=0.0, ignore_eos=True),
+                on_step)
+    assert len(done) == 7 and not engine.has_unfinished_requests()
+    assert all(running + waiting <= 3 for running, waiting in seen)
+    assert max(running for running, _ in seen) == 3
 
 
-def test_sweep_table_merges_the_halves_of_a_sweep(tmp_path):
-    """Two device calls measure c <= 16 and c >= 32: the table (geomeans against every
-    policy) comes from both; a concurrency in both files is refused."""
-    import subprocess
-    import sys
-    from pathlib import Path
+def _point(c: int, tps: float, acc: float | None = 0.5, passes=None, **extra) -> dict:
+    return {"concurrency": c, "output_tok_per_s": tps, "acceptance_rate": acc,
+            "pass_tok_per_s": passes or [tps, tps], **extra}
 
-    def point(c, v):
-        return {"concurrency": c, "output_tok_per_s": v, "acceptance_rate": 0.5,
-                "pass_tok_per_s": [v, v]}
 
-    low, high = tmp_path / "low.json", tmp_path / "high.json"
-    low.write_text(json.dumps({"results": {"goodput": [point(1, 4.0)], "off": [point(1, 2.0)]}}))
-    high.write_text(json.dumps({"results": {"goodput": [point(32, 9.0)],
-                                            "off": [point(32, 10.0)]}}))
-    script = Path(__file__).resolve().parents[2] / "scripts" / "sweep_table.py"
-    merged = tmp_path / "all.json"
-    table = subprocess.run([sys.executable, str(script), str(high), str(low), "--merged",
-                            str(merged)], capture_output=True, text=True, check=True).stdout
-    assert "| 1 | 4 (0.50) | 2 (0.50) |" in table and "| 32 | 9 (0.50) | 10 (0.50) |" in table
-    assert "goodput geomean / other policies: off 1.342" in table  # sqrt(4 * 9 / (2 * 10))
-    res = json.loads(merged.read_text())["results"]
-    assert [p["concurrency"] for p in res["goodput"]] == [1, 32]
-    dup = subprocess.run([sys.executable, str(script), str(low), str(low)], capture_output=True,
-                         text=True)
-    assert dup.returncode != 0 and "in more than one file" in dup.stderr
+def test_sweep_report_table_and_verdicts():
+    """goodput / best other per concurrency, paired per pass, goodput's K mix (tree steps
+    apart), geometric means of the policies measured everywhere, "-" where a cut sweep has no
+    point, and both criteria with their thresholds."""
+    from gearshift.bench.sweep_report import markdown_table, verdict_lines, verdicts
+
+    results = {
+        "goodput": [_point(1, 420.0, 0.2, [400.0, 440.0], request_steps_by_k={4: 10},
+                           request_steps_tree=6),
+                    _point(64, 9_900.0, 0.6, [9_800.0, 10_000.0])],
+        "off": [_point(1, 200.0, None), _point(64, 10_000.0, None, [10_000.0, 9_900.0])],
+        "tree": [_point(1, 410.0, 0.15, [420.0, 400.0])],  # cut before c = 64
+    }
+    v = verdicts(results)
+    assert [p["best_other"] for p in v["points"]] == ["tree", "off"]
+    assert v["points"][0]["goodput_over_best"] == 420.0 / 410.0
+    assert v["points"][0]["paired_median"] == (400 / 420 + 440 / 400) / 2
+    assert v["points"][1]["paired_min"] == 0.98
+    assert v["min_goodput_over_best"] == 0.99 and v["goodput_within_best"] is True
+    assert v["goodput_over_off_c1"] == 2.1 and v["goodput_beats_off_c1"] is True
+    assert set(v["geomean"]) == {"goodput", "off"}  # the cut policy has no geomean
+    table = markdown_table(results)
+    assert "| c | goodput | off | tree | best other | goodput / best |" in table
+    assert "| 1 | 420 (0.20) | 200 | 410 (0.15) | tree | **1.024** |" in table
+    assert "| 64 | 9,900 (0.60) | 10,000 | - | off | **0.990** | 0.995, 0.980 |" in table
+    assert "4: 4, tree: 6" in table
+    assert verdict_lines(v) == [
+        "goodput >= 0.97 x the best other policy at every concurrency: PASS (min 0.990)",
+        "goodput >= 1.8 x off at c = 1: PASS (2.10)"]
+    slow = {**results, "goodput": [_point(1, 300.0), _point(64, 9_000.0)]}
+    assert verdict_lines(verdicts(slow)) == [
+        "goodput >= 0.97 x the best other policy at every concurrency: FAIL (min 0.732)",
+        "goodput >= 1.8 x off at c = 1: FAIL (1.50)"]
+    no_c1 = verdicts({q: pts[1:] for q, pts in results.items()})
+    assert no_c1["goodput_over_off_c1"] is None and no_c1["goodput_beats_off_c1"] is None

@@ -30,3 +30,13 @@ def test_short_soak_passes():
 def test_soak_refuses_non_loopback():
     with pytest.raises(ValueError, match="loopback"):
         asyncio.run(soak("http://10.0.0.1:8000", num_requests=1, concurrency=1, time_limit=1))
+
+
+def test_soak_is_a_bench_command():
+    from gearshift.bench import soak as soak_module
+    from gearshift.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "soak", "--num-requests", "5", "--time-limit", "30"])
+    assert args.func is soak_module.run and args.num_requests == 5 and args.device == "cpu"
+    with pytest.raises(SystemExit, match="time-limit must be in"):  # before any engine is built
+        soak_module.run(build_parser().parse_args(["bench", "soak", "--time-limit", "700"]))

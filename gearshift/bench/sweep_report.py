@@ -1,0 +1,165 @@
+"""What a `gearshift bench sweep` says: the markdown table (output tok/s and acceptance per
+policy and concurrency, goodput / the best other policy, paired per pass, goodput's K mix,
+geometric means), the criteria verdicts, a rich table and the PNG plot. Read by
+`bench sweep` itself and by benchmarks/report.py (a partial sweep, cut by a time limit,
+shows "-" where a policy has no point).
+
+Criteria: at every concurrency goodput >= 0.97 x the best other policy; at c = 1 goodput
+>= 1.8 x `off` (speculation pays when the GPU is idle).
+
+Data flow: sweep results {policy: [point per concurrency]} -> table / verdicts / plot.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+BEST_RATIO = 0.97  # goodput / the best other policy, at every concurrency
+OFF_RATIO_C1 = 1.8  # goodput / off at concurrency 1
+
+
+def _by_concurrency(results: dict) -> tuple[dict, list[int]]:
+    at = {q: {pt["concurrency"]: pt for pt in pts} for q, pts in results.items()}
+    return at, sorted({c for q in at for c in at[q]})
+
+
+def verdicts(results: dict) -> dict:
+    """{"points": [{c, best_other, goodput_over_best, paired_median, paired_min}],
+    "min_goodput_over_best", "goodput_within_best" (>= 0.97 at every c goodput ran),
+    "goodput_over_off_c1" and "goodput_beats_off_c1" (None without c = 1), "geomean"}."""
+    at, concs = _by_concurrency(results)
+    points = []
+    for c in concs:
+        row = {q: at[q][c] for q in at if c in at[q]}
+        others = [q for q in row if q != "goodput"]
+        g = row.get("goodput")
+        if g is None or not others:
+            continue
+        best = max(others, key=lambda q: row[q]["output_tok_per_s"])
+        paired = _paired(row)
+        points.append({"concurrency": c, "best_other": best,
+                       "goodput_over_best": g["output_tok_per_s"] / row[best]["output_tok_per_s"],
+                       "paired_median": statistics.median(paired) if paired else None,
+                       "paired_min": min(paired) if paired else None})
+    ratios = [p["goodput_over_best"] for p in points]
+    c1 = at.get("goodput", {}).get(1), at.get("off", {}).get(1)
+    off_ratio = c1[0]["output_tok_per_s"] / c1[1]["output_tok_per_s"] if None not in c1 else None
+    geo = {q: math.exp(statistics.fmean(math.log(pt["output_tok_per_s"]) for pt in at[q].values()))
+           for q in at if len(at[q]) == len(concs)}
+    return {"points": points, "min_goodput_over_best": min(ratios) if ratios else None,
+            "goodput_within_best": bool(ratios) and min(ratios) >= BEST_RATIO,
+            "goodput_over_off_c1": off_ratio,
+            "goodput_beats_off_c1": None if off_ratio is None else off_ratio >= OFF_RATIO_C1,
+            "geomean": geo}
+
+
+def _paired(row: dict) -> list[float]:
+    """Per pass: goodput's tok/s over the best other policy's in the same pass (the same
+    prompts); [] without goodput or per-pass figures."""
+    g = row.get("goodput")
+    others = [pt["pass_tok_per_s"] for q, pt in row.items() if q != "goodput"]
+    if not g or not others or not g.get("pass_tok_per_s"):
+        return []
+    return [x / max(o[i] for o in others) for i, x in enumerate(g["pass_tok_per_s"])
+            if all(i < len(o) for o in others) and max(o[i] for o in others) > 0]
+
+
+def k_mix(point: dict) -> dict:
+    """Goodput's request-steps by K, its tree steps apart (they count under max K)."""
+    mix = {str(k): v for k, v in point.get("request_steps_by_k", {}).items()}
+    tree = point.get("request_steps_tree") or 0
+    if tree and mix:
+        deepest = max(mix, key=int)
+        mix[deepest] -= tree
+        mix = {k: v for k, v in mix.items() if v} | {"tree": tree}
+    return mix
+
+
+def markdown_table(results: dict) -> str:
+    """Output tok/s (acceptance) per policy and concurrency, with goodput's verdict per row."""
+    at, concs = _by_concurrency(results)
+    pols = list(results)
+    v = verdicts(results)
+    per_c = {p["concurrency"]: p for p in v["points"]}
+    lines = ["| c | " + " | ".join(pols) + " | best other | goodput / best "
+             "| per pass: median, min | goodput K mix |",
+             "|---:|" + "---:|" * len(pols) + "---|---:|---|---|"]
+    for c in concs:
+        cells = []
+        for q in pols:
+            pt = at[q].get(c)
+            acc = pt and pt.get("acceptance_rate")
+            cells.append("-" if pt is None else f"{pt['output_tok_per_s']:,.0f}"
+                         + (f" ({acc:.2f})" if acc is not None else ""))
+        p = per_c.get(c)
+        g = at.get("goodput", {}).get(c)
+        paired = (f"{p['paired_median']:.3f}, {p['paired_min']:.3f}"
+                  if p and p["paired_median"] is not None else "-")
+        lines.append(f"| {c} | " + " | ".join(cells) + " | "
+                     + (f"{p['best_other']} | **{p['goodput_over_best']:.3f}**" if p else "- | -")
+                     + f" | {paired} | " + (_mix_text(k_mix(g)) if g else "-") + " |")
+    geo = v["geomean"]
+    lines.append("| geomean | " + " | ".join(f"{geo[q]:,.0f}" if q in geo else "-" for q in pols)
+                 + " | | | | |")
+    return "\n".join(lines)
+
+
+def _mix_text(mix: dict) -> str:
+    return ", ".join(f"{k}: {n}" for k, n in mix.items()) or "-"
+
+
+def verdict_lines(v: dict) -> list[str]:
+    """The criteria in words, one line each."""
+    lines = []
+    if v["min_goodput_over_best"] is not None:
+        lines.append(f"goodput >= {BEST_RATIO} x the best other policy at every concurrency: "
+                     f"{'PASS' if v['goodput_within_best'] else 'FAIL'} "
+                     f"(min {v['min_goodput_over_best']:.3f})")
+    if v["goodput_over_off_c1"] is not None:
+        lines.append(f"goodput >= {OFF_RATIO_C1} x off at c = 1: "
+                     f"{'PASS' if v['goodput_beats_off_c1'] else 'FAIL'} "
+                     f"({v['goodput_over_off_c1']:.2f})")
+    return lines
+
+
+def print_table(results: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="output tok/s by concurrency (acceptance)")
+    t.add_column("policy")
+    _, concs = _by_concurrency(results)
+    for c in concs:
+        t.add_column(str(c), justify="right")
+    for name, pts in results.items():
+        at = {p["concurrency"]: p for p in pts}  # a cut sweep: not every policy at every c
+        t.add_row(name, *[f"{at[c]['output_tok_per_s']:.0f}" + (
+            f" ({at[c]['acceptance_rate']:.2f})" if at[c]["acceptance_rate"] is not None
+            else "") if c in at else "-" for c in concs])
+    Console().print(t)
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, pts in results.items():
+        xs = [p["concurrency"] for p in pts]
+        a.plot(xs, [p["output_tok_per_s"] for p in pts], marker="o", label=name)
+        b.plot(xs, [p["tpot_ms_median"] for p in pts], marker="o", label=name)
+    concs = sorted({p["concurrency"] for pts in results.values() for p in pts})
+    for ax, title in ((a, "output tokens/s"), (b, "time per output token (ms, median)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(concs, [str(c) for c in concs])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    a.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,45 @@
+"""benchmarks/h200.sh end to end in its CPU smoke mode (H200_SMOKE=1: a widened copy of the
+embedded default model, toy sizes): every step runs under its own limit and writes its JSON,
+the sweep its PNG, steps.jsonl the exact commands, and the report renders a page preview.
+So the script that produces docs/benchmarks.md cannot rot between GPU runs.
+
+Data flow (tests only): bash benchmarks/h200.sh (subprocess) -> OUT/* -> assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = ["pair", "decode_plain", "decode_draft", "offline", "sweep"]
+
+
+def test_smoke_run_writes_every_figure(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "H200_SMOKE": "1", "OUT": str(out), "OMP_NUM_THREADS": "1",
+           "COMMIT": "smoketest"}
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "h200.sh")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=170)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == STEPS and all(s["exit"] == 0 for s in steps)
+    assert all(s["command"].startswith("python -m gearshift.cli ") for s in steps)
+    assert all(0 < s["timeout_s"] <= 585 for s in steps)
+    for step in STEPS[1:]:
+        assert (out / f"{step}.json").is_file() and f"[h200] {step}: exit 0" in run.stdout
+    assert (out / "sweep.png").stat().st_size > 0
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert len(sweep["results"]) == 7  # every policy the sweep compares
+    assert [p["concurrency"] for p in sweep["criteria"]["points"]] == [1, 2]
+    plain = json.loads((out / "decode_plain.json").read_text())
+    draft = json.loads((out / "decode_draft.json").read_text())
+    assert [r["batch_size"] for r in plain["decode_by_batch"]] == [1, 2, 4]
+    assert draft["spec"]["proposed"] == 0 and plain["env"]["draft"] is None
+    assert json.loads((out / "meta.json").read_text())["commit"] == "smoketest"
+    page = (out / "benchmarks.md").read_text()
+    assert "> **Smoke run**" in page and "commit `smoketest`" in page
+    assert "Not measured" not in page and (out / "benchmarks_sweep.png").is_file()
+    assert "--output-json $OUT/decode_plain.json`" in page  # commands as run, $OUT spelled out
