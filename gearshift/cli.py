@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import logging
 import sys
 
@@ -29,8 +28,6 @@ COMMANDS = {
     "train-eagle3": "gearshift.train.cli:register_eagle3",
     "make-bench-model": "gearshift.train.cli:register_make_bench_model",
 }
-# subcommand -> (the optional extra it needs, the modules that extra brings)
-EXTRAS = {"bench": ("bench", ("rich", "matplotlib"))}
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -88,23 +85,9 @@ def named_command(argv: list[str]) -> str | None:
     return known.command
 
 
-def missing_extra(command: str) -> str | None:
-    """Why `command` cannot run here (an extra not installed), or None."""
-    extra, modules = EXTRAS.get(command, ("", ()))
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        return (f"needs the [{extra}] extra ({', '.join(missing)} not installed): "
-                f"pip install 'gearshift[{extra}]'")
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(named_command(argv)).parse_args(argv)
-    problem = missing_extra(args.command)
-    if problem:  # before the command runs, not at its first table or plot
-        print(f"gearshift {args.command}: error: {problem}", file=sys.stderr)
-        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from gearshift.config import ConfigError
     from gearshift.request import SamplingParamsError

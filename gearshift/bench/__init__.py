@@ -7,10 +7,12 @@ for them before it measures anything (`require_extras`) and imports them only wh
 from __future__ import annotations
 
 import importlib
+import sys
 
 
 def require_extras(*modules: str) -> None:
-    """Stop with one line when an optional module a bench draws with is not installed."""
+    """Stop (exit code 2) with one line when an optional module a bench draws with is not
+    installed, before anything is measured."""
     missing = []
     for name in modules:
         try:
@@ -18,4 +20,6 @@ def require_extras(*modules: str) -> None:
         except ImportError:
             missing.append(name)
     if missing:
-        raise SystemExit(f"gearshift bench needs {', '.join(missing)}: pip install gearshift[bench]")
+        print(f"gearshift bench: error: needs the [bench] extra ({', '.join(missing)} not "
+              "installed): pip install 'gearshift[bench]'", file=sys.stderr)
+        raise SystemExit(2)

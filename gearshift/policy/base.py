@@ -3,7 +3,7 @@ decode step, the queue) and returns a draft length K per request (0 = plain deco
 The scheduler asks it BEFORE anything is allocated; the plan then fixes K for the step.
 
 Data flow: Scheduler.schedule() -> Policy.plan(view) -> StepPlan.draft_lens;
-SpecWorker (a VERIFY step, before its sync) -> Scheduler.prepare_next -> Policy.prepare(view).
+SpecRunner (a VERIFY step, before its sync) -> Scheduler.prepare_next -> Policy.prepare(view).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class PolicyView:
     requests: list[Request]  # the decode batch, in batch order
     num_waiting: int  # queued requests
     num_draft_tokens: int  # the configured draft depth K (graphs and buffers exist up to it)
-    # acceptance evidence over recent VERIFY outcomes of all requests (SpecWorker): (accepted
+    # acceptance evidence over recent VERIFY outcomes of all requests (SpecRunner): (accepted
     # drafts, accepted + rejections), EMA; the policy's prior for a request with little
     # evidence of its own. None: not measured
     population: tuple[float, float] | None = None

@@ -75,8 +75,8 @@ def pick_bucket(sizes: list[int], n: int) -> int | None:
 
 def fastest_at_or_above(times: dict[int, float]) -> dict[int, int]:
     """size -> the size >= it whose graph replays fastest (itself on ties): a step padded
-    further runs no slower where cuBLAS's tiling of the smaller shape is worse (session
-    18, H200, the 8B's gate_up: 275.7 us at 448 rows against 163.7 at 512)."""
+    further runs no slower where cuBLAS's tiling of the smaller shape is worse than the
+    larger one's (each graph is timed at capture)."""
     route, best = {}, None
     for size in sorted(times, reverse=True):
         if best is None or times[size] <= times[best]:
@@ -251,8 +251,8 @@ class ExtendGraphRunner:
 def copy_into(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
     """dst.copy_(src) for every pair, as one multi-tensor launch per (dst, src) dtype pair
     (torch._foreach_copy_) instead of a launch each: a VERIFY step copies ~35 graph inputs,
-    and on the H200 those launches were ~0.4-0.9 ms of host time per step with the device
-    idle (session 8). Shapes must match (no broadcasting)."""
+    and a launch each is host time while the device idles. Shapes must match (no
+    broadcasting)."""
     groups: dict[tuple, tuple[list, list]] = {}
     for d, s in zip(dsts, srcs, strict=True):
         g = groups.setdefault((d.dtype, s.dtype), ([], []))

@@ -243,7 +243,7 @@ class ModelRunner:
             aux = self._shared_out("aux", t, len(capture) * h, self.dtype) if capture else None
 
             # the lm_head's bf16 product too: a graph keeps its intermediates for itself, and
-            # [T, vocab] per shape ran the H200 out of memory over the warm-up's tree shapes
+            # [T, vocab] per shape would run a GPU out of memory over the warm-up's tree shapes
             mm = self._shared_out("logits_mm", t, self.model.config.vocab_size, self.dtype)
 
             def body(s):  # writes the shared outputs: no [T, vocab] kept alive per shape

@@ -4,7 +4,7 @@ inputs (`greedy_packed`, its batch padded by `pad_greedy_inputs`), the accepted 
 slots written to req_to_token (`record_paths`), and the [B, 2 * D + 4] result the host
 reads in the step's one copy (`pack`).
 
-Data flow: SpecWorker._verify_step -> greedy_packed / verify + pack -> .tolist() (host).
+Data flow: SpecRunner.run -> greedy_packed / verify + pack -> .tolist() (host).
 """
 
 from __future__ import annotations

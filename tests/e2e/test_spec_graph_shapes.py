@@ -196,7 +196,7 @@ def test_verify_step_cost_includes_its_planning(make_llm, tiny_llama_dir):
 def test_graphed_draft_extends_have_one_width(make_llm, tiny_llama_dir, tmp_path):
     """Every graphed draft-extend is K + 1 tokens wide: after VERIFY steps (whatever was
     accepted, a rejected first draft included), and in catch-ups after plain steps. A
-    1-wide family met first in the middle of a run captured graphs there (H200)."""
+    1-wide family met first in the middle of a run would capture graphs there."""
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    num_draft_tokens=3, spec_policy="random")  # random drafts: rejections

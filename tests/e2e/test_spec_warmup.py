@@ -120,8 +120,8 @@ def test_warm_up_measures_the_tree_gear_of_a_tree_engine(make_llm, tiny_llama_di
 def test_serving_replays_what_the_warm_up_captured(make_llm, tiny_llama_dir, tmp_path):
     """Split-K or causal-extend verification of chains is decided on the padded batch (the
     graph's shape): 3 requests padded to 4 rows replay the graphs the warm-up captured at
-    4. Deciding on the 3 real requests took the split-K path there and captured a new graph
-    in the middle of a run (H200, session 7: two captures inside a timed sweep point)."""
+    4. Deciding on the 3 real requests would take the split-K path there and capture a new
+    graph in the middle of a run."""
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    num_draft_tokens=3, spec_policy="always")

@@ -104,7 +104,7 @@ def simulate(cost: CostModel, actual: dict, true, steps: int, paired: bool = Fal
              **kw) -> list[int]:
     """Goodput at batch 1 for `steps` steps: each step observed at actual[gear], its
     acceptance evidence (expected values at true[topk], or true(step)[topk]) recorded as
-    SpecWorker._account would -> the gear of every step. `paired`: tree steps also bring
+    Acceptance.record would -> the gear of every step. `paired`: tree steps also bring
     what their top-1 chain accepted (true[1]), as the request's chain evidence and as the
     population's paired chain evidence; else they age the request's chain evidence."""
     pol = GoodputPolicy(cost, NUM_DRAFT_TOKENS, **kw)

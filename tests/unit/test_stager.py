@@ -1,7 +1,7 @@
 """Stager: host lists to the device in one copy (int64, int32 and float32 parts side by
 side), each part starting 16 bytes after the copy's start times an integer (Triton
 specialises kernels on 16-byte pointer alignment: parts at length-dependent offsets
-recompiled kernels mid-run on the H200)."""
+would recompile kernels mid-run)."""
 
 from __future__ import annotations
 

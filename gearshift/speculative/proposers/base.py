@@ -1,7 +1,7 @@
 """Proposer contract: keep the draft's state current over committed tokens
 (`draft_extend`), and propose a DraftTree for the speculating requests of a step.
 
-Data flow: SpecWorker -> Proposer.draft_extend (after every commit) and
+Data flow: SpecRunner -> Proposer.draft_extend (after every commit) and
 Proposer.propose (VERIFY steps, before the target runs).
 """
 

@@ -1,7 +1,7 @@
 """A separate small draft model (any supported architecture, the target's tokenizer and
 vocabulary) with its own KV cache on the same slot ids.
 
-Data flow: SpecWorker -> draft_extend (draft LM over committed tokens, row t = token t) ->
+Data flow: SpecRunner -> draft_extend (draft LM over committed tokens, row t = token t) ->
 propose: one DRAFT forward over the pending tokens, then drafter.expand.
 """
 

@@ -4,7 +4,7 @@ Draft row t consumes (token t+1, target feature of position t) and predicts toke
 `draft_extend` runs it over newly committed rows and stores, per request, the last row's
 prenorm hidden state: the seed of the next step's depth 1 (its draft logits are computed
 when a VERIFY step proposes, so steps at K = 0 skip the draft lm_head). Single-token
-extends (every request decoding) are graph-safe: SpecWorker replays them as a CUDA graph.
+extends (every request decoding) are graph-safe: SpecRunner replays them as a CUDA graph.
 
 Data flow: target forward (captures aux layers) -> commit -> draft_extend(features) ->
 [next VERIFY step] propose: seeds -> drafter.expand (K-1 head steps) -> DraftTree.

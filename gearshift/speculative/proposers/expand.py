@@ -10,7 +10,7 @@ committed draft KV plus the beam's ancestors' scratch slots), then
 Finally the best (num_verify_tokens - 1) candidates form the tree (ancestors always score
 higher than their descendants, so the selection is ancestor-closed).
 
-Data flow: SpecWorker -> Proposer.propose -> expand(...) -> DraftTree. No host sync;
+Data flow: SpecRunner -> Proposer.propose -> expand(...) -> DraftTree. No host sync;
 with CUDA graphs the whole expansion (all depths, selection, ancestor masks) is one graph
 per shape (`graphed_expand`), so a VERIFY step's drafting launches no eager glue.
 """

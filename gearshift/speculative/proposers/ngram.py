@@ -2,7 +2,7 @@
 request's last n tokens (n from ngram_max down to ngram_min) in its own prompt and
 output, and propose the tokens that followed it.
 
-Data flow: SpecWorker -> NgramProposer.propose (host-side search) -> chain DraftTree.
+Data flow: SpecRunner -> NgramProposer.propose (host-side search) -> chain DraftTree.
 """
 
 from __future__ import annotations
