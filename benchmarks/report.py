@@ -3,7 +3,8 @@
     python benchmarks/report.py OUT [--output docs/benchmarks.md] [--commit HASH]
 
 Each figure comes with its device, date, commit, command, model shape and measured
-acceptance; the sweep's plot is copied beside the page (benchmarks_sweep.png). Criteria:
+acceptance; the sweep's plot is copied beside the page (spec_sweep.png), and the CPU
+figures after the page's KEPT line stay as they are. Criteria:
 goodput >= 0.97 x the best other policy at every concurrency and >= 1.8 x `off` at c = 1
 (gearshift/bench/sweep_report.py), and the spec tax: the decode step with a draft configured
 at spec_policy off over the step without a draft, <= 1.03 at every batch size.
@@ -33,7 +34,9 @@ from gearshift.bench.sweep_report import (  # noqa: E402
 )
 
 TAX_LIMIT = 1.03  # decode step with an idle draft / without one
-PNG_NAME = "benchmarks_sweep.png"
+PNG_NAME = "spec_sweep.png"
+# the page's figures from other machines (CPU runs) follow this line; a new page keeps them
+KEPT = "<!-- Figures below are measured on CPU, not by benchmarks/h200.sh: report.py keeps them. -->"
 FILES = ("meta", "decode_plain", "decode_draft", "offline", "sweep")
 
 
@@ -280,7 +283,13 @@ def run_section(data: dict, out: Path) -> list[str]:
     return lines + [""]
 
 
-def render(data: dict, out: Path, commit: str, png: str | None) -> str:
+def kept_tail(page: Path) -> str:
+    """The CPU figures of an existing page: from the KEPT line to its end ('' if none)."""
+    text = page.read_text() if page.is_file() else ""
+    return text[text.index(KEPT):] if KEPT in text else ""
+
+
+def render(data: dict, out: Path, commit: str, png: str | None, tail: str = "") -> str:
     meta = data.get("meta", {})
     envs = [data[k]["env"] for k in ("decode_plain", "offline", "sweep", "decode_draft") if k in data]
     device = envs[0]["device"] if envs else "an unknown device"
@@ -295,7 +304,7 @@ def render(data: dict, out: Path, commit: str, png: str | None) -> str:
               "", "To reproduce (one device call of under 10 minutes on one H200):", "",
               "```bash", "OUT=out bash benchmarks/h200.sh      # every step below: JSON, logs, "
               "the sweep's PNG under out/",
-              "python benchmarks/report.py out      # this page and benchmarks_sweep.png", "```",
+              "python benchmarks/report.py out      # this page and spec_sweep.png", "```",
               "", "Compare speeds measured on one machine: machines of the same kind differ by a "
               "few percent.", "", "## Summary", ""]
     lines += summary(data)
@@ -304,7 +313,8 @@ def render(data: dict, out: Path, commit: str, png: str | None) -> str:
     lines += sweep_section(data, commit, out, png)
     lines += tax_section(data, commit, out)
     lines += run_section(data, out)
-    return "\n".join(lines).rstrip() + "\n"
+    page = "\n".join(lines).rstrip() + "\n"
+    return page + "\n" + tail if tail else page
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(args.out / "sweep.png", args.output.parent / PNG_NAME)
         png = PNG_NAME
-    page = render(data, args.out, _commit(data.get("meta", {}), args.commit), png)
+    page = render(data, args.out, _commit(data.get("meta", {}), args.commit), png,
+                  kept_tail(args.output))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(page)
     print("\n".join(summary(data)) + f"wrote {args.output}")

@@ -85,10 +85,15 @@ def _fake_out(out: Path) -> None:
 def test_page_has_every_figure_and_verdict(tmp_path):
     out, page_path = tmp_path / "out", tmp_path / "docs" / "benchmarks.md"
     _fake_out(out)
-    assert _report().main([str(out), "--output", str(page_path)]) == 0
+    report = _report()
+    page_path.parent.mkdir()
+    cpu = f"{report.KEPT}\n\n## Server soak (CPU)\n\n0 leaked slots\n"
+    page_path.write_text("# An older page\n\n| old figure | 1 |\n\n" + cpu)
+    assert report.main([str(out), "--output", str(page_path)]) == 0
     page = page_path.read_text()
-    assert (tmp_path / "docs" / "benchmarks_sweep.png").read_bytes() == b"\x89PNG fake"
-    assert "![output tok/s and time per output token against concurrency](benchmarks_sweep.png)" in page
+    assert page.endswith("\n\n" + cpu) and "old figure" not in page  # the CPU part stays
+    assert (tmp_path / "docs" / "spec_sweep.png").read_bytes() == b"\x89PNG fake"
+    assert "![output tok/s and time per output token against concurrency](spec_sweep.png)" in page
     assert "OUT=out bash benchmarks/h200.sh" in page and "python benchmarks/report.py out" in page
     assert "NVIDIA H200 (NVIDIA H200, 700.00 W, 1980 MHz), 2026-12-02, commit `0123456789ab`" in page
     # the summary: batch 1, offline, the sweep's two criteria, the spec tax (worst: 1.05 at 32)
@@ -126,6 +131,6 @@ def test_a_failed_step_is_named_and_its_figure_left_out(tmp_path, capsys):
     assert _report().main([str(out), "--output", str(page_path), "--commit", "feedface"]) == 0
     page = page_path.read_text()
     assert "**Not measured in this run** (step `sweep`: exit 124 after 300 s" in page
-    assert "sweep: goodput" not in page and "](benchmarks_sweep.png)" not in page
+    assert "sweep: goodput" not in page and "](spec_sweep.png)" not in page
     assert "commit `feedface`" in page and "> **Smoke run**" in page
     assert "| spec tax: decode step with an idle draft / without" in capsys.readouterr().out
