@@ -3,7 +3,7 @@
 # call of at most 10 minutes on one H200. From the repository root:
 #
 #     OUT=out bash benchmarks/h200.sh        # JSON, logs and the sweep's PNG under $OUT
-#     python benchmarks/report.py out        # -> docs/benchmarks.md + docs/benchmarks_sweep.png
+#     python benchmarks/report.py out        # -> docs/benchmarks.md + docs/spec_sweep.png
 #
 # H200_SMOKE=1 runs the same steps on the CPU at toy sizes (a widened copy of the embedded
 # default model, a few tokens): tests/unit/test_benchmarks_h200.py runs it so this cannot rot.

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from gearshift.forward_batch import ForwardBatch
-from gearshift.models import ops
+from gearshift.kernels import ops
 
 
 @dataclass

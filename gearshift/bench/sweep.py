@@ -61,8 +61,8 @@ def make_prompts(tokenizer, vocab: int, n: int, input_len: int, seed: int) -> li
 def policy_object(name: str, engine, k_max: int):
     """Chain policies plan chains (topk 1) on a tree-capable engine too; `tree` plans the
     engine's tree; goodput chooses."""
+    from gearshift.engine.cost_profile import build_cost_model
     from gearshift.policy.goodput import GoodputPolicy
-    from gearshift.policy.profile import build_cost_model
     from gearshift.policy.static import AlwaysPolicy, OffPolicy
     from gearshift.policy.threshold import SGLANG_LIKE, VLLM_LIKE, ThresholdPolicy
 
@@ -76,12 +76,12 @@ def policy_object(name: str, engine, k_max: int):
         return ThresholdPolicy(SGLANG_LIKE, k_max, topk=1)
     if name == "threshold-vllm":
         return ThresholdPolicy(VLLM_LIKE, k_max, topk=1)
-    from gearshift.speculative.warmup import apply_measured
+    from gearshift.engine.warmup import apply_measured
 
     cost = build_cost_model(engine.runner, k_max, engine.config.max_num_seqs,
                             engine.spec.draft_frac, engine.spec.tree_nodes)
     policy = GoodputPolicy(cost, k_max, pad=engine.runner.decode_pad)
-    apply_measured(policy, engine.spec.measured_costs)
+    apply_measured(policy, engine.measured_costs)
     return policy
 
 
@@ -146,7 +146,7 @@ def run(args) -> int:
         if args.tree_topk > 1 else {}
     llm = LLM(**kw, num_draft_tokens=4, **tree_kw)
     eng = llm.engine
-    extra = {"warmup_s": _warm_up(eng), "warmup_costs_ms": eng.spec.measured_costs}
+    extra = {"warmup_s": _warm_up(eng), "warmup_costs_ms": eng.measured_costs}
     names = [n for n in args.policies if n != "tree" or tree_kw]
     label = {"tree": f"tree-{args.tree_topk}x4-{args.tree_tokens}"}
     bar = tqdm(total=len(names) * len(args.concurrency), desc="sweep")
@@ -174,7 +174,7 @@ def _warm_up(engine) -> float | None:
     each point sets its own) skipped; -> seconds, None without CUDA graphs."""
     if engine.runner.shape_graphs is None:
         return None
-    from gearshift.speculative.warmup import warm_up_speculation
+    from gearshift.engine.warmup import warm_up_speculation
 
     t0 = time.perf_counter()
     warm_up_speculation(engine)

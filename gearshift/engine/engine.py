@@ -71,8 +71,8 @@ class Engine:
             self.spec = SpecRunner(config, self.runner, self.builder, self.feed)
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
         if self.spec is not None:
+            from gearshift.engine.cost_profile import build_cost_model
             from gearshift.policy import create_policy
-            from gearshift.policy.profile import build_cost_model
 
             speculation = self.spec.speculation()  # after the graphs exist (mixed steps)
             policy = create_policy(
@@ -90,11 +90,12 @@ class Engine:
         self.costs = CostFeedback(self.scheduler, self.spec, self._num_graphs)
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self.step_stats = StepStats()
+        self.measured_costs: dict | None = None  # {gear: [[bs, ms]]}: the warm-up's step times
         if (self.spec is not None and config.spec_warmup and config.spec_policy != "off"
                 and self.runner.shape_graphs is not None):
-            from gearshift.speculative.warmup import warm_up_speculation
+            from gearshift.engine.warmup import warm_up_speculation
 
-            warm_up_speculation(self)
+            warm_up_speculation(self)  # sets measured_costs
         if config.gc_freeze or (config.gc_freeze is None and self.runner.graphs is not None):
             # later collections skip the start-up heap (model, libraries, graphs): no
             # 100 ms full collections at random steps while serving

@@ -19,7 +19,7 @@ from triton.language.extra import libdevice
 from gearshift import env
 from gearshift.kernels import pdl
 from gearshift.kernels.pdl import pdl_enter
-from gearshift.models.reference_ops import silu_and_mul_ref  # noqa: F401 (re-exported)
+from gearshift.kernels.reference import silu_and_mul_ref  # noqa: F401 (re-exported)
 
 _INTERPRET = env.triton_interpret()
 _BLOCK = 1024

@@ -23,7 +23,7 @@ import triton.language as tl
 from gearshift import env
 from gearshift.kernels import pdl
 from gearshift.kernels.pdl import pdl_enter
-from gearshift.models.reference_ops import fused_add_rms_norm_ref, rms_norm_ref  # noqa: F401 (re-exported)
+from gearshift.kernels.reference import fused_add_rms_norm_ref, rms_norm_ref  # noqa: F401 (re-exported)
 
 _INTERPRET = env.triton_interpret()
 _MAX_COLS = 32768  # one row must fit in one program's registers

@@ -30,7 +30,7 @@ import triton.language as tl
 from gearshift import env
 from gearshift.kernels import pdl
 from gearshift.kernels.pdl import pdl_enter
-from gearshift.models.reference_ops import apply_rope_ref  # noqa: F401 (re-exported)
+from gearshift.kernels.reference import apply_rope_ref  # noqa: F401 (re-exported)
 
 _INTERPRET = env.triton_interpret()
 

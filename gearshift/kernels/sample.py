@@ -32,13 +32,13 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from gearshift import env
-from gearshift.runner import sampler
+from gearshift.kernels import counter_rng as rng
 
 _INTERPRET = env.triton_interpret()
-HASH_MUL: tl.constexpr = tl.constexpr(sampler.HASH_MUL)
-STEP_OFFSET: tl.constexpr = tl.constexpr(sampler.STEP_OFFSET)
-U_MAX: tl.constexpr = tl.constexpr(sampler.U_MAX)
-MIN_TEMPERATURE: tl.constexpr = tl.constexpr(sampler.MIN_TEMPERATURE)
+HASH_MUL: tl.constexpr = tl.constexpr(rng.HASH_MUL)
+STEP_OFFSET: tl.constexpr = tl.constexpr(rng.STEP_OFFSET)
+U_MAX: tl.constexpr = tl.constexpr(rng.U_MAX)
+MIN_TEMPERATURE: tl.constexpr = tl.constexpr(rng.MIN_TEMPERATURE)
 NO_INDEX: tl.constexpr = tl.constexpr(2**31 - 1)
 
 

@@ -41,8 +41,8 @@ from gearshift import env
 from gearshift.kernels import pdl
 from gearshift.kernels.activation import silu_and_mul
 from gearshift.kernels.norm import rms_norm
+from gearshift.kernels.reference import linear_ref
 from gearshift.kernels.skinny_gemm import SkinnyConfig, TensorDescriptor, skinny_linear
-from gearshift.models.reference_ops import linear_ref
 
 # products of more rows run their cuBLAS forms (the TMA tilings measured no faster than
 # cuBLAS at 128-512 rows); the fused decoder path itself runs at any size

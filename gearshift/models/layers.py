@@ -22,7 +22,7 @@ from torch import nn
 from gearshift.attention.base import AttentionBackend
 from gearshift.config import ModelConfig, RopeScaling
 from gearshift.forward_batch import ForwardBatch
-from gearshift.models import ops
+from gearshift.kernels import ops
 
 
 class RMSNorm(nn.Module):

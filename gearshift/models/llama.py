@@ -13,8 +13,8 @@ from torch import nn
 from gearshift.attention.base import AttentionBackend
 from gearshift.config import ModelConfig
 from gearshift.forward_batch import ForwardBatch
+from gearshift.kernels.ops import linear
 from gearshift.models.layers import DecoderLayer, RMSNorm, RotaryEmbedding
-from gearshift.models.ops import linear
 
 
 class LlamaForCausalLM(nn.Module):

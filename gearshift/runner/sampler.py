@@ -34,12 +34,14 @@ from dataclasses import dataclass
 import torch
 
 from gearshift import env
-
-HASH_MUL = 0x45D9F3B  # < 2**27: products of 32-bit values stay inside int64
-STEP_OFFSET = 0x9E3779B  # added to the output index before hashing
-U_MAX = 1.0 - 2.0**-24  # the largest float32 below 1
-MIN_TEMPERATURE = 1e-5  # sampled rows divide by max(T, this)
-_M32 = 0xFFFFFFFF
+from gearshift.kernels.counter_rng import (  # noqa: F401 (the sampler's names for its callers)
+    HASH_MUL,
+    MIN_TEMPERATURE,
+    STEP_OFFSET,
+    U_MAX,
+    hash32,
+    seeded_uniform,
+)
 
 
 @dataclass(slots=True)
@@ -53,23 +55,6 @@ class SamplingBatch:
     any_greedy: bool
     need_top_k: bool
     need_top_p: bool
-
-
-def hash32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer mixer on int64 tensors holding values in [0, 2**32)."""
-    x = (((x >> 16) ^ x) * HASH_MUL) & _M32
-    x = (((x >> 16) ^ x) * HASH_MUL) & _M32
-    return (x >> 16) ^ x
-
-
-def seeded_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[B] seeds in [0, 2**32), [B] steps -> [B, vocab] float32 uniforms in (0, 1),
-    deterministic: (hash + 0.5) / 2**32 rounded to float32, capped at U_MAX (the 128 of
-    2**32 hashes that would round to 1.0)."""
-    key = hash32(seeds ^ hash32((steps + STEP_OFFSET) & _M32))  # [B]
-    ids = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    x = hash32(key[:, None] ^ hash32(ids)[None, :])  # [B, vocab]
-    return (x.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32).clamp_max_(U_MAX)
 
 
 def top_k_top_p_drop(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

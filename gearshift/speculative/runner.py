@@ -46,7 +46,6 @@ class SpecRunner:
         self.acceptance = Acceptance(tree=self.topk > 1)
         # `feed` (the engine's TokenFeed) resolves tokens of overlapped steps on the device
         self.follow = DraftFollower(self.proposer, runner, builder, self.num_draft_tokens, feed)
-        self.measured_costs: dict | None = None  # {gear: [[bs, ms]]} from the start-up warm-up
         self._last: tuple | None = None  # run()'s context for after_commit
 
     # ------------------------------------------------------------------ sizing

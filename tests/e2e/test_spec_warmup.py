@@ -1,4 +1,4 @@
-"""Speculation warm-up (speculative/warmup.py): every (padded batch, K) step shape runs once at
+"""Speculation warm-up (engine/warmup.py): every (padded batch, K) step shape runs once at
 start-up, so graphs exist before serving and goodput starts from measured step times; the
 engine is left exactly as it was (no requests, slots, counters), and output is unchanged."""
 
@@ -9,8 +9,8 @@ from eager_graphs import install
 from eagle3_checkpoints import make_eagle3_checkpoint
 
 from gearshift import SamplingParams
+from gearshift.engine.warmup import warm_up_speculation
 from gearshift.policy.base import PolicyView
-from gearshift.speculative.warmup import warm_up_speculation
 
 
 def test_warm_up_captures_every_shape_and_measures_costs(make_llm, tiny_llama_dir, tmp_path):
@@ -31,7 +31,7 @@ def test_warm_up_captures_every_shape_and_measures_costs(make_llm, tiny_llama_di
         assert {key[2] for key in graphs.keys if key[:2] == ("eagle3", "expand") and key[3] == k} \
             == {1, 2, 4}
     assert eng.policy.cost.base[2] == measured[2]  # goodput starts from them
-    assert eng.spec.measured_costs == measured
+    assert eng.measured_costs == measured
     # nothing left behind: no requests, every slot free, counters as before
     assert not eng.has_unfinished_requests() and eng.slots.num_free == free
     assert eng.stats()["steps"] == 0 and llm.spec_stats()["proposed"] == 0

@@ -90,7 +90,7 @@ def test_goodput_cost_profile_replays_the_captured_graphs(tiny_llama_dir, tmp_pa
     by the EXTEND graphs: finite, positive, and speculation never predicted cheaper."""
     from eagle3_checkpoints import make_eagle3_checkpoint
 
-    from gearshift.policy.profile import SPEC_HOST_MS, build_cost_model
+    from gearshift.engine.cost_profile import SPEC_HOST_MS, build_cost_model
 
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
     llm = LLM(str(tiny_llama_dir), device="cuda", dtype="float32", attention_backend="triton",
@@ -121,8 +121,8 @@ def test_goodput_engine_warms_up_every_shape_before_serving(tiny_llama_dir, tmp_
               max_num_seqs=16, kv_cache_tokens=8192, speculative_algorithm="eagle3",
               draft_model=str(head), num_draft_tokens=3)
     eng = llm.engine
-    assert sorted(eng.spec.measured_costs) == [0, 1, 2, 3]
-    assert [p[0] for p in eng.spec.measured_costs[3]] == sorted(eng.runner.graphs.graphs)
+    assert sorted(eng.measured_costs) == [0, 1, 2, 3]
+    assert [p[0] for p in eng.measured_costs[3]] == sorted(eng.runner.graphs.graphs)
     assert eng.scheduler.speculation.mixed is False
     captured = len(eng.runner.shape_graphs.entries)
     for k in (3, 1, 0, 2):  # every K at several batch sizes, requests finishing at random
@@ -151,7 +151,7 @@ def test_tree_engine_warms_up_and_serves_chains_and_trees(tiny_llama_dir, tmp_pa
               max_num_seqs=16, kv_cache_tokens=8192, speculative_algorithm="eagle3",
               draft_model=str(head), num_draft_tokens=4, draft_topk=4, num_verify_tokens=16)
     eng = llm.engine
-    assert sorted(eng.spec.measured_costs) == [0, 1, 2, 3, 4, 5]
+    assert sorted(eng.measured_costs) == [0, 1, 2, 3, 4, 5]
     assert eng.policy.top_gear(PolicyView([], 0, 4, None, 4)) == 5  # may pick trees
     captured = len(eng.runner.shape_graphs.entries)
     # uniform chains, then trees: shapes the warm-up captured; then random K and shape per

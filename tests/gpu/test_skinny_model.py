@@ -27,8 +27,8 @@ def test_forced_kernel_matches_cublas_in_the_layers(tiny_llama_dir, chooser):
     """The kernel (`on`; the MLP's gate_up with its SiLU fused) and cuBLAS (`off`) against
     the fp32 product: the kernel's error is no worse than cuBLAS's, beyond bf16 rounding (the
     fused SiLU rounds once, where cuBLAS + the SiLU kernel round gate, up and the product)."""
-    from gearshift.models import ops
-    from gearshift.models.reference_ops import silu_and_mul_ref
+    from gearshift.kernels import ops
+    from gearshift.kernels.reference import silu_and_mul_ref
 
     llm = LLM(str(tiny_llama_dir), device="cuda", dtype="bfloat16", cuda_graphs=False)
     for layer in llm.engine.runner.model.layers:

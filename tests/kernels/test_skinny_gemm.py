@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gearshift.kernels.reference import rms_norm_ref, silu_and_mul_ref
 from gearshift.kernels.skinny_gemm import SkinnyConfig, skinny_linear
-from gearshift.models.reference_ops import rms_norm_ref, silu_and_mul_ref
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -167,7 +167,7 @@ def test_accumulate_adds_into_out(dtype):
 
 def test_ops_gated_linear_is_the_mlp_activation():
     """ops.gated_linear (the MLP's call) = silu_and_mul(gate_up(x)), on either device."""
-    from gearshift.models import ops
+    from gearshift.kernels import ops
 
     dtype = torch.bfloat16 if HAS_CUDA else torch.float32
     layer = torch.nn.Linear(64, 2 * 48, bias=False).to(DEVICE, dtype).requires_grad_(False)
@@ -179,7 +179,7 @@ def test_ops_gated_linear_is_the_mlp_activation():
 def test_linear_writes_into_out(monkeypatch):
     """ops.linear(out=...) (the logits' buffer): the product lands in `out`, on the kernel
     path and on the torch one; a bias is refused there."""
-    from gearshift.models import ops
+    from gearshift.kernels import ops
 
     layer = torch.nn.Linear(64, 48, bias=False).to(DEVICE, torch.float16).requires_grad_(False)
     x = torch.randn(3, 64, device=DEVICE, dtype=torch.float16)

@@ -41,5 +41,5 @@ def test_smoke_run_writes_every_figure(tmp_path):
     assert json.loads((out / "meta.json").read_text())["commit"] == "smoketest"
     page = (out / "benchmarks.md").read_text()
     assert "> **Smoke run**" in page and "commit `smoketest`" in page
-    assert "Not measured" not in page and (out / "benchmarks_sweep.png").is_file()
+    assert "Not measured" not in page and (out / "spec_sweep.png").is_file()
     assert "--output-json $OUT/decode_plain.json`" in page  # commands as run, $OUT spelled out

@@ -10,8 +10,8 @@ through the real step pipeline, so that
 
     for bs in decode graph sizes (largest first), fitting the KV pool:
         bs dummy requests, short prompts -> prefill
-        for gear in tree, max_k .. 1, 0:  run `repeats` steps in that gear (the tree
-                                 only when the engine verifies trees; gear max_k + 1);
+        for gear in tree, num_draft .. 1, 0:  run `repeats` steps in that gear (the tree
+                                 only when the engine verifies trees; gear num_draft + 1);
                                  the first may capture graphs, the others are timed
         K = max, 0, max:         untimed: the draft's catch-up shapes (a backlog of
                                  several rows, then of one: speculative/draft_follow.py)
@@ -61,8 +61,8 @@ def apply_measured(policy, measured: dict | None) -> None:
 def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3) -> dict:
     """Run the warm-up (see module doc); -> {gear: [[bs, median ms], ...]} measured."""
     spec, sched = engine.spec, engine.scheduler
-    max_k = engine.config.num_draft_tokens  # the configured draft depth
-    tree = spec.topk > 1  # gear max_k + 1: the tree; chains by AlwaysPolicy(K, topk=1)
+    num_draft = engine.config.num_draft_tokens  # the configured draft depth
+    tree = spec.topk > 1  # gear num_draft + 1: the tree; chains by AlwaysPolicy(K, topk=1)
     if sizes is None:
         graphs = engine.runner.graphs
         sizes = sorted(graphs.graphs) if graphs is not None else []
@@ -70,9 +70,9 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     # repeats + 2 plain steps, 2 untimed steps at max K; plus one VERIFY step's node and
     # scratch slots
     generated = 1 + sum(n * (k + 1) for k, n in
-                        [*((k, repeats + 1) for k in range(1, max_k + 1 + tree)),
-                         (0, repeats + 2), (max_k, 2)])
-    per_request = PROMPT_LEN + generated + spec.slots_needed(max_k, spec.topk)
+                        [*((k, repeats + 1) for k in range(1, num_draft + 1 + tree)),
+                         (0, repeats + 2), (num_draft, 2)])
+    per_request = PROMPT_LEN + generated + spec.slots_needed(num_draft, spec.topk)
     sizes = [s for s in sizes if s <= engine.config.max_num_seqs
              and s * per_request <= engine.slots.num_free]
     if not sizes or engine.has_unfinished_requests():
@@ -81,12 +81,12 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     # catch-ups use the other draft-extend shapes: a backlog of several rows, then of one
     # (each timed K starts with one untimed step; the table is a prior that the first
     # online observation replaces, so one pass suffices)
-    schedule = [*((k, repeats + 1, True) for k in range(max_k + tree, 0, -1)),
-                (0, repeats + 2, True), (max_k, 1, False), (0, 1, False), (max_k, 1, False)]
+    schedule = [*((k, repeats + 1, True) for k in range(num_draft + tree, 0, -1)),
+                (0, repeats + 2, True), (num_draft, 1, False), (0, 1, False), (num_draft, 1, False)]
     t0 = time.perf_counter()
     # counters, incl. the population's acceptance evidence: dummy prompts are no evidence
     saved_policy, saved_counters = sched.policy, engine.counters()
-    measured: dict[int, list[list[float]]] = {k: [] for k in range(max_k + 1 + tree)}
+    measured: dict[int, list[list[float]]] = {k: [] for k in range(num_draft + 1 + tree)}
     params = SamplingParams(max_tokens=generated + 1, temperature=0.0, ignore_eos=True)
     with gc_paused():  # a collection inside a timed step is not that gear's cost
         try:
@@ -100,13 +100,13 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                                            for r in sched.running):
                     engine.step()
                 for k, n, timed in schedule:
-                    engine.set_policy(AlwaysPolicy(min(k, max_k), spec.topk if k > max_k else 1))
+                    engine.set_policy(AlwaysPolicy(min(k, num_draft), spec.topk if k > num_draft else 1))
                     times = []
                     for i in range(n):
                         seen = engine._num_graphs()
                         engine.step()
                         if engine._num_graphs() == seen and len(sched.running) == bs and i:
-                            times.append(_step_ms(engine, min(k, max_k), first=i == 1))
+                            times.append(_step_ms(engine, min(k, num_draft), first=i == 1))
                     times = [t for t in times if t is not None]
                     if timed and times:
                         measured[k].append([float(bs), statistics.median(times)])
@@ -118,8 +118,8 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
             engine.set_policy(saved_policy)
             engine.restore_counters(saved_counters)
     measured = {k: sorted(pts) for k, pts in measured.items() if pts}
-    spec.measured_costs = measured
+    engine.measured_costs = measured
     apply_measured(sched.policy, measured)
     log.info("speculation warm-up: %d batch sizes x K 0..%d%s in %.1fs (%d graphs)", len(sizes),
-             max_k, " + tree" if tree else "", time.perf_counter() - t0, engine._num_graphs())
+             num_draft, " + tree" if tree else "", time.perf_counter() - t0, engine._num_graphs())
     return measured

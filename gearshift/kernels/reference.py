@@ -2,7 +2,7 @@
 They run the model on CPU and are the oracles the Triton kernels are tested against;
 this module must not import triton (CPU installs need not have it).
 
-Data flow: models/ops.py -> these on non-CUDA tensors.
+Data flow: kernels/ops.py -> these on non-CUDA tensors.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.models.reference_ops import (
+from gearshift.kernels.reference import (
     apply_rope_ref,
     fused_add_rms_norm_ref,
     linear_ref,
