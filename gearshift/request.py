@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+INT32_MAX = 2**31 - 1  # counts and token ids: what the engine stages as int32 / int64
+
 
 class SamplingParamsError(ValueError):
     """Raised for sampling parameters out of range; the message names the field."""
@@ -27,24 +29,28 @@ class SamplingParams:
     speculative: bool = True  # False: this request never speculates (plain decode)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise SamplingParamsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= INT32_MAX:
+            raise SamplingParamsError(f"max_tokens must be an integer in [1, {INT32_MAX}], "
+                                      f"got {self.max_tokens!r}")
         if not 0.0 <= float(self.temperature) <= 100.0:
             raise SamplingParamsError(f"temperature must be in [0, 100], got {self.temperature!r}")
         if not 0.0 < float(self.top_p) <= 1.0:
             raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
-            raise SamplingParamsError(f"top_k must be -1 (off) or >= 1, got {self.top_k!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise SamplingParamsError(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1) \
+                or self.top_k > INT32_MAX:
+            raise SamplingParamsError(f"top_k must be -1 (off) or in [1, vocabulary size], "
+                                      f"got {self.top_k!r}")
+        if self.seed is not None and (not isinstance(self.seed, int)
+                                      or not -(2**63) <= self.seed < 2**63):
+            raise SamplingParamsError(f"seed must be a 64-bit integer, got {self.seed!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None and any(not isinstance(s, str) or not s for s in self.stop):
             raise SamplingParamsError("stop must be a non-empty string or list of non-empty strings")
         if self.stop_token_ids is not None and any(
-            not isinstance(t, int) or t < 0 for t in self.stop_token_ids
+            not isinstance(t, int) or not 0 <= t <= INT32_MAX for t in self.stop_token_ids
         ):
-            raise SamplingParamsError("stop_token_ids must be a list of non-negative integers")
+            raise SamplingParamsError("stop_token_ids must be a list of token ids")
 
     @property
     def greedy(self) -> bool:

@@ -33,6 +33,10 @@ class EngineDeadError(RuntimeError):
     """The engine thread stopped (an exception in step, or shutdown); no request can proceed."""
 
 
+class RequestFailedError(RuntimeError):
+    """Processing this one request failed in the engine; the others go on."""
+
+
 @dataclass(slots=True)
 class EngineSnapshot:
     """Counters read on the engine thread after each step; safe to read from any thread."""
@@ -112,8 +116,11 @@ class AsyncEngine:
         self.tokenizer = engine.tokenizer
         self.model_name: str = engine.model_name
         self.max_model_len: int = engine.max_model_len
+        self.vocab_size: int = engine.vocab_size
         self.snapshot = EngineSnapshot()
         self.error: BaseException | None = None
+        # called on the event loop once the engine thread has died (the server exits)
+        self.on_death: Any = None
         self._inbox: collections.deque[tuple] = collections.deque()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -241,6 +248,10 @@ class AsyncEngine:
                 self._post(("abort", out.request_id, "abort"))
                 stream._put(StreamFailure(out.request_id, exc))
                 continue
+            if delta.error is not None:  # the engine failed this request alone
+                self._forget(out.request_id)
+                stream._put(StreamFailure(out.request_id, RequestFailedError(delta.error)))
+                continue
             if delta.finished:
                 if delta.stop_hit:
                     self._post(("abort", out.request_id, "stop"))
@@ -250,6 +261,8 @@ class AsyncEngine:
     def _on_engine_error(self, exc: BaseException) -> None:
         self.error = exc
         self._fail_all(EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}"))
+        if self.on_death is not None:
+            self.on_death(exc)
 
     def _fail_all(self, err: EngineDeadError) -> None:
         """End every stream and every pending add with `err` (engine thread is gone)."""

@@ -31,11 +31,11 @@ from gearshift.engine.stats import StepStats, spec_stats
 from gearshift.forward_batch import ForwardMode
 from gearshift.models.default import DEFAULT_MODEL_DIR
 from gearshift.models.loader import resolve_model_config
-from gearshift.request import Request, SamplingParams
+from gearshift.request import Request, SamplingParams, SamplingParamsError
 from gearshift.runner.batch import BatchBuilder
 from gearshift.runner.model_runner import ModelRunner
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
-from gearshift.scheduler.plan import StepPlan, StepResult
+from gearshift.scheduler.plan import RequestFault, StepPlan, StepResult
 from gearshift.scheduler.scheduler import Scheduler, StepOutput
 
 log = logging.getLogger("gearshift.engine")
@@ -111,6 +111,11 @@ class Engine:
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise PromptError(f"prompt token id {bad[0]!r} is out of range [0, {vocab})")
+        if params.top_k > vocab:
+            raise SamplingParamsError(f"top_k ({params.top_k}) exceeds the vocabulary size {vocab}")
+        bad = [t for t in params.stop_token_ids or () if t >= vocab]
+        if bad:
+            raise SamplingParamsError(f"stop_token_ids: {bad[0]} is out of range [0, {vocab})")
         if n + params.max_tokens > self.max_model_len:
             raise PromptError(
                 f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the maximum "
@@ -126,6 +131,10 @@ class Engine:
 
     def abort_request(self, request_id: str, reason: str = "abort") -> None:
         self.scheduler.abort(request_id, reason)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
 
     @property
     def policy(self):
@@ -162,7 +171,11 @@ class Engine:
             return self._commit_pending()
         if plan.mode is ForwardMode.VERIFY:
             return self._verify(plan, time.perf_counter() - t0)
-        batch = self.builder.prepare(plan, self.runner.padding(plan))  # the graph's shape
+        try:
+            batch = self.builder.prepare(plan, self.runner.padding(plan))  # the graph's shape
+        except RequestFault as fault:  # the step never ran: plan again without that request
+            self.scheduler.unbook(plan)
+            return [self._fail(fault)]
         fb = batch.forward
         if any(r.num_pending > (p >= 0) for r, p in zip(plan.reqs, plan.placeholders)):
             fb.input_ids = self.feed.resolve_ids(fb.input_ids)  # earlier steps' tokens
@@ -194,7 +207,10 @@ class Engine:
         try:
             outputs = self._commit_pending()
             t0 = time.perf_counter() - planning_s
-            batch = self.builder.prepare(plan)
+            try:
+                batch = self.builder.prepare(plan)
+            except RequestFault as fault:
+                return outputs + [self._fail(fault)]
             try:
                 result = self.spec.run(plan, batch, before_sync=lambda: self._before_sync(plan))
             except BaseException:
@@ -207,6 +223,10 @@ class Engine:
             self.scheduler.release_held()
         self._account(plan, outputs, t0, self.runner.last_device_ms())
         return outputs
+
+    def _fail(self, fault: RequestFault) -> StepOutput:
+        log.error("request %s failed: %s", fault.req.request_id, fault.cause, exc_info=fault.cause)
+        return self.scheduler.fail(fault.req, f"{type(fault.cause).__name__}: {fault.cause}")
 
     def _before_sync(self, plan: StepPlan) -> None:
         """Host work while a VERIFY step's device runs: the previous VERIFY step's cost, then

@@ -25,6 +25,7 @@ class RequestDelta:
     finished: bool
     finish_reason: str | None
     stop_hit: bool = False  # a stop string matched: abort the request in the engine
+    error: str | None = None  # finish_reason "error": what failed while processing it
 
 
 @dataclass(slots=True)
@@ -75,7 +76,7 @@ class OutputProcessor:
         st.finished = out.finished or stop_hit
         st.finish_reason = "stop" if stop_hit else out.finish_reason
         return RequestDelta(out.request_id, new_ids, self._emit(st), st.finished,
-                            st.finish_reason, stop_hit)
+                            st.finish_reason, stop_hit, out.error)
 
     def final(self, request_id: str) -> RequestOutput:
         st = self._states.pop(request_id)

@@ -24,7 +24,7 @@ from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.request import Request
 from gearshift.runner.sampler import SamplingBatch
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
-from gearshift.scheduler.plan import StepPlan
+from gearshift.scheduler.plan import RequestFault, StepPlan
 
 ALIGN_BYTES = 16  # staged parts start at multiples of this (Triton's pointer specialisation)
 
@@ -219,7 +219,15 @@ class BatchBuilder:
         """Slots and device tensors for `plan`; a plain step laid out for `padding` (the
         graph shape ModelRunner.padding(plan) picked; None: unpadded). Every request's node
         slots join its slot list (positions prefix.. for plain steps and chains), so a
-        request released mid-step frees them too."""
+        request released mid-step frees them too. Each request's own inputs are read
+        before anything is allocated: a failure there raises RequestFault for it alone."""
+        verify = plan.mode is ForwardMode.VERIFY
+        tokens = []  # plain: the step's input ids per request; VERIFY: the pending token
+        for req, n, prefix in zip(plan.reqs, plan.extend_lens, plan.prefix_lens):
+            try:
+                tokens.append(req.token_slice(prefix, prefix + (1 if verify else n)))
+            except Exception as e:  # noqa: BLE001 - this request's fault, not the step's
+                raise RequestFault(req, e) from e
         for req in plan.reqs:
             if req.req_pool_index < 0:
                 req.req_pool_index = self.rows.alloc()
@@ -227,15 +235,13 @@ class BatchBuilder:
         nodes = plan.num_nodes or plan.extend_lens
         for req, s, n in zip(plan.reqs, slots, nodes):
             req.slots.extend(s[:n])
-        if plan.mode is ForwardMode.VERIFY:
-            return self._verify(plan, slots)
-        return self._plain(plan, slots, padding)
+        if verify:
+            return self._verify(plan, slots, [t[0] for t in tokens])
+        return self._plain(plan, slots, padding, [t for ts in tokens for t in ts])
 
-    def _plain(self, plan: StepPlan, slots: list[list[int]], padding: Padding | None) -> StepBatch:
+    def _plain(self, plan: StepPlan, slots: list[list[int]], padding: Padding | None,
+               input_ids: list[int]) -> StepBatch:
         bs = plan.batch_size
-        input_ids: list[int] = []
-        for req, n, prefix in zip(plan.reqs, plan.extend_lens, plan.prefix_lens):
-            input_ids.extend(req.token_slice(prefix, prefix + n))
         rows, prefix, extend, input_ids, out_loc = pad_batch(
             plan.mode, [r.req_pool_index for r in plan.reqs], plan.prefix_lens, plan.extend_lens,
             input_ids, [x for s in slots for x in s], padding)
@@ -255,14 +261,14 @@ class BatchBuilder:
             "DECODE must carry one token per row"
         return StepBatch(slots, sampling_batch(d, plan.reqs), forward=fb)
 
-    def _verify(self, plan: StepPlan, slots: list[list[int]]) -> StepBatch:
+    def _verify(self, plan: StepPlan, slots: list[list[int]], roots: list[int]) -> StepBatch:
         """The inputs every stage of a VERIFY step reads, staged in one copy. The pending
-        token is usually the last sampled one, or the last prompt token when a chunked
-        prefill ended with a 1-token chunk."""
+        token (`roots`) is usually the last sampled one, or the last prompt token when a
+        chunked prefill ended with a 1-token chunk."""
         reqs = plan.reqs
         n_max, s_max = max(plan.num_nodes), max(plan.num_scratch)
         st = Stager(self.device)
-        st.add_ints("roots", [r.token_slice(p, p + 1)[0] for r, p in zip(reqs, plan.prefix_lens)])
+        st.add_ints("roots", roots)
         st.add_ints("prefix", plan.prefix_lens)
         st.add_ints("rows", [r.req_pool_index for r in reqs])
         st.add_ints("k", plan.num_draft_tokens)

@@ -43,8 +43,9 @@ class StepOutput:
     request_id: str
     new_token_ids: list[int]
     finished: bool
-    finish_reason: str | None  # "length" | "stop" | "abort" | None
+    finish_reason: str | None  # "length" | "stop" | "abort" | "error" | None
     spec: tuple[int, int] | None = None  # (proposed, accepted) so far, when speculation is on
+    error: str | None = None  # finish_reason "error": what failed while processing it
 
 
 class Scheduler:
@@ -88,6 +89,15 @@ class Scheduler:
                     self._finish(req, reason)
                     return req
         return None
+
+    def fail(self, req: Request, error: str) -> StepOutput:
+        """Finish `req` with reason "error" (its slots and row go back); -> its last output."""
+        for queue in (self.running, self.waiting):
+            if req in queue:
+                queue.remove(req)
+        req.closing = False
+        self._finish(req, "error")
+        return StepOutput(req.request_id, [], True, "error", self._spec_counts(req), error)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -193,6 +203,19 @@ class Scheduler:
             if self._length_reached(req):  # its last token: no further step plans it
                 req.closing = True
 
+    def unbook(self, plan: StepPlan) -> None:
+        """Undo _book for a plain plan that never ran (it failed before its launch): the
+        next schedule() plans its requests again."""
+        for req, n, idx in zip(plan.reqs, plan.extend_lens, plan.placeholders):
+            if req.is_finished and not req.closing:
+                continue
+            req.num_computed_tokens -= n
+            if idx >= 0:
+                del req.output_token_ids[idx:]
+                req.num_pending -= 1
+                req.closing = False
+        plan.placeholders = [-1] * plan.batch_size
+
     def _retire_closing(self) -> None:
         """Requests whose last token (by length) is in flight leave the batch, and their
         slots go back: every later step runs after that one on the device. Their commit
@@ -220,17 +243,23 @@ class Scheduler:
         for i, req in enumerate(plan.reqs):
             nodes = plan.num_nodes[i] if plan.num_nodes else plan.extend_lens[i]
             self.slots.free(result.slots[i][nodes:])  # the draft's scratch
-            if plan.placeholders and plan.placeholders[i] >= 0:
-                out = self._fill_placeholder(req, plan.placeholders[i], result.tokens[i][0])
-            elif req.is_finished:  # its slots (nodes included) go back with the request
-                continue
-            else:
-                if result.kept is not None:
-                    self._rollback(req, plan.prefix_lens[i], nodes, result.kept[i])
-                out = self._append(req, result.tokens[i])
+            try:
+                out = self._commit_one(plan, result, i, req, nodes)
+            except Exception as e:  # noqa: BLE001 - this request fails, the step goes on
+                out = self.fail(req, f"{type(e).__name__}: {e}")
             if out is not None:
                 outputs.append(out)
         return outputs
+
+    def _commit_one(self, plan: StepPlan, result: StepResult, i: int, req: Request,
+                    nodes: int) -> StepOutput | None:
+        if plan.placeholders and plan.placeholders[i] >= 0:
+            return self._fill_placeholder(req, plan.placeholders[i], result.tokens[i][0])
+        if req.is_finished:  # its slots (nodes included) go back with the request
+            return None
+        if result.kept is not None:
+            self._rollback(req, plan.prefix_lens[i], nodes, result.kept[i])
+        return self._append(req, result.tokens[i])
 
     def _rollback(self, req: Request, prefix: int, nodes: int, kept: list[int]) -> None:
         """A VERIFY step's nodes sit at req.slots[prefix:]: keep the accepted ones in position

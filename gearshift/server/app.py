@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from gearshift.engine.async_engine import AsyncEngine, EngineDeadError
+from gearshift.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from gearshift.server.errors import APIError, error_body, from_validation_error, install_error_handlers
 from gearshift.server.metrics import CONTENT_TYPE, ServerMetrics
 from gearshift.server.protocol import (
@@ -39,7 +39,7 @@ from gearshift.server.protocol import (
     ModelCard,
     ModelList,
 )
-from gearshift.server.serving import Generation, prepare_chat, prepare_completion
+from gearshift.server.serving import Generation, Offload, prepare_chat, prepare_completion
 
 DEFAULT_MAX_WAITING = 512
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -58,14 +58,20 @@ def build_app(
     engine = async_engine
     metrics = ServerMetrics()
     key = api_key.encode() if api_key else None
+    offload: Offload | None = None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        nonlocal offload
+        offload = Offload()  # its semaphore belongs to the serving loop
         engine.start()
         yield
         engine.shutdown()
+        offload.close()
 
-    app = FastAPI(title="Gearshift", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # the schema is served below, behind the API key like the rest; no /docs pages
+    app = FastAPI(title="Gearshift", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
     app.state.engine = engine
     app.state.metrics = metrics
     install_error_handlers(app)
@@ -105,23 +111,27 @@ def build_app(
         return Response(metrics.render(engine.snapshot, engine.num_waiting),
                         media_type=CONTENT_TYPE)
 
+    @app.get("/openapi.json", dependencies=[Depends(require_key)], include_in_schema=False)
+    async def openapi() -> Response:
+        return JSONResponse(app.openapi())
+
     @app.get("/v1/models", dependencies=[Depends(require_key)])
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=engine.model_name, max_model_len=engine.max_model_len)])
 
     @app.post("/v1/completions", dependencies=[Depends(require_key)])
     async def completions(request: Request) -> Response:
-        req = _parse(CompletionRequest, await read_json(request, max_body_bytes))
+        req = _parse(CompletionRequest, await read_json(request, max_body_bytes, offload))
         admit(len(req.prompts) * req.n)
-        gen = prepare_completion(engine, metrics, req)
+        gen = await prepare_completion(engine, metrics, offload, req)
         return await _run(request, gen, req.stream, req.include_usage_in_stream,
                           _completion_chunks, _completion_response)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
     async def chat_completions(request: Request) -> Response:
-        req = _parse(ChatCompletionRequest, await read_json(request, max_body_bytes))
+        req = _parse(ChatCompletionRequest, await read_json(request, max_body_bytes, offload))
         admit(req.n)
-        gen = prepare_chat(engine, metrics, req)
+        gen = await prepare_chat(engine, metrics, offload, req)
         return await _run(request, gen, req.stream, req.include_usage_in_stream,
                           _chat_chunks, _chat_response)
 
@@ -131,8 +141,9 @@ def build_app(
 # ---------------------------------------------------------------- request side
 
 
-async def read_json(request: Request, max_bytes: int) -> dict:
-    """The body as a JSON object; 413 past `max_bytes`, 400 for bad UTF-8 / JSON / shape."""
+async def read_json(request: Request, max_bytes: int, offload: Offload | None = None) -> dict:
+    """The body as a JSON object; 413 past `max_bytes`, 400 for bad UTF-8 / JSON / shape.
+    A large body is decoded off the event loop (`offload`)."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > max_bytes:
         raise APIError(413, f"request body of {length} bytes exceeds the limit of {max_bytes}",
@@ -149,6 +160,12 @@ async def read_json(request: Request, max_bytes: int) -> dict:
         raise APIError(499, "client disconnected while sending the body",
                        code="client_disconnected") from None
     body = b"".join(chunks)
+    if offload is not None:
+        return await offload.run(len(body), _decode_json, body)
+    return _decode_json(body)
+
+
+def _decode_json(body: bytes) -> dict:
     if not body.strip():
         raise APIError(400, "request body is empty: send a JSON object", code="invalid_json")
     try:
@@ -163,6 +180,9 @@ async def read_json(request: Request, max_bytes: int) -> dict:
                        f"column {e.colno}", code="invalid_json") from None
     except RecursionError:
         raise APIError(400, "request body is nested too deeply", code="invalid_json") from None
+    except ValueError as e:  # an integer literal past Python's int-string limit
+        raise APIError(400, f"request body has a number too large to read: {e}",
+                       code="invalid_json") from None
     if not isinstance(obj, dict):
         raise APIError(400, f"request body must be a JSON object, not {type(obj).__name__}",
                        code="invalid_json")
@@ -207,6 +227,8 @@ async def _run(request: Request, gen: Generation, stream: bool, include_usage: b
             pass
     except EngineDeadError as e:
         raise APIError(503, str(e), code="engine_unavailable") from None
+    except RequestFailedError as e:
+        raise APIError(500, f"the engine failed this request: {e}", code="internal_error") from None
     finally:
         watcher.cancel()
         gen.abort()
@@ -220,6 +242,9 @@ async def _sse(gen: Generation, watcher: asyncio.Task, events: AsyncIterator[dic
             yield f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
     except EngineDeadError as e:
         yield f"data: {json.dumps(error_body(503, str(e), code='engine_unavailable'))}\n\n"
+    except RequestFailedError as e:
+        body = error_body(500, f"the engine failed this request: {e}", code="internal_error")
+        yield f"data: {json.dumps(body)}\n\n"
     finally:
         watcher.cancel()
         gen.abort()

@@ -13,6 +13,8 @@ from types import TracebackType
 
 import uvicorn
 
+from gearshift.server.guard import server_config
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -24,12 +26,11 @@ class BackgroundServer:
     """`with BackgroundServer(app) as srv: httpx.get(srv.base_url + "/health")`."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int | None = None,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", **limits) -> None:
         self.host = host
         self.port = port or free_port(host)
-        config = uvicorn.Config(app, host=host, port=self.port, log_level=log_level,
-                                lifespan="on", timeout_graceful_shutdown=5)
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn.Server(server_config(app, host, self.port, log_level=log_level,
+                                                   **limits))
         self._thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
 
     @property

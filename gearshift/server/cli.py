@@ -12,6 +12,7 @@ import sys
 
 from gearshift import env
 from gearshift.config import ConfigError
+from gearshift.server.guard import DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, server_config
 
 log = logging.getLogger("gearshift.server")
 
@@ -30,30 +31,56 @@ def register(sub) -> None:
                    help="queued requests beyond which new ones get 503 + Retry-After")
     g.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
                    help="request bodies larger than this get 413")
+    g.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                   help="open connections at most; past it the oldest idle one is closed")
+    g.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT,
+                   help="seconds a connection has to send a complete request head")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from gearshift.engine.async_engine import AsyncEngine
     from gearshift.engine.engine import Engine
     from gearshift.engine_args import engine_kwargs
     from gearshift.llm import build_engine_config
-    from gearshift.server.app import build_app
 
-    if args.max_waiting < 1 or args.max_body_bytes < 1:
-        raise ConfigError("--max-waiting and --max-body-bytes must be >= 1")
+    if args.max_waiting < 1 or args.max_body_bytes < 1 or args.max_connections < 1:
+        raise ConfigError("--max-waiting, --max-body-bytes and --max-connections must be >= 1")
+    if not args.header_timeout > 0:
+        raise ConfigError("--header-timeout must be > 0")
     api_key = args.api_key or env.API_KEY.get() or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("binding %s without an API key: anyone who can reach it can use it",
                     args.host)
     config = build_engine_config(**engine_kwargs(args))
     engine = Engine(config)
-    app = build_app(AsyncEngine(engine), api_key=api_key, max_waiting=args.max_waiting,
-                    max_body_bytes=args.max_body_bytes)
     print(f"gearshift: serving {engine.model_name!r} (context {engine.max_model_len} tokens) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                timeout_graceful_shutdown=5)
-    return 0
+    return serve(AsyncEngine(engine), host=args.host, port=args.port,
+                 log_level=args.log_level.lower(), api_key=api_key,
+                 max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
+                 max_connections=args.max_connections, header_timeout=args.header_timeout)
+
+
+def serve(async_engine, *, host: str, port: int, log_level: str = "warning",
+          max_connections: int = DEFAULT_MAX_CONNECTIONS,
+          header_timeout: float = DEFAULT_HEADER_TIMEOUT, **app_options) -> int:
+    """Run the server until it is stopped (0) or its engine dies (1, within seconds: a
+    supervisor such as systemd or Kubernetes then restarts it; /health answers 503 from
+    the moment the engine stopped)."""
+    import uvicorn
+
+    from gearshift.server.app import build_app
+
+    app = build_app(async_engine, **app_options)
+    server = uvicorn.Server(server_config(app, host, port, log_level=log_level,
+                                          max_connections=max_connections,
+                                          header_timeout=header_timeout))
+
+    def died(exc: BaseException) -> None:
+        log.error("the engine stopped (%s: %s): shutting the server down", type(exc).__name__, exc)
+        server.should_exit = True
+
+    async_engine.on_death = died
+    server.run()
+    return 1 if async_engine.error is not None else 0

@@ -15,6 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 MAX_N = 64  # most choices (n x prompts) one request may ask for
 MAX_STOP = 16  # most stop strings
+MAX_STOP_CHARS = 1024  # longest stop string
+MAX_STOP_TOKEN_IDS = 256  # most stop token ids
+INT32_MAX = 2**31 - 1  # counts and token ids (the engine stages them as int32 / int64)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds
 
 
 class _Strict(BaseModel):
@@ -42,10 +46,11 @@ class _SamplingFields(_Strict):
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)  # extension; -1 or 0: off
-    seed: int | None = Field(None, ge=0, lt=2**63)
+    top_k: int = Field(-1, ge=-1, le=INT32_MAX)  # extension; -1 or 0: off; <= vocab (serving)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None  # extension (as in vLLM)
+    # extension (as in vLLM); ids must be in the vocabulary (serving)
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False  # extension
     speculative: bool | None = None  # extension; False opts this request out of speculation
     stream: bool = False
@@ -66,13 +71,15 @@ class _SamplingFields(_Strict):
             raise ValueError(f"at most {MAX_STOP} stop strings are allowed")
         if any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop strings must be at most {MAX_STOP_CHARS} characters")
         return stops or None
 
     @field_validator("stop_token_ids")
     @classmethod
     def _check_stop_ids(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and any(t < 0 for t in v):
-            raise ValueError("stop_token_ids must be non-negative")
+        if v is not None and any(not 0 <= t <= INT32_MAX for t in v):
+            raise ValueError("stop_token_ids must be token ids (non-negative, in the vocabulary)")
         return v
 
     @field_validator("presence_penalty", "frequency_penalty")
@@ -98,7 +105,7 @@ class CompletionRequest(_SamplingFields):
     """POST /v1/completions. A prompt is a string, a list of token ids, or a batch of either."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX)
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
@@ -173,8 +180,8 @@ class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions. The prompt is the tokenizer's chat template over messages."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None

@@ -14,10 +14,16 @@ import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from gearshift.engine.async_engine import AsyncEngine, EngineDeadError, StreamFailure
+from gearshift.engine.async_engine import (
+    AsyncEngine,
+    EngineDeadError,
+    RequestFailedError,
+    StreamFailure,
+)
 from gearshift.request import SamplingParams, SamplingParamsError
 from gearshift.server.errors import APIError
 from gearshift.server.metrics import ServerMetrics
@@ -73,7 +79,7 @@ class Generation:
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
-            self.abort()
+            self.abort(count=False)
             err = errors[0]
             if isinstance(err, EngineDeadError):
                 raise APIError(503, str(err), code="engine_unavailable")
@@ -82,11 +88,26 @@ class Generation:
             raise err
         self.metrics.prompt_tokens.inc(sum(len(p) for p in self.prompts))
 
-    def abort(self) -> None:
-        """Abort every unfinished choice (client gone, or a failed submit)."""
+    def abort(self, count: bool = True) -> None:
+        """Abort every unfinished choice (client gone, or a failed submit); with `count`,
+        each counts in the metrics as finished by "abort", with the tokens it produced."""
         for c in self.choices:
             if not c.finished:
                 self.engine.abort(c.request_id)
+                if count:
+                    self._finish(c, "abort")
+
+    def _observe_failure(self, request_id: str) -> None:
+        c = self._by_id.get(request_id)
+        if c is not None and not c.finished:
+            self._finish(c, "error")
+
+    def _finish(self, c: Choice, reason: str | None) -> None:
+        c.finished, c.finish_reason = True, reason
+        self.metrics.observe_generation(
+            arrival=self.arrival, first_token=c.first_token_time, end=time.monotonic(),
+            num_tokens=c.num_tokens, finish_reason=reason,
+        )
 
     @property
     def done(self) -> bool:
@@ -97,6 +118,9 @@ class Generation:
         while not self.done:
             item = await self.queue.get()
             if isinstance(item, StreamFailure):
+                if isinstance(item.error, RequestFailedError):
+                    self._observe_failure(item.request_id)
+                    raise item.error
                 raise EngineDeadError(str(item.error)) from item.error
             c = self._by_id.get(item.request_id)
             if c is None or c.finished:
@@ -108,12 +132,7 @@ class Generation:
                     c.first_token_time = now
             c.text += item.new_text
             if item.finished:
-                c.finished = True
-                c.finish_reason = item.finish_reason
-                self.metrics.observe_generation(
-                    arrival=self.arrival, first_token=c.first_token_time, end=now,
-                    num_tokens=c.num_tokens, finish_reason=c.finish_reason,
-                )
+                self._finish(c, item.finish_reason)
             yield c, item.new_text
 
     def usage(self) -> Usage:
@@ -125,6 +144,29 @@ class Generation:
 
 
 # ---------------------------------------------------------------- preparation
+
+
+class Offload:
+    """Host work that can take long runs in a small, bounded thread pool instead of on the
+    event loop, which must keep every other stream flowing: tokenising a long prompt,
+    rendering a chat template, parsing a large body. Short work stays inline (a thread hop
+    costs more than it saves)."""
+
+    def __init__(self, workers: int = 2, queue: int = 64, min_chars: int = 4096) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gearshift-host")
+        self.slots = asyncio.Semaphore(queue)  # jobs in or waiting for the pool, at most
+        self.min_chars = min_chars
+
+    async def run(self, size: int, fn, *args):
+        """fn(*args), in the pool when `size` (characters or bytes) is large."""
+        if size < self.min_chars:
+            return fn(*args)
+        async with self.slots:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
 
 
 def check_model(engine: AsyncEngine, model: str | None) -> None:
@@ -192,16 +234,29 @@ def check_context(engine: AsyncEngine, prompt_len: int, max_tokens: int | None) 
     return max_tokens
 
 
+def check_vocab(engine: AsyncEngine, req: CompletionRequest | ChatCompletionRequest) -> None:
+    """Token ids and counts in the request must fit the model's vocabulary."""
+    vocab = engine.vocab_size
+    if req.top_k > vocab:
+        raise APIError(400, f"top_k ({req.top_k}) exceeds the vocabulary size {vocab}",
+                       param="top_k", code="invalid_value")
+    bad = [t for t in req.stop_token_ids or () if t >= vocab]
+    if bad:
+        raise APIError(400, f"stop_token_ids: {bad[0]} is out of range [0, {vocab})",
+                       param="stop_token_ids", code="invalid_value")
+
+
 def sampling_params(
     req: CompletionRequest | ChatCompletionRequest, max_tokens: int, choice: int
 ) -> SamplingParams:
-    """Params of one choice: with a seed, choice i samples with seed + i."""
+    """Params of one choice: with a seed, choice i samples with seed + i (wrapping within
+    64 bits)."""
     kwargs: dict[str, Any] = dict(
         max_tokens=max_tokens,
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=-1 if req.top_k in (0, -1) else req.top_k,
-        seed=None if req.seed is None else req.seed + choice,
+        seed=None if req.seed is None else (req.seed + choice + 2**63) % 2**64 - 2**63,
         stop=list(req.stop) if req.stop else None,
         stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos,
@@ -214,10 +269,12 @@ def sampling_params(
         raise APIError(400, str(e), code="invalid_value") from None
 
 
-def prepare_completion(engine: AsyncEngine, metrics: ServerMetrics,
-                       req: CompletionRequest) -> Generation:
+async def prepare_completion(engine: AsyncEngine, metrics: ServerMetrics, offload: Offload,
+                             req: CompletionRequest) -> Generation:
     check_model(engine, req.model)
-    prompts = [tokenize_prompt(engine, p) for p in req.prompts]
+    check_vocab(engine, req)
+    prompts = [await offload.run(len(p) if isinstance(p, str) else 0, tokenize_prompt, engine, p)
+               for p in req.prompts]
     max_tokens = [check_context(engine, len(p), req.max_tokens) for p in prompts]
     params = [
         sampling_params(req, max_tokens[i // req.n], i % req.n)
@@ -226,10 +283,12 @@ def prepare_completion(engine: AsyncEngine, metrics: ServerMetrics,
     return Generation(engine, metrics, prompts, params, req.n)
 
 
-def prepare_chat(engine: AsyncEngine, metrics: ServerMetrics,
-                 req: ChatCompletionRequest) -> Generation:
+async def prepare_chat(engine: AsyncEngine, metrics: ServerMetrics, offload: Offload,
+                       req: ChatCompletionRequest) -> Generation:
     check_model(engine, req.model)
-    prompt = chat_prompt(engine, req)
+    check_vocab(engine, req)
+    size = sum(len(m.text()) for m in req.messages)
+    prompt = await offload.run(size, chat_prompt, engine, req)
     max_tokens = check_context(engine, len(prompt), req.max_new_tokens)
     params = [sampling_params(req, max_tokens, i) for i in range(req.n)]
     return Generation(engine, metrics, [prompt], params, req.n)

@@ -114,6 +114,7 @@ class FakeEngine:
         self.tokenizer = byte_tokenizer()
         self.model_name = model_name
         self.max_model_len = max_model_len
+        self.vocab_size = VOCAB_SIZE
         self.max_num_seqs = max_num_seqs
         self.kv_slots_total = kv_slots
         self.step_delay = step_delay
@@ -231,7 +232,8 @@ class FakeEngine:
 
 @contextmanager
 def fake_server(*, api_key: str | None = None, max_waiting: int = 512,
-                max_body_bytes: int = 1 << 20, **engine_kwargs) -> Iterator[FakeServer]:
+                max_body_bytes: int = 1 << 20, limits: dict | None = None,
+                **engine_kwargs) -> Iterator[FakeServer]:
     """A live uvicorn server on a free 127.0.0.1 port serving a FakeEngine."""
     from gearshift.engine.async_engine import AsyncEngine
     from gearshift.server.app import build_app
@@ -241,7 +243,7 @@ def fake_server(*, api_key: str | None = None, max_waiting: int = 512,
     async_engine = AsyncEngine(engine)
     app = build_app(async_engine, api_key=api_key, max_waiting=max_waiting,
                     max_body_bytes=max_body_bytes)
-    with BackgroundServer(app) as srv:
+    with BackgroundServer(app, **(limits or {})) as srv:
         yield FakeServer(srv.base_url, engine, async_engine)
 
 

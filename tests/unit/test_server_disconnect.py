@@ -104,3 +104,27 @@ def test_non_streamed_disconnect_mid_generation(server):
     server.wait_idle(timeout=5.0)
     assert len(server.engine.aborted) == 8
     assert server.engine.stats()["tokens_generated"] < 8 * LONG / 4
+
+
+def test_streams_aborted_by_a_disconnect_are_counted(server):
+    """Every finish reason is counted, a disconnected stream's "abort" included, and every
+    token it was sent counts as generated."""
+    def finished(reason: str) -> float:
+        text = httpx.get(server.base_url + "/metrics").text
+        key = f'gearshift_request_finish_total{{reason="{reason}"}} '
+        return next((float(x.split()[-1]) for x in text.splitlines() if x.startswith(key)), 0.0)
+
+    aborts, tokens = finished("abort"), server.metric("gearshift_generation_tokens_total")
+
+    async def main() -> int:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as c:
+            body = {"prompt": "leaving", "max_tokens": LONG, "stream": True}
+            return await _read_then_leave(c, "/v1/completions", body, 6)
+
+    seen = asyncio.run(main())
+    server.wait_idle(timeout=5.0)
+    deadline = time.monotonic() + 5
+    while finished("abort") < aborts + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert finished("abort") == aborts + 1
+    assert server.metric("gearshift_generation_tokens_total") - tokens >= seen - 1

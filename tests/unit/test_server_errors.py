@@ -67,7 +67,8 @@ BAD_REQUESTS = [
      400, "top_k"),
     ("n zero", "POST", "/v1/completions", {"json": {"prompt": "x", "n": 0}}, 400, "n"),
     ("n too large", "POST", "/v1/completions", {"json": {"prompt": "x", "n": 1000}}, 400, "n"),
-    ("seed negative", "POST", "/v1/completions", {"json": {"prompt": "x", "seed": -1}}, 400, "seed"),
+    ("seed past 64 bits", "POST", "/v1/completions", {"json": {"prompt": "x", "seed": 2**64}},
+     400, "seed"),
     ("stream not a bool", "POST", "/v1/completions", {"json": {"prompt": "x", "stream": "yes"}},
      400, "stream"),
     ("stop empty string", "POST", "/v1/completions", {"json": {"prompt": "x", "stop": [""]}},
@@ -203,3 +204,12 @@ def _wait_for(cond, timeout: float = 10.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.01)
+
+
+def test_schema_needs_the_key_and_there_are_no_docs_pages(server):
+    with httpx.Client(base_url=server.base_url, timeout=10) as client:
+        assert client.get("/openapi.json").status_code == 401
+        r = client.get("/openapi.json", headers=AUTH)
+        assert r.status_code == 200 and "/v1/completions" in r.json()["paths"]
+        assert client.get("/docs", headers=AUTH).status_code == 404
+        assert client.get("/redoc", headers=AUTH).status_code == 404
