@@ -4,6 +4,8 @@ count or time limit) and checks that nothing answered 5xx, no KV slot leaked and
 is still healthy.
 
     gearshift bench soak --model DIR [--num-requests 3000] [--concurrency 32]
+    gearshift bench soak --hostile ...   # + hostile bodies, greedy checks against solo runs,
+                                         #   an idle-connection flood, huge prompts, RSS
 
 Data flow: args -> Engine -> AsyncEngine -> app on 127.0.0.1 (BackgroundServer) <- random
 httpx clients; at the end GET /metrics (KV gauges) + /health -> summary table + JSON.
@@ -21,6 +23,15 @@ from collections import Counter
 from datetime import UTC, datetime
 
 import httpx
+
+from gearshift.bench.hostile import (
+    HOSTILE_BODIES,
+    flood,
+    greedy_body,
+    rss_mb,
+    solo_texts,
+    stall,
+)
 
 BAD_BODIES = [
     b'{"prompt": ',
@@ -69,8 +80,21 @@ def random_body(rng: random.Random, model: str, chat: bool) -> dict:
 
 
 async def one(client: httpx.AsyncClient, rng: random.Random, model: str,
-              disconnect_prob: float, bad_prob: float) -> str:
-    """One random request; returns an outcome label ('200', '400', 'disconnect', ...)."""
+              disconnect_prob: float, bad_prob: float, hostile: dict | None = None) -> str:
+    """One random request; returns an outcome label ('200', '400', 'disconnect', ...).
+    `hostile` (solo greedy texts): some requests are hostile bodies, some greedy requests
+    whose text must equal its solo run ('greedy-mismatch' otherwise)."""
+    if hostile is not None and rng.random() < bad_prob:
+        r = await client.post("/v1/completions", content=rng.choice(HOSTILE_BODIES),
+                              headers={"Content-Type": "application/json"})
+        return f"hostile-{r.status_code}" if r.status_code < 500 else str(r.status_code)
+    if hostile is not None and rng.random() < 0.1:
+        i = rng.randrange(len(hostile["texts"]))
+        r = await client.post("/v1/completions", json=greedy_body(model, i))
+        if r.status_code != 200:
+            return str(r.status_code)
+        same = r.json()["choices"][0]["text"] == hostile["texts"][i]
+        return "greedy-equal" if same else "greedy-mismatch"
     if rng.random() < bad_prob:
         r = await client.post("/v1/completions", content=rng.choice(BAD_BODIES))
         return str(r.status_code)
@@ -110,7 +134,8 @@ async def one(client: httpx.AsyncClient, rng: random.Random, model: str,
 
 async def soak(base_url: str, *, num_requests: int, concurrency: int, time_limit: float,
                seed: int = 0, disconnect_prob: float = 0.1, bad_prob: float = 0.05,
-               progress: bool = True) -> dict:
+               progress: bool = True, hostile: bool = False, flood_connections: int = 0,
+               stall_prompts: int = 3) -> dict:
     """Drive a running server; returns counts by outcome and the end-state checks."""
     if not base_url.startswith(("http://127.0.0.1", "http://localhost", "http://[::1]")):
         raise ValueError("the soak runs on loopback only (http://127.0.0.1:PORT)")
@@ -122,16 +147,28 @@ async def soak(base_url: str, *, num_requests: int, concurrency: int, time_limit
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
         next_index = 0
-
+        extra: dict = {}
+        rss: list[tuple[float, float]] = []
+        if hostile:
+            extra["solo"] = {"texts": await solo_texts(client, model)}
+            if flood_connections:
+                extra["flood"] = await asyncio.to_thread(flood, base_url, flood_connections)
+            if stall_prompts:
+                extra["stall"] = await stall(client, model, stall_prompts)
+            rss.append((0.0, rss_mb()))
+            deadline = time.monotonic() + time_limit  # the probes are not the soak's time
         async def worker() -> None:
             nonlocal next_index
             wrng = random.Random(rng.random())
             while next_index < num_requests and time.monotonic() < deadline:
                 next_index += 1
                 try:
-                    outcomes[await one(client, wrng, model, disconnect_prob, bad_prob)] += 1
+                    outcomes[await one(client, wrng, model, disconnect_prob, bad_prob,
+                                       extra.get("solo"))] += 1
                 except httpx.HTTPError as e:
                     outcomes[f"client-error:{type(e).__name__}"] += 1
+                if hostile and time.monotonic() - started - rss[-1][0] > 30:
+                    rss.append((time.monotonic() - started, rss_mb()))
                 if progress and sum(outcomes.values()) % 250 == 0:
                     print(f"soak: {sum(outcomes.values())} requests, {dict(outcomes)}",
                           file=sys.stderr, flush=True)
@@ -142,13 +179,22 @@ async def soak(base_url: str, *, num_requests: int, concurrency: int, time_limit
         health = (await client.get("/health")).status_code
         metrics_5xx = await _count_5xx(client)
     server_errors = sum(v for k, v in outcomes.items() if k.startswith("5"))
-    return {
+    if hostile:
+        rss.append((elapsed, rss_mb()))
+        extra["rss_mb"] = [[round(t), round(m, 1)] for t, m in rss]
+    ok_extra = not hostile or (
+        outcomes.get("greedy-mismatch", 0) == 0
+        and extra.get("flood", {}).get("health_ok", True)
+        and extra.get("flood", {}).get("health_ms_max", 0) < 1000
+        and extra.get("flood", {}).get("log_bytes", 0) < 1 << 20
+        and extra.get("stall", {}).get("stream_gap_s_max", 0) < 0.5)
+    return {**{k: v for k, v in extra.items() if k != "solo"},
         "date": datetime.now(UTC).isoformat(timespec="seconds"), "model": model,
         "requests": sum(outcomes.values()), "elapsed_s": elapsed,
         "requests_per_s": sum(outcomes.values()) / elapsed, "outcomes": dict(outcomes),
         "server_5xx": server_errors, "metrics_5xx": metrics_5xx, "kv": kv,
         "health": health,
-        "passed": server_errors == 0 and metrics_5xx == 0 and health == 200
+        "passed": ok_extra and server_errors == 0 and metrics_5xx == 0 and health == 200
         and kv["kv_slots_free"] + kv["kv_slots_cached"] == kv["kv_slots_total"]
         and not any(k.startswith(("client-error", "stream-error", "truncated")) for k in outcomes),
     }
@@ -195,7 +241,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-draft-tokens", type=int, default=None)
     p.add_argument("--num-requests", type=int, default=3000)
     p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--time-limit", type=float, default=540.0, help="seconds (<= 600)")
+    p.add_argument("--time-limit", type=float, default=540.0, help="seconds of load")
+    p.add_argument("--hostile", action="store_true",
+                   help="mix in hostile bodies and greedy checks; flood and stall probes first")
+    p.add_argument("--flood-connections", type=int, default=20000,
+                   help="--hostile: idle half-open connections of the flood probe (0: none)")
+    p.add_argument("--stall-prompts", type=int, default=3,
+                   help="--hostile: ~4 MB prompts sent beside a live stream (0: none)")
     p.add_argument("--disconnect-prob", type=float, default=0.1)
     p.add_argument("--bad-prob", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
@@ -203,8 +255,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 < args.time_limit <= 600:
-        raise SystemExit("error: --time-limit must be in (0, 600] seconds")
+    if not args.time_limit > 0:
+        raise SystemExit("error: --time-limit must be > 0 seconds")
 
     from gearshift.engine.async_engine import AsyncEngine
     from gearshift.engine.engine import Engine
@@ -218,11 +270,14 @@ def run(args: argparse.Namespace) -> int:
     config = build_engine_config(args.model, device=args.device, max_num_seqs=args.max_num_seqs,
                                  kv_cache_tokens=args.kv_cache_tokens, **options)
     engine = Engine(config)
-    with BackgroundServer(build_app(AsyncEngine(engine))) as srv:
+    # huge prompts need a body limit above their ~4 MB
+    app = build_app(AsyncEngine(engine), max_body_bytes=8 << 20 if args.hostile else 4 << 20)
+    with BackgroundServer(app) as srv:
         result = asyncio.run(soak(
             srv.base_url, num_requests=args.num_requests, concurrency=args.concurrency,
             time_limit=args.time_limit, seed=args.seed, disconnect_prob=args.disconnect_prob,
-            bad_prob=args.bad_prob))
+            bad_prob=args.bad_prob, hostile=args.hostile,
+            flood_connections=args.flood_connections, stall_prompts=args.stall_prompts))
     result["config"] = {k: v for k, v in vars(args).items() if k != "func"}
     result["engine_stats"] = engine.stats()
     print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=1))

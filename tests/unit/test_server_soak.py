@@ -38,5 +38,23 @@ def test_soak_is_a_bench_command():
 
     args = build_parser().parse_args(["bench", "soak", "--num-requests", "5", "--time-limit", "30"])
     assert args.func is soak_module.run and args.num_requests == 5 and args.device == "cpu"
-    with pytest.raises(SystemExit, match="time-limit must be in"):  # before any engine is built
-        soak_module.run(build_parser().parse_args(["bench", "soak", "--time-limit", "700"]))
+    with pytest.raises(SystemExit, match="time-limit must be > 0"):  # before any engine is built
+        soak_module.run(build_parser().parse_args(["bench", "soak", "--time-limit", "0"]))
+
+
+def test_short_hostile_soak_passes():
+    """Hostile bodies and greedy checks in the load, a small idle-connection flood and huge
+    prompts beside a stream first: no 5xx, greedy texts equal their solo runs, /health fast."""
+    with fake_server(step_delay=0.001, max_num_seqs=16, max_model_len=1024,
+                     max_body_bytes=8 << 20) as srv:
+        result = asyncio.run(soak(srv.base_url, num_requests=200, concurrency=8, time_limit=60,
+                                  seed=2, bad_prob=0.2, progress=False, hostile=True,
+                                  flood_connections=300, stall_prompts=2))
+        srv.wait_idle()
+    assert result["passed"], result
+    outcomes = result["outcomes"]
+    assert outcomes.get("hostile-400", 0) > 5 and outcomes.get("greedy-equal", 0) > 5
+    assert "greedy-mismatch" not in outcomes
+    assert result["flood"]["opened"] == 300 and result["flood"]["health_ok"]
+    assert result["stall"]["statuses"] == [400, 400]  # past the fake model's context
+    assert len(result["rss_mb"]) >= 2
