@@ -153,7 +153,7 @@ def test_a_fault_in_one_request_fails_that_request_only(tiny_llama_dir, referenc
             metrics = client.get("/metrics").text
         assert texts == [reference] * 3
         assert "gearshift_request_finish_total{reason=\"error\"} 2.0" in metrics, \
-            "\n".join(l for l in metrics.splitlines() if "finish_total" in l)
+            "\n".join(x for x in metrics.splitlines() if "finish_total" in x)
         deadline = time.monotonic() + 10
         while engine.has_unfinished_requests() and time.monotonic() < deadline:
             time.sleep(0.05)
