@@ -29,7 +29,7 @@ def served(tiny_llama_dir):
     cmd = [sys.executable, "-m", "gearshift.cli", "serve", str(tiny_llama_dir), "--port",
            str(port), "--device", "cpu", "--kv-cache-tokens", "2048", "--max-num-seqs", "4",
            "--served-model-name", "org/tiny", "--chat-template", TEMPLATE, "--cpu-threads", "1"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     base = f"http://127.0.0.1:{port}"
     try:
