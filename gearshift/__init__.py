@@ -1,6 +1,9 @@
 """Gearshift: an LLM serving engine with load-adaptive speculative decoding."""
 
+from gearshift.logs import configure_default as _configure_logging
 from gearshift.request import RequestOutput, SamplingParams
+
+_configure_logging()
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]
 __version__ = "0.1.0"

@@ -5,6 +5,8 @@ here; bad input ends with a one-line message and exit code 2.
 Registration is lazy: `main` reads which subcommand argv names and imports only that one's
 module (the bench and the server pull in torch, uvicorn, ...); `gearshift --help` or an
 unknown name builds every subcommand, so the listing and the errors are argparse's own.
+Every parser shows its options' defaults in --help and takes --log-level (INFO by default:
+start-up phases report their time) before or after the subcommand.
 
 Data flow: argv -> argparse -> subcommand -> LLM / server / bench / train.
 """
@@ -12,11 +14,13 @@ Data flow: argv -> argparse -> subcommand -> LLM / server / bench / train.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
-import logging
 import sys
 
+from gearshift import __version__
 from gearshift.engine_args import add_engine_args, engine_kwargs
+from gearshift.logs import LEVELS, set_log_level
 
 # subcommand -> "module:function" that adds its parser to the `gearshift` subparsers,
 # in the order `gearshift --help` lists them
@@ -57,16 +61,59 @@ def register_generate(sub) -> None:
     p.set_defaults(func=_generate)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows every option's default, options without help text included, unless the
+    help already speaks of it; None and False defaults (unset, off) are left out."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text.lower() or not action.option_strings or action.default is None
+                or action.default is False or action.default == argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and (text := self._get_help_string(action)):
+            action = copy.copy(action)  # argparse prints nothing for an option without help
+            action.help = text
+        return super()._format_action(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """The `gearshift` parsers: subcommands (`add_subparsers`) are built as this class too."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _log_level_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--log-level", type=str.upper, choices=LEVELS, default=default,
+                        help="gearshift's messages: INFO (the default) shows start-up progress "
+                             "and timings")
+
+
+def _every_subparser(parser: argparse.ArgumentParser):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield sub
+                yield from _every_subparser(sub)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The `gearshift` parser with subcommand `command` only (its module alone is imported),
     or with every subcommand (None)."""
-    parser = argparse.ArgumentParser(prog="gearshift", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--log-level", default="WARNING")
+    parser = Parser(prog="gearshift", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"gearshift {__version__}")
+    _log_level_option(parser, "INFO")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, target in COMMANDS.items():
         if command is None or name == command:
             module, function = target.split(":")
             getattr(importlib.import_module(module), function)(sub)
+    for p in _every_subparser(parser):  # SUPPRESS: absent there, the top level's value stands
+        _log_level_option(p, argparse.SUPPRESS)
     return parser
 
 
@@ -76,7 +123,7 @@ def named_command(argv: list[str]) -> str | None:
     typo or an unknown option before the name: the full parser answers those."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--log-level")
-    pre.add_argument("-h", "--help", action="store_true")
+    pre.add_argument("-h", "--help", "--version", action="store_true")
     pre.add_argument("command", nargs="?")
     pre.add_argument("rest", nargs=argparse.REMAINDER)  # the subcommand's, --help included
     known, unknown = pre.parse_known_args(argv)
@@ -87,8 +134,11 @@ def named_command(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--version"]:  # without building (importing) every subcommand
+        print(f"gearshift {__version__}")
+        return 0
     args = build_parser(named_command(argv)).parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    set_log_level(args.log_level)
     from gearshift.config import ConfigError
     from gearshift.request import SamplingParamsError
 

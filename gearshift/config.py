@@ -144,6 +144,7 @@ class EngineConfig:
     kv_memory_fraction: float = 0.85  # of free GPU memory, when kv_cache_tokens is None
     max_num_batched_tokens: int = 2048  # prefill chunk budget per step
     max_model_len: int | None = None  # None: min(max_position_embeddings, KV capacity)
+    allow_long_max_model_len: bool = False  # max_model_len past max_position_embeddings
     cuda_graphs: bool = True  # decode graphs per padded batch size (CUDA only)
     extend_graph_max_tokens: int = 2048  # EXTEND graphs per padded token count up to this; 0 = off
     overlap_schedule: bool = True  # plan + prepare step n+1 while step n runs on the device
@@ -154,6 +155,10 @@ class EngineConfig:
     fuse_norms: bool = True
     gc_freeze: bool | None = None  # gc.freeze() the start-up heap (engine/gc_control.py); None: on CUDA
     seed: int = 0
+    cpu_threads: int | None = None  # CPU runs; None: runner/startup_checks.default_cpu_threads
+    tokenizer: str | None = None  # tokenizer directory; None: the model's own
+    chat_template: str | None = None  # Jinja template, or a file holding one; None: the tokenizer's
+    served_model_name: str | None = None  # the name clients see; None: the directory's
     # speculative decoding (None = off; see gearshift/speculative/)
     speculative_algorithm: str | None = None  # "eagle3" | "draft" | "ngram"
     draft_model: str | None = None  # EAGLE-3 head or draft model directory
@@ -184,6 +189,10 @@ class EngineConfig:
             raise ConfigError("extend_graph_max_tokens must be >= 0 (0 = no EXTEND graphs)")
         if not 0.0 < self.kv_memory_fraction < 1.0:
             raise ConfigError("kv_memory_fraction must be in (0, 1)")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ConfigError("cpu_threads must be >= 1")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ConfigError("served_model_name must not be empty")
         self._validate_spec()
 
     def _validate_spec(self) -> None:

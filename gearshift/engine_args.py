@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import argparse
 
+from gearshift.config import EngineConfig
+
+KV_MEMORY_FRACTION = EngineConfig.__dataclass_fields__["kv_memory_fraction"].default
+
 
 def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False) -> None:
     """Flags shared by every command that builds an engine."""
@@ -18,12 +22,29 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
     g.add_argument("--preset", help="a config preset (gearshift/presets) instead of --model")
     g.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
     g.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda when available)")
-    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-    g.add_argument("--max-num-seqs", type=int, default=None)
-    g.add_argument("--kv-cache-tokens", type=int, default=None)
+    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="default: bfloat16 on a GPU, float32 on a CPU")
+    g.add_argument("--max-num-seqs", type=int, default=None,
+                   help="requests running at once (default: 64)")
+    g.add_argument("--kv-cache-tokens", type=int, default=None,
+                   help="KV cache slots (default: from the free GPU memory; 16384 on a CPU)")
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--attention-backend", choices=["torch", "triton"])
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="context length (default: the model's max_position_embeddings, at most "
+                        "the KV cache)")
+    g.add_argument("--allow-long-max-model-len", action="store_true",
+                   help="accept --max-model-len past the model's max_position_embeddings "
+                        "(positions it was never trained on: outputs may degrade)")
+    g.add_argument("--tokenizer", help="tokenizer directory (default: the model directory's)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="the engine's kv_memory_fraction: the share of the GPU memory left "
+                        "free after loading the weights that the KV cache takes (default "
+                        f"{KV_MEMORY_FRACTION}; vLLM's flag of this name counts the weights too)")
+    g.add_argument("--cpu-threads", type=int, default=None,
+                   help="torch threads of a CPU run (default: usable CPUs - 1, at most 8 and at "
+                        "most torch's own choice: oversubscribed threads slow a run many times)")
+    g.add_argument("--attention-backend", choices=["torch", "triton"],
+                   help="default: triton on a GPU, torch on a CPU")
     g.add_argument("--no-cuda-graphs", action="store_true")
     g.add_argument("--extend-graph-max-tokens", type=int, default=None,
                    help="CUDA graphs for prefill / mixed steps up to this many tokens (0 = off)")
@@ -39,7 +60,8 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
     s.add_argument("--draft-model", help="EAGLE-3 head or draft model directory")
     s.add_argument("--num-draft-tokens", type=int, help="K: draft depth (default 4)")
     s.add_argument("--draft-topk", type=int, help="1 = chain (default); > 1 = tree width")
-    s.add_argument("--num-verify-tokens", type=int, help="tree budget incl. the root")
+    s.add_argument("--num-verify-tokens", type=int,
+                   help="tree budget incl. the root (default: from the depth and width)")
     s.add_argument("--spec-policy",
                    help="goodput (default) | always | off | threshold | threshold-vllm | random")
     s.add_argument("--no-spec-warmup", action="store_true",
@@ -65,6 +87,13 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         kw["extend_graph_max_tokens"] = args.extend_graph_max_tokens
     if args.attention_backend:
         kw["attention_backend"] = args.attention_backend
+    if getattr(args, "allow_long_max_model_len", False):
+        kw["allow_long_max_model_len"] = True
+    if getattr(args, "gpu_memory_utilization", None) is not None:
+        kw["kv_memory_fraction"] = args.gpu_memory_utilization
+    for name in ("tokenizer", "cpu_threads", "served_model_name", "chat_template"):
+        if getattr(args, name, None) is not None:
+            kw[name] = getattr(args, name)
     for name in ("speculative_algorithm", "draft_model", "num_draft_tokens", "draft_topk",
                  "num_verify_tokens", "spec_policy"):
         if getattr(args, name, None) is not None:

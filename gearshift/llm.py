@@ -1,7 +1,9 @@
-"""Offline Python API: `LLM(model).generate(prompts, SamplingParams(...))`.
+"""Offline Python API: `LLM(model).generate(prompts, SamplingParams(...))` and
+`LLM(model).chat(messages)`.
 
 Data flow: LLM.generate -> tokenizer -> Engine.add_request -> Engine.step() loop ->
-OutputProcessor (detokenise, stop strings) -> list[RequestOutput] in prompt order.
+OutputProcessor (detokenise, stop strings) -> list[RequestOutput] in prompt order;
+LLM.chat -> the chat template (engine/tokenizer.py) -> token ids -> LLM.generate.
 """
 
 from __future__ import annotations
@@ -14,7 +16,18 @@ from tqdm.auto import tqdm
 from gearshift.config import ConfigError, EngineConfig
 from gearshift.engine.engine import Engine, PromptError
 from gearshift.engine.output_processor import OutputProcessor
+from gearshift.engine.tokenizer import read_chat_template, render_chat
 from gearshift.request import RequestOutput, SamplingParams
+
+
+def _text_message(message: dict) -> dict:
+    """Content given as OpenAI parts ([{"type": "text", "text": ...}]) joined into one
+    string, as templates expect."""
+    content = message.get("content")
+    if isinstance(content, list):
+        message = {**message, "content": "".join(
+            p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text")}
+    return message
 
 
 def default_device() -> str:
@@ -57,7 +70,7 @@ class LLM:
 
     def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = True) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # one prompt (text or token ids)
         prompts = list(prompts)
@@ -76,7 +89,8 @@ class LLM:
             proc.add(rid, ids, p)
             order.append(rid)
         results: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(order), desc="generate", disable=not use_tqdm)
+        bar = tqdm(total=len(order), desc="Processed prompts", unit="prompt", disable=not use_tqdm,
+                   dynamic_ncols=True)
         try:
             while len(results) < len(order):
                 for out in self.engine.step():
@@ -92,6 +106,25 @@ class LLM:
                 if rid not in results:
                     self.engine.abort_request(rid)
         return [results[rid] for rid in order]
+
+    def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             use_tqdm: bool = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Reply to one conversation (a list of {"role", "content"} messages) or to each of
+        a list of them, through the tokenizer's chat template (or `chat_template`, inline
+        Jinja or a file); one RequestOutput per conversation."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self._chat_ids(list(c), chat_template, add_generation_prompt)
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _chat_ids(self, messages: list[dict], chat_template: str | None,
+                  add_generation_prompt: bool) -> list[int]:
+        template = read_chat_template(chat_template) if chat_template is not None else None
+        text = render_chat(self.tokenizer, [_text_message(m) for m in messages],
+                           add_generation_prompt, template)
+        return self.tokenizer.encode(text, add_special_tokens=False)  # the template wrote them
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -13,6 +13,7 @@ import torch
 if not torch.cuda.is_available():  # before anything imports triton: kernels run interpreted
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,6 +44,15 @@ def _quiet_transformers() -> None:
 
 
 _quiet_transformers()
+
+
+@pytest.fixture(autouse=True)
+def _quiet_gearshift_logs() -> None:
+    """gearshift logs start-up progress at INFO by default, and the CLI sets the level:
+    tests keep it at WARNING unless they ask otherwise."""
+    logging.getLogger("gearshift").setLevel(logging.WARNING)
+
+
 # Tiny models gain nothing from intra-op threads, and on a shared 2-core CI box spinning
 # worker threads make every forward ~10x slower.
 torch.set_num_threads(1)

@@ -28,6 +28,7 @@ from gearshift.engine.cost_feedback import CostFeedback
 from gearshift.engine.gc_control import freeze_heap
 from gearshift.engine.overlap import PendingStep, TokenFeed
 from gearshift.engine.stats import StepStats, spec_stats
+from gearshift.engine.tokenizer import load_engine_tokenizer
 from gearshift.forward_batch import ForwardMode
 from gearshift.models.default import DEFAULT_MODEL_DIR
 from gearshift.models.loader import resolve_model_config
@@ -54,7 +55,8 @@ class Engine:
         self.model_name = Path(config.model).name if path else Path(config.model).stem
         if path is not None and path.resolve() == DEFAULT_MODEL_DIR.resolve() / "target":
             self.model_name = "gearshift-default"
-        self.tokenizer = load_tokenizer(path) if path else None
+        self.model_name = config.served_model_name or self.model_name
+        self.tokenizer = load_engine_tokenizer(config, path)
         torch.manual_seed(config.seed)
         self.runner = ModelRunner(config, self.model_config, path)
         self.max_model_len = self.runner.max_model_len
@@ -317,16 +319,6 @@ def _tokens(plan: StepPlan, sampled: list[int]) -> list[list[int]]:
 def _mix_seed(seed: int) -> int:
     """Any integer seed -> 32 bits, deterministically (the sampler hashes it further)."""
     return (seed ^ (seed >> 32) ^ (seed >> 64)) & 0xFFFFFFFF
-
-
-def load_tokenizer(path: Path):
-    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-    if not any((path / n).is_file() for n in names):
-        log.warning("no tokenizer files in %s: only token-id prompts will work", path)
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 def eos_token_ids(cfg, path: Path | None, tokenizer) -> tuple[int, ...]:

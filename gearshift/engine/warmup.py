@@ -31,6 +31,7 @@ import time
 
 from gearshift.engine.gc_control import gc_paused
 from gearshift.policy.static import AlwaysPolicy
+from gearshift.progress import progress
 from gearshift.request import SamplingParams
 
 log = logging.getLogger("gearshift.speculative")
@@ -90,7 +91,8 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     params = SamplingParams(max_tokens=generated + 1, temperature=0.0, ignore_eos=True)
     with gc_paused():  # a collection inside a timed step is not that gear's cost
         try:
-            for bs in sorted(sizes, reverse=True):  # largest first: smaller graphs reuse its pool
+            for bs in progress(sorted(sizes, reverse=True), desc="speculation warm-up",
+                               unit="batch size"):  # largest first: smaller graphs reuse its pool
                 ids = [f"__warmup-{bs}-{i}" for i in range(bs)]
                 for i, rid in enumerate(ids):
                     engine.add_request(rid, [(7 * i + j) % engine.model_config.vocab_size + 1

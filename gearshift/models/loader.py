@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from gearshift.config import ConfigError, ModelConfig
 from gearshift.models.llama import LlamaForCausalLM
+from gearshift.progress import progress
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
@@ -121,9 +122,11 @@ def _load_safetensors(model: torch.nn.Module, cfg: ModelConfig, path: Path) -> N
     by_file: dict[Path, list[str]] = {}
     for name in targets:
         by_file.setdefault(files[name], []).append(name)
+    bar = progress(desc="loading weights", total=len(targets), unit="tensor")
     for f, names in by_file.items():
         with safe_open(f, framework="pt") as st:
             for name in names:
+                bar.update(1)
                 ours, off, rows = targets[name]
                 dest = params[ours].data.narrow(0, off, rows)
                 src = st.get_tensor(name)
@@ -133,3 +136,4 @@ def _load_safetensors(model: torch.nn.Module, cfg: ModelConfig, path: Path) -> N
                         f"expected {tuple(dest.shape)} from config.json"
                     )
                 dest.copy_(src)
+    bar.close()

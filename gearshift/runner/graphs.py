@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from gearshift.forward_batch import ForwardBatch, ForwardMode
+from gearshift.progress import progress
 
 
 @dataclass
@@ -107,7 +108,8 @@ def capture_graphs(sizes: list[int], batch_for, forward, pool):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for size in sorted(sizes, reverse=True):
+        for size in progress(sorted(sizes, reverse=True), desc="capturing CUDA graphs",
+                             unit="graph"):
             fb = batch_for(size)
             for _ in range(2):  # warm up kernels / autotuning outside the graph
                 forward(fb)

@@ -29,6 +29,7 @@ from gearshift.runner.graphs import (
     pick_bucket,
 )
 from gearshift.runner.sampler import SamplingBatch, sample
+from gearshift.runner.startup_checks import check_device, context_limit, set_cpu_threads
 from gearshift.scheduler.plan import StepPlan
 
 log = logging.getLogger("gearshift.runner")
@@ -37,7 +38,10 @@ log = logging.getLogger("gearshift.runner")
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_cfg: ModelConfig, model_path) -> None:
         self.config = config
+        check_device(config)  # one clear line before anything loads
         self.device = torch.device(config.device)
+        if self.device.type == "cpu":
+            set_cpu_threads(config)
         if self.device.type == "cuda":
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
@@ -45,11 +49,13 @@ class ModelRunner:
         dtype = DTYPES[config.dtype]
         t0 = time.perf_counter()
         # positions beyond the KV capacity can never be used; size RoPE for the model's limit
-        max_pos = config.max_model_len or model_cfg.max_position_embeddings
+        max_pos = context_limit(config, model_cfg)
         self.max_positions = max_pos
         self.model = load_model(model_cfg, model_path, dtype=config.dtype, device=config.device,
                                 max_positions=max_pos, seed=config.seed)
-        log.info("loaded model in %.1fs", time.perf_counter() - t0)
+        size = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        log.info("loaded %s weights (%.2f GiB) in %.1f s", "dummy" if model_path is None
+                 else "the", size / 2**30, time.perf_counter() - t0)
         if config.fuse_norms and self.device.type == "cuda" and dtype != torch.float32:
             from gearshift.kernels.skinny_select import tma_capable
 
@@ -104,7 +110,7 @@ class ModelRunner:
             self.extend_sizes, pool = sizes, self.extend_graphs.pool
             times = self.extend_graphs.replay_ms()
             self.extend_route = fastest_at_or_above(times)
-            log.info("extend graph replay ms %s; padded further: %s",
+            log.debug("extend graph replay ms %s; padded further: %s",
                      {s: round(ms, 2) for s, ms in times.items()},
                      {s: r for s, r in self.extend_route.items() if r != s} or "none")
         self.graphs = DecodeGraphRunner(self._forward_logits, self.config.max_num_seqs, self.device,

@@ -40,6 +40,7 @@ from gearshift.server.protocol import (
     ModelList,
 )
 from gearshift.server.serving import Generation, Offload, prepare_chat, prepare_completion
+from gearshift.server.utility import add_utility_routes
 
 DEFAULT_MAX_WAITING = 512
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -118,6 +119,9 @@ def build_app(
     @app.get("/v1/models", dependencies=[Depends(require_key)])
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=engine.model_name, max_model_len=engine.max_model_len)])
+
+    add_utility_routes(app, engine, require_key,
+                       lambda r: read_json(r, max_body_bytes, offload), _parse)
 
     @app.post("/v1/completions", dependencies=[Depends(require_key)])
     async def completions(request: Request) -> Response:

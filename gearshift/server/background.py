@@ -6,6 +6,7 @@ Data flow: BackgroundServer(app) -> uvicorn.Server in a thread -> base_url for c
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -20,6 +21,23 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """ConfigError naming the port when uvicorn could not bind it: bound the way uvicorn
+    binds (its address family, SO_REUSEADDR), then released."""
+    from gearshift.config import ConfigError
+
+    if not 0 < port < 65536:
+        raise ConfigError(f"port {port} is not a TCP port (1..65535)")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            reason = "is already in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror})"
+            raise ConfigError(f"port {port} on {host} {reason}: pick another with --port") from None
 
 
 class BackgroundServer:

@@ -20,6 +20,8 @@ def register(sub) -> None:
     from gearshift.engine_args import add_engine_args
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, metrics)")
+    p.add_argument("model_tag", nargs="?", metavar="MODEL",
+                   help="Hugging Face model directory, as --model (default: the embedded model)")
     add_engine_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
@@ -35,6 +37,10 @@ def register(sub) -> None:
                    help="open connections at most; past it the oldest idle one is closed")
     g.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT,
                    help="seconds a connection has to send a complete request head")
+    g.add_argument("--served-model-name", help="the model's name in the API (default: the "
+                                               "model directory's name)")
+    g.add_argument("--chat-template", help="Jinja chat template, inline or a file holding one "
+                                           "(default: the tokenizer's)")
     p.set_defaults(func=run)
 
 
@@ -43,16 +49,23 @@ def run(args: argparse.Namespace) -> int:
     from gearshift.engine.engine import Engine
     from gearshift.engine_args import engine_kwargs
     from gearshift.llm import build_engine_config
+    from gearshift.server.background import check_port_free
 
     if args.max_waiting < 1 or args.max_body_bytes < 1 or args.max_connections < 1:
         raise ConfigError("--max-waiting, --max-body-bytes and --max-connections must be >= 1")
     if not args.header_timeout > 0:
         raise ConfigError("--header-timeout must be > 0")
+    if args.model_tag is not None:
+        if args.model is not None:
+            raise ConfigError(f"the model is given twice ({args.model_tag!r} and --model "
+                              f"{args.model!r}): pass one")
+        args.model = args.model_tag
     api_key = args.api_key or env.API_KEY.get() or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("binding %s without an API key: anyone who can reach it can use it",
                     args.host)
     config = build_engine_config(**engine_kwargs(args))
+    check_port_free(args.host, args.port)  # before the model loads, not minutes later
     engine = Engine(config)
     print(f"gearshift: serving {engine.model_name!r} (context {engine.max_model_len} tokens) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)

@@ -75,6 +75,13 @@ def from_validation_error(exc: ValidationError | RequestValidationError) -> APIE
     first = errors[0]
     path, tag = _split_loc(first.get("loc", ()))
     field = ".".join(path) or None
+    if first.get("type") == "unsupported_parameter":  # openai_fields.py: loc is the parent
+        field = ".".join([*path, first["ctx"]["field"]])
+        return APIError(400, f"invalid request: '{field}' is not supported by this server"
+                        f"{first['ctx']['hint']}", param=field, code="unsupported_parameter")
+    if first.get("type") == "extra_forbidden":
+        return APIError(400, f"invalid request: unknown field '{field}' (neither an OpenAI "
+                        "field nor a Gearshift extension)", param=field, code="unknown_parameter")
     where = f"'{field}': " if field else ""
     if tag is not None:
         tags = [t for e in errors if (p_t := _split_loc(e.get("loc", ())))[0] == path

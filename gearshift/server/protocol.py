@@ -11,7 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from gearshift.server.openai_fields import drop_neutral
 
 MAX_N = 64  # most choices (n x prompts) one request may ask for
 MAX_STOP = 16  # most stop strings
@@ -22,10 +24,17 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds
 
 
 class _Strict(BaseModel):
-    """Strict JSON types: "10" is not an int, 1 is not a bool; unknown keys are ignored;
-    an explicit null means "the default" (as clients send for unset options)."""
+    """Strict JSON types: "10" is not an int, 1 is not a bool; unknown keys are refused (as
+    the OpenAI API refuses them), OpenAI fields Gearshift does not implement too unless at
+    their neutral value (openai_fields.py); an explicit null means "the default" (as
+    clients send for unset options)."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unimplemented_openai_fields(cls, data: Any) -> Any:
+        return drop_neutral(cls.__name__, data, cls.model_fields)
 
     @model_validator(mode="before")
     @classmethod
@@ -165,8 +174,21 @@ class TextPart(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart] | None = Field(None, validate_default=True)
     name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_required(cls, v: str | list | None, info: ValidationInfo) -> str | list | None:
+        role = info.data.get("role")
+        if v is None and role in ("system", "developer", "user"):
+            raise ValueError(f"a {role} message needs 'content'")
+        return v
+
+    def template_dict(self) -> dict:
+        """The message as chat templates read it."""
+        out = {"role": self.role, "content": self.text()}
+        return out | {"name": self.name} if self.name is not None else out
 
     def text(self) -> str:
         if self.content is None:
@@ -186,6 +208,7 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True  # extension
+    safety_identifier: str | None = None  # an end-user id for the provider's abuse checks, as user
 
     @field_validator("logprobs")
     @classmethod

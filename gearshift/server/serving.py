@@ -197,7 +197,7 @@ def chat_prompt(engine: AsyncEngine, req: ChatCompletionRequest) -> list[int]:
     if tok is None or not getattr(tok, "chat_template", None):
         raise APIError(400, "this model has no chat template: use /v1/completions",
                        param="messages", code="no_chat_template")
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    messages = [m.template_dict() for m in req.messages]
     try:
         text = tok.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=req.add_generation_prompt
