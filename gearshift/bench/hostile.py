@@ -82,7 +82,7 @@ def _hold_idle(host: str, port: int, n: int, hold: float, opened) -> None:
         s.close()
 
 
-def flood(base_url: str, connections: int, hold: float = 8.0, per_process: int = 5000) -> dict:
+def flood(base_url: str, connections: int, hold: float = 8.0, per_process: int = 10000) -> dict:
     """Open `connections` idle half-open connections (several processes: each has its own
     file limit) and time /health while they are held; the bytes the server logged meanwhile
     are counted (the server runs in this process). -> {opened, health_ms_max, health_ok,

@@ -3,7 +3,8 @@ flood of identical errors must not fill the log.
 
     connection made  -> at the cap? evict the oldest connection that has not started a
                         request (a refusal costs an accept and a close, nothing more)
-                     -> a header timer: no complete request within `header_timeout` s closes it
+                     -> idle: no request started within `header_timeout` s closes it (a
+                        sweep each second)
     request started  -> the connection is no longer evictable until its response completes
     errors           -> RateLimitFilter: the first of a kind is logged, then one line per
                         interval with the count of those suppressed
@@ -41,66 +42,82 @@ class GuardedH11(H11Protocol):
     evicted = 0  # connections closed to make room, or for not sending a request in time
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        idle = _idle(self.server_state)
+        idle = _Idle.of(self.server_state, self.loop, self.header_timeout)
         if len(self.connections) >= self.max_connections:
-            if idle:
-                _, oldest = idle.popitem(last=False)
-                oldest._close()
-            else:  # every connection is busy with a request: refuse this one
+            if not idle.evict_oldest():  # every connection is busy with a request: refuse
                 self.transport, self._refused = transport, True
                 type(self).evicted += 1
                 transport.abort()
                 return
         super().connection_made(transport)
-        idle[id(self)] = self
-        self._header_timer = self.loop.call_later(self.header_timeout, self._header_expired)
+        idle.add(self)
 
     def handle_events(self) -> None:
         super().handle_events()
         if self.cycle is not None and not self.cycle.response_complete:
-            _idle(self.server_state).pop(id(self), None)  # a request is in progress
+            self.server_state.gearshift_idle.discard(self)  # a request is in progress
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():  # keep-alive: idle again until the next request
-            _idle(self.server_state)[id(self)] = self
-
-    def data_received(self, data: bytes) -> None:
-        if self.cycle is None or self.cycle.response_complete:  # a new request head begins
-            self._rearm()
-        super().data_received(data)
+            self.server_state.gearshift_idle.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        _idle(self.server_state).pop(id(self), None)
-        timer = getattr(self, "_header_timer", None)
-        if timer is not None:
-            timer.cancel()
         if getattr(self, "_refused", False):  # refused before uvicorn set it up
             return
+        self.server_state.gearshift_idle.discard(self)
         super().connection_lost(exc)
 
-    def _rearm(self) -> None:
-        timer = getattr(self, "_header_timer", None)
-        if timer is None or timer.cancelled() or timer.when() < self.loop.time():
-            self._header_timer = self.loop.call_later(self.header_timeout, self._header_expired)
-
-    def _header_expired(self) -> None:
-        if self.cycle is None or self.cycle.response_complete:  # no request in progress
-            self._close()
-
-    def _close(self) -> None:
-        _idle(self.server_state).pop(id(self), None)
+    def close_idle(self) -> None:
         type(self).evicted += 1
         if not self.transport.is_closing():
             self.transport.abort()
 
 
-def _idle(state: Any) -> collections.OrderedDict:
-    """Connections without a request in progress, oldest first (one table per server)."""
-    table = getattr(state, "gearshift_idle", None)
-    if table is None:
-        table = state.gearshift_idle = collections.OrderedDict()
-    return table
+class _Idle:
+    """Connections without a request in progress, oldest first, one table per server; a
+    sweep each second closes those idle for longer than the header timeout (one timer per
+    server, not one per connection: a flood's every connection costs little)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        self.table: collections.OrderedDict = collections.OrderedDict()  # id -> (conn, since)
+        self.loop, self.timeout = loop, timeout
+        self._timer = None
+
+    @classmethod
+    def of(cls, state: Any, loop: asyncio.AbstractEventLoop, timeout: float) -> _Idle:
+        idle = getattr(state, "gearshift_idle", None)
+        if idle is None:
+            idle = state.gearshift_idle = cls(loop, timeout)
+        return idle
+
+    def add(self, conn: GuardedH11) -> None:
+        self.table.pop(id(conn), None)
+        self.table[id(conn)] = (conn, self.loop.time())
+        if self._timer is None:
+            self._timer = self.loop.call_later(1.0, self._sweep)
+
+    def discard(self, conn: GuardedH11) -> None:
+        self.table.pop(id(conn), None)
+
+    def evict_oldest(self) -> bool:
+        if not self.table:
+            return False
+        _, (conn, _) = self.table.popitem(last=False)
+        conn.close_idle()
+        return True
+
+    def _sweep(self) -> None:
+        self._timer = None
+        limit = self.loop.time() - self.timeout
+        while self.table:
+            key, (conn, since) = next(iter(self.table.items()))
+            if since > limit:
+                break
+            del self.table[key]
+            conn.close_idle()
+        if self.table:
+            self._timer = self.loop.call_later(1.0, self._sweep)
 
 
 def guarded_protocol(max_connections: int, header_timeout: float) -> type[GuardedH11]:
