@@ -22,6 +22,8 @@ import torch
 from gearshift.attention.base import KVCache
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.request import Request
+from gearshift.runner.logprobs import logprob_plan, plan_logprobs
+from gearshift.runner.penalties import penalty_batch, stage_penalties
 from gearshift.runner.sampler import SamplingBatch
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
 from gearshift.scheduler.plan import StepPlan
@@ -167,16 +169,20 @@ def forward_batch(d: dict[str, torch.Tensor], mode: ForwardMode, bs: int, prefix
 
 
 def stage_sampling(st: Stager, reqs: list[Request], pad: int,
-                   steps: list[int] | None = None) -> None:
+                   steps: list[int] | None = None) -> tuple[bool, bool]:
     """Per-row sampling parameters; `steps`: the output index each row samples (the seeded
-    draw is keyed by it), by default the next one."""
+    draw is keyed by it), by default the next one. -> (some request processes its logits
+    (penalties, bias, min_tokens), some request wants logprobs)."""
     temps, top_p, top_k, seeds = [], [], [], []
+    processes = logprobs = False
     for req in reqs:
         p = req.params
         temps.append(p.temperature)
         top_p.append(p.top_p)
         top_k.append(p.top_k)
         seeds.append(req.sampling_seed)
+        processes = processes or p.processes_logits
+        logprobs = logprobs or p.logprobs is not None or p.prompt_logprobs is not None
     if steps is None:
         steps = [len(req.output_token_ids) for req in reqs]
     st.add_floats("temperatures", temps + [0.0] * pad)
@@ -184,9 +190,22 @@ def stage_sampling(st: Stager, reqs: list[Request], pad: int,
     st.add_ints("top_k", top_k + [-1] * pad)
     st.add_ints("seeds", seeds + [0] * pad)
     st.add_ints("steps", steps + [0] * pad)
+    return processes, logprobs
 
 
-def sampling_batch(d: dict[str, torch.Tensor], reqs: list[Request]) -> SamplingBatch:
+def stage_extras(st: Stager, plan: StepPlan, flags: tuple[bool, bool], pad: int,
+                 fresh: list[bool]):
+    """Penalties and logprob positions of the requests that use them (nothing otherwise).
+    -> what plan_logprobs planned, for logprob_plan."""
+    processes, logprobs = flags
+    if processes:
+        stage_penalties(st, plan.reqs, pad, plan.sample, fresh)
+    if logprobs:
+        return plan_logprobs(st, plan.reqs, plan.prefix_lens, plan.extend_lens, plan.sample)
+    return None
+
+
+def sampling_batch(d: dict[str, torch.Tensor], reqs: list[Request], planned=None) -> SamplingBatch:
     params = [r.params for r in reqs]
     return SamplingBatch(
         temperatures=d["temperatures"], top_p=d["top_p"], top_k=d["top_k"], seeds=d["seeds"],
@@ -195,6 +214,7 @@ def sampling_batch(d: dict[str, torch.Tensor], reqs: list[Request]) -> SamplingB
         any_greedy=any(p.temperature == 0.0 for p in params),
         need_top_k=any(p.top_k > 0 for p in params),
         need_top_p=any(p.top_p < 1.0 for p in params),
+        penalties=penalty_batch(d, reqs), logprobs=logprob_plan(d, planned),
     )
 
 
@@ -220,6 +240,7 @@ class BatchBuilder:
         graph shape ModelRunner.padding(plan) picked; None: unpadded). Every request's node
         slots join its slot list (positions prefix.. for plain steps and chains), so a
         request released mid-step frees them too."""
+        fresh = [req.req_pool_index < 0 for req in plan.reqs]  # a row given out now
         for req in plan.reqs:
             if req.req_pool_index < 0:
                 req.req_pool_index = self.rows.alloc()
@@ -228,10 +249,11 @@ class BatchBuilder:
         for req, s, n in zip(plan.reqs, slots, nodes):
             req.slots.extend(s[:n])
         if plan.mode is ForwardMode.VERIFY:
-            return self._verify(plan, slots)
-        return self._plain(plan, slots, padding)
+            return self._verify(plan, slots, fresh)
+        return self._plain(plan, slots, padding, fresh)
 
-    def _plain(self, plan: StepPlan, slots: list[list[int]], padding: Padding | None) -> StepBatch:
+    def _plain(self, plan: StepPlan, slots: list[list[int]], padding: Padding | None,
+               fresh: list[bool]) -> StepBatch:
         bs = plan.batch_size
         input_ids: list[int] = []
         for req, n, prefix in zip(plan.reqs, plan.extend_lens, plan.prefix_lens):
@@ -245,17 +267,18 @@ class BatchBuilder:
         # the booked plan's placeholder is the output index its row samples
         steps = [i if i >= 0 else len(r.output_token_ids)
                  for r, i in zip(plan.reqs, plan.placeholders)] if plan.placeholders else None
-        stage_sampling(st, plan.reqs, len(rows) - bs if plan.mode is ForwardMode.DECODE else 0,
-                       steps)
+        pad = len(rows) - bs if plan.mode is ForwardMode.DECODE else 0
+        flags = stage_sampling(st, plan.reqs, pad, steps)
+        planned = stage_extras(st, plan, flags, pad, fresh)
         d = st.to_device()
         fb = forward_batch(d, plan.mode, bs, prefix, extend, self.kv)
         if padding is not None and plan.mode is ForwardMode.EXTEND:
             fb.max_extend_len = padding.tokens  # the grid bound: a constant of the graph shape
         assert fb.mode is ForwardMode.EXTEND or fb.num_tokens == fb.padded_batch_size, \
             "DECODE must carry one token per row"
-        return StepBatch(slots, sampling_batch(d, plan.reqs), forward=fb)
+        return StepBatch(slots, sampling_batch(d, plan.reqs, planned), forward=fb)
 
-    def _verify(self, plan: StepPlan, slots: list[list[int]]) -> StepBatch:
+    def _verify(self, plan: StepPlan, slots: list[list[int]], fresh: list[bool]) -> StepBatch:
         """The inputs every stage of a VERIFY step reads, staged in one copy. The pending
         token is usually the last sampled one, or the last prompt token when a chunked
         prefill ended with a 1-token chunk."""
@@ -270,9 +293,10 @@ class BatchBuilder:
                                 for x in s[n:] + [0] * (s_max - len(s) + n)])
         st.add_ints("node_slots", [x for s, n in zip(slots, plan.num_nodes)
                                    for x in s[:n] + [0] * (n_max - n)])
-        stage_sampling(st, reqs, 0)
+        planned = stage_extras(st, plan, stage_sampling(st, reqs, 0), 0, fresh)
+        assert planned is None or not planned[2], "prompt logprobs ride in plain steps only"
         d = st.to_device()
-        return StepBatch(slots, sampling_batch(d, reqs), staged=d)
+        return StepBatch(slots, sampling_batch(d, reqs, planned), staged=d)
 
     def extend_batch(self, mode: ForwardMode, reqs: list[Request], prefix: list[int],
                      extend: list[int], input_ids: list[int], pad: int = 0) -> ForwardBatch:
