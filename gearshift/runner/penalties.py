@@ -83,35 +83,41 @@ class PenaltyBatch:
     use_counts: bool  # host: some request has a count-based penalty
 
     def apply(self, logits: torch.Tensor, counts: TokenCounts | None, req: torch.Tensor | None,
-              out_index: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
-        """logits [R, V] (any float dtype) -> processed float32 [R, V], a new tensor.
+              out_index: torch.Tensor, extra: torch.Tensor | None = None,
+              cols: torch.Tensor | None = None, vocab: int = 0) -> torch.Tensor:
+        """logits [R, C] (any float dtype) -> processed float32 [R, C], a new tensor.
         req [R]: the batch row of each logits row (None: row r is batch row r); out_index
-        [R]: the output index each row samples; extra [R, V] int32: drafted tokens on the
-        row's path, counted on top of the table (VERIFY)."""
+        [R]: the output index each row samples; extra [R, C] int32: drafted tokens on the
+        row's path, counted on top of the table; cols [C]: the token id of each column of a
+        draft vocabulary, within the target's `vocab` (None: C is the vocabulary)."""
         x = logits.float().clone()
-        b = x.shape[0] if req is None else self.rows.shape[0]
+        b = self.rows.shape[0]
 
-        def per_row(t: torch.Tensor) -> torch.Tensor:
-            return (t if req is None else t[req])[:, None]
+        def per_row(t: torch.Tensor) -> torch.Tensor:  # [B, ...] -> [R, ...]
+            return t if req is None else t[req]
+
+        def dense(index: tuple[torch.Tensor, torch.Tensor], values, dtype) -> torch.Tensor:
+            out = torch.zeros(b, x.shape[1] if cols is None else vocab, dtype=dtype,
+                              device=x.device)
+            out.index_put_(index, values, accumulate=dtype != torch.bool)
+            return per_row(out if cols is None else out[:, cols])
 
         if self.banned is not None:
-            ban = torch.zeros(b, x.shape[1], dtype=torch.bool, device=x.device)
-            ban[self.banned] = True
-            active = out_index < (self.min_tokens if req is None else self.min_tokens[req])
-            x.masked_fill_((ban if req is None else ban[req]) & active[:, None], float("-inf"))
+            ban = dense(self.banned, torch.tensor(True, device=x.device), torch.bool)
+            active = out_index < per_row(self.min_tokens)
+            x.masked_fill_(ban & active[:, None], float("-inf"))
         if self.bias is not None:
-            dense = torch.zeros(b, x.shape[1], device=x.device)
-            dense.index_put_(self.bias[:2], self.bias[2], accumulate=True)
-            x += dense if req is None else dense[req]
+            x += dense(self.bias[:2], self.bias[2], torch.float32)
         if self.use_counts:
-            c = counts.table[self.rows if req is None else self.rows[req]]  # [R, V]
+            rows = per_row(self.rows)
+            c = counts.table[rows] if cols is None else counts.table[rows[:, None], cols[None, :]]
             gen = c & COUNT_MASK
             if extra is not None:
                 gen = gen + extra
             seen = (c >= PROMPT_BIT) | (gen > 0)
-            rep = per_row(self.repetition)
+            rep = per_row(self.repetition)[:, None]
             x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
-            x = x - per_row(self.frequency) * gen - per_row(self.presence) * (gen > 0)
+            x = x - per_row(self.frequency)[:, None] * gen - per_row(self.presence)[:, None] * (gen > 0)
         return x
 
 

@@ -126,8 +126,12 @@ class SpecRunner:
         n_max, s_max = max(plan.num_nodes), max(plan.num_scratch)
         # the draft catches up on rows committed while these requests ran at K = 0
         self.follow.catch_up([r for r, k, rd in zip(reqs, ks, ride) if k and not rd])
+        pb, lp = sb.penalties, sb.logprobs
+        counts = self.runner.token_counts() if pb is not None and pb.use_counts else None
+        if counts is not None:
+            counts.reset(pb)  # rows given out this step, before the draft reads them
         ctx = ProposeContext(reqs, ks, depth, topk, n_max, d["roots"], d["prefix"], prefix,
-                             d["rows"], d["scratch"].view(b, s_max), sb)
+                             d["rows"], d["scratch"].view(b, s_max), sb, counts)
         tree, nodes_override = self.proposer.propose(ctx)
         n_tree = tree.num_nodes  # a tree is smaller than its budget when K was capped
         n_nodes = nodes_override or [min(len(s), n_tree) if k else 1
@@ -150,11 +154,8 @@ class SpecRunner:
                 and fb.num_tokens <= self.runner.max_verify_graph_tokens else None
             node_tok = None
         logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key)  # [T(+pad), V]
-        raw_t, pb, lp = logits_t, sb.penalties, sb.logprobs
-        counts = self.runner.token_counts() if pb is not None and pb.use_counts else None
+        raw_t = logits_t
         if pb is not None:  # verification sees what a plain step would sample from
-            if counts is not None:
-                counts.reset(pb)
             logits_t = vl.penalise(pb, counts, logits_t, tree, flat, vl.node_rows(flat, node_tok),
                                    sb.steps, depth)
         # the tree path's accepted slots go to req_to_token on the device (a chain verified
