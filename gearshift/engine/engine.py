@@ -32,7 +32,7 @@ from gearshift.engine.stats import StepStats, spec_stats
 from gearshift.forward_batch import ForwardMode
 from gearshift.models.default import DEFAULT_MODEL_DIR
 from gearshift.models.loader import resolve_model_config
-from gearshift.request import Request, SamplingParams
+from gearshift.request import Request, SamplingParams, SamplingParamsError
 from gearshift.runner.batch import BatchBuilder
 from gearshift.runner.model_runner import ModelRunner
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
@@ -112,6 +112,10 @@ class Engine:
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise PromptError(f"prompt token id {bad[0]!r} is out of range [0, {vocab})")
+        ids = list(params.logit_bias or ()) + (params.stop_token_ids or [] if params.min_tokens else [])
+        if any(t >= vocab for t in ids):  # the sampler indexes the vocabulary with them
+            raise SamplingParamsError(f"token id {max(ids)} in logit_bias / stop_token_ids is "
+                                      f"out of range [0, {vocab})")
         if n + params.max_tokens > self.max_model_len:
             raise PromptError(
                 f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the maximum "

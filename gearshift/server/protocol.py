@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 MAX_N = 64  # most choices (n x prompts) one request may ask for
 MAX_STOP = 16  # most stop strings
+MAX_LOGPROBS = 20  # most alternatives per token (logprobs / top_logprobs)
 
 
 class _Strict(BaseModel):
@@ -51,10 +52,11 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Accepted only at their neutral values; anything else is a 400 naming the field.
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # over generated tokens
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id -> bias, clamped to [-100, 100]
+    repetition_penalty: float = Field(1.0, gt=0.0, le=100.0)  # extension (HF semantics)
+    min_tokens: int = Field(0, ge=0)  # extension: EOS and stop ids masked until then
 
     @field_validator("stop")
     @classmethod
@@ -75,18 +77,11 @@ class _SamplingFields(_Strict):
             raise ValueError("stop_token_ids must be non-negative")
         return v
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v: float | None) -> float | None:
-        if v not in (None, 0.0):
-            raise ValueError("penalties are not supported (only 0 is accepted)")
-        return v
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, v: dict | None) -> dict | None:
-        if v:
-            raise ValueError("logit_bias is not supported")
+    def _check_logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v and any(not k.isdigit() for k in v):
+            raise ValueError("logit_bias keys must be token ids (strings of digits)")
         return v
 
     @property
@@ -98,31 +93,24 @@ class CompletionRequest(_SamplingFields):
     """POST /v1/completions. A prompt is a string, a list of token ids, or a batch of either."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
-    echo: bool = False
-    logprobs: int | None = None
+    echo: bool = False  # the prompt (and with logprobs its logprobs) before the completion
+    max_tokens: int | None = Field(16, ge=0)  # 0: with echo, the prompt scored alone
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # alternatives per token
     best_of: int | None = None
     suffix: str | None = None
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported")
-        return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: int | None) -> int | None:
-        if v is not None:
-            raise ValueError("logprobs are not supported")
-        return v
 
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, v: str | None) -> str | None:
         if v:
             raise ValueError("suffix is not supported")
+        return v
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _zero_with_echo(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v == 0 and not info.data.get("echo"):
+            raise ValueError("max_tokens must be at least 1 (0 only with echo: true)")
         return v
 
     @field_validator("prompt")
@@ -175,17 +163,17 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True  # extension
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: bool | None) -> bool | None:
-        if v:
-            raise ValueError("logprobs are not supported")
-        return v
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
     @field_validator("tools")
     @classmethod
@@ -215,10 +203,20 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """Legacy completions format: parallel lists over the choice's tokens (the prompt's
+    first with echo, whose first token has no logprob)."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
 
 
@@ -236,10 +234,25 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprobEntry(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobEntry] | None = None
+    refusal: list[TokenLogprobEntry] | None = None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
 
 
@@ -260,7 +273,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
