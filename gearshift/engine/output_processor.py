@@ -64,7 +64,9 @@ class OutputProcessor:
         st.token_ids.extend(new_ids)
         st.spec = out.spec
         if out.logprobs is not None:
-            st.logprobs = (st.logprobs or []) + out.logprobs
+            if st.logprobs is None:
+                st.logprobs = []
+            st.logprobs.extend(out.logprobs)
         if out.prompt_logprobs is not None:
             st.prompt_logprobs = out.prompt_logprobs
         stop_hit = False

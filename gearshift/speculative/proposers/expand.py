@@ -74,7 +74,7 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
     cand_tok, cand_score, cand_parent, qs = [], [], [], []
     pen = sb.penalties
 
-    def choose(logits: torch.Tensor, depth_index: int, path: torch.Tensor):
+    def choose(logits: torch.Tensor, depth_index: int, path: torch.Tensor | None):
         """[B, W, Vd] -> (tokens [B, W*topk or W], logp, parent beam [.]) for one depth;
         path [B, W, depth_index]: each beam's drafts so far (draft vocabulary ids)."""
         if pen is not None:
@@ -97,9 +97,11 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
         return ids, logp.gather(-1, ids[..., None])[..., 0], None
 
     # depth 1
-    tok, lp, _ = choose(x.first_logits[:, None, :], 0, x.roots.new_zeros(b, 1, 0))  # [B, w]
+    # drafts before each beam's token, kept for penalised requests only
+    tok, lp, _ = choose(x.first_logits[:, None, :], 0,
+                        x.roots.new_zeros(b, 1, 0) if pen is not None else None)  # [B, w]
     beam_tok, beam_score = tok, lp
-    beam_path = x.roots.new_zeros(b, w, 0)  # drafts before each beam's token
+    beam_path = x.roots.new_zeros(b, w, 0) if pen is not None else None
     beam_node = torch.arange(w, device=dev).expand(b, w)  # candidate index of each beam
     beam_hidden = (x.first_hidden[:, None, :].expand(b, w, -1)
                    if x.first_hidden is not None else None)
@@ -119,7 +121,7 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
         hid = beam_hidden.reshape(b * w, -1) if beam_hidden is not None else None
         logits, new_hidden = step(fb.input_ids, hid, fb)
         logits = logits.view(b, w, -1)
-        path = torch.cat([beam_path, beam_tok[..., None]], dim=-1)  # [B, W, d - 1]
+        path = None if pen is None else torch.cat([beam_path, beam_tok[..., None]], -1)  # [B, W, d-1]
         tok, lp, _ = choose(logits, d - 1, path)
         n_prev = sum(t.shape[1] for t in cand_tok)
         if w > 1:
@@ -132,7 +134,8 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
         cand_parent.append(beam_node.gather(1, parent_beam))
         keep = score.topk(w, dim=-1).indices  # [B, w] best candidates become beams
         pb = parent_beam.gather(1, keep)
-        beam_path = path.gather(1, pb[..., None].expand(-1, -1, path.shape[-1]))
+        if pen is not None:
+            beam_path = path.gather(1, pb[..., None].expand(-1, -1, path.shape[-1]))
         beam_tok, beam_score = tok.gather(1, keep), score.gather(1, keep)
         beam_node = n_prev + keep
         if new_hidden is not None:
