@@ -227,16 +227,16 @@ class ModelRunner:
         self.step_counts[f"{fb.mode.value}_{'eager' if graph is None else 'graphed'}"] += 1
         logits, aux = out if self.capture else (out, None)
         if fb.mode is ForwardMode.DECODE:  # graph-sized rows (sb is padded alike)
-            tokens = self.sample(logits[: fb.padded_batch_size], sb)
+            tokens = self.sample_tokens(logits[: fb.padded_batch_size], sb)
         else:  # EXTEND: the real requests' rows; aux of the real tokens (they come first)
-            tokens = self.sample(logits[: fb.batch_size], sb)
+            tokens = self.sample_tokens(logits[: fb.batch_size], sb)
             if aux is not None and fb.padded_batch_size > fb.batch_size:
                 aux = aux[: sum(fb.extend_lens_cpu[: fb.batch_size])]
         if self.last_events:
             self.last_events[1].record()
         return tokens, aux
 
-    def sample(self, logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    def sample_tokens(self, logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
         """logits [B, V] -> tokens [B]: penalties (only where requests use them), sampling,
         then the sampled tokens counted for the penalties and their logprobs taken from the
         raw logits."""

@@ -110,3 +110,27 @@ def test_logit_bias_beyond_the_vocabulary_is_refused(client, live):
         client.completions.create(model=live[1], prompt="x", max_tokens=2,
                                   logit_bias={"99999": 1.0})
     assert "99999" in str(e.value)
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_stop_ids_ignore_eos_and_min_tokens(client, live, api):
+    """EOS made certain by a bias: min_tokens holds it back, ignore_eos runs to the length;
+    a stop id ends the text (both APIs)."""
+    from checkpoints import EOS_ID
+
+    def run(**extra):
+        kw = dict(model=live[1], max_tokens=8, temperature=0)
+        bias = extra.pop("logit_bias")
+        if api == "chat":
+            out = client.chat.completions.create(
+                messages=[{"role": "user", "content": "hi"}], logit_bias=bias, extra_body=extra,
+                **kw)
+        else:
+            out = client.completions.create(prompt="hi", logit_bias=bias, extra_body=extra, **kw)
+        return out.usage.completion_tokens, out.choices[0].finish_reason
+
+    assert run(logit_bias={str(EOS_ID): 100}) == (1, "stop")
+    assert run(logit_bias={str(EOS_ID): 100}, min_tokens=3) == (4, "stop")
+    assert run(logit_bias={str(EOS_ID): 100}, ignore_eos=True) == (8, "length")
+    assert run(logit_bias={"77": 100}, stop_token_ids=[77], ignore_eos=True) == (1, "stop")
+    assert run(logit_bias={"77": 100}, stop_token_ids=[77], min_tokens=5) == (6, "stop")
