@@ -157,3 +157,22 @@ def test_chunks_scoring_the_prompt_do_not_ride_in_verify_steps(make_llm, tiny_ll
     riders = [p for mode, chunks in plans if mode == "verify" for p in chunks]
     assert 1 not in riders
     assert any(mode == "verify" for mode, _ in plans)
+
+
+@pytest.mark.parametrize("variant", ["eagle3-chain", "eagle3-tree", "self-draft-chain"])
+def test_graphed_speculative_paths(make_llm, tiny_llama_dir, head_dir, hf, variant):
+    """The CUDA-graph paths (padded batches, graphed greedy verification; run eagerly on a
+    CPU stand-in) report the same logprobs."""
+    from eager_graphs import install
+
+    opts = dict(SPEC[variant])
+    opts["draft_model"] = str(head_dir if variant.startswith("eagle3") else tiny_llama_dir)
+    llm = make_llm(tiny_llama_dir, spec_policy="always", **opts)
+    graphs = install(llm)
+    for temperature in (0.0, 1.0):  # graphed greedy verification, then the sampled path
+        params = [_params(i, prompt_logprobs=None, temperature=temperature)
+                  for i in range(len(PROMPTS))]
+        for out, p in zip(llm.generate(PROMPTS, params), params):
+            check_output(out, hf, p.logprobs, None)
+    assert {"target", "verify-greedy"} <= {k[0] for k in graphs.keys}
+    assert llm.spec_stats()["proposed"] > 0

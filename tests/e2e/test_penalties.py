@@ -120,3 +120,17 @@ def test_random_policy_with_penalties(make_llm, tiny_llama_dir, reference, engin
                    draft_model=str(tiny_llama_dir), num_draft_tokens=4, **engine)
     _check(_run(llm), reference)
     assert sorted(llm.spec_stats()["steps_by_k"])[:2] == [0, 1]
+
+
+@pytest.mark.parametrize("variant", ["eagle3-chain", "eagle3-tree", "self-draft-chain"])
+def test_graphed_speculative_paths(make_llm, tiny_llama_dir, head_dir, reference, variant):
+    """The CUDA-graph paths (padded batches, graphed target pass and greedy verification;
+    run eagerly on a CPU stand-in) apply the same rules."""
+    from eager_graphs import install
+
+    llm = make_llm(tiny_llama_dir, spec_policy="always",
+                   **_spec(variant, tiny_llama_dir, head_dir))
+    graphs = install(llm)
+    _check(_run(llm), reference)
+    assert any(k[0] == "target" for k in graphs.keys)
+    assert any(k[0] == "verify-greedy" for k in graphs.keys)
