@@ -61,7 +61,7 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
 def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, n: int) -> LogprobOut:
     """logits [Q, V] (raw, any float dtype), chosen [Q] int64 -> LogprobOut with n top."""
     lp = torch.log_softmax(logits.float(), dim=-1)  # [Q, V]
-    top = lp.topk(n, dim=-1)
+    top = lp.topk(min(n, lp.shape[-1]), dim=-1)
     return LogprobOut(lp.gather(1, chosen[:, None])[:, 0], chosen, top.values, top.indices)
 
 
