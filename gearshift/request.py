@@ -145,6 +145,15 @@ class Request:
     # engine: the prompt's log-probabilities as steps read them (position 0 has none)
     prompt_logprobs: list[TokenLogprob] | None = None
     prompt_logprobs_sent: bool = False  # engine: handed to an output already
+    # from params at construction: read for every request of every step, where the
+    # SamplingParams properties cost ten times more
+    processes_logits: bool = field(init=False)
+    wants_logprobs: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.processes_logits = p.processes_logits
+        self.wants_logprobs = p.logprobs is not None or p.prompt_logprobs is not None
 
     def wants_prompt_logprobs(self, prefix: int, n: int) -> bool:
         """Does computing tokens prefix..prefix+n-1 yield prompt logprobs not asked for yet?

@@ -181,8 +181,8 @@ def stage_sampling(st: Stager, reqs: list[Request], pad: int,
         top_p.append(p.top_p)
         top_k.append(p.top_k)
         seeds.append(req.sampling_seed)
-        processes = processes or p.processes_logits
-        logprobs = logprobs or p.logprobs is not None or p.prompt_logprobs is not None
+        processes = processes or req.processes_logits
+        logprobs = logprobs or req.wants_logprobs
     if steps is None:
         steps = [len(req.output_token_ids) for req in reqs]
     st.add_floats("temperatures", temps + [0.0] * pad)
