@@ -174,7 +174,7 @@ class ModelRunner:
         if plan.mode is ForwardMode.DECODE:
             rows = self.decode_pad(plan.batch_size)
             return Padding(rows, rows)
-        if any(r.wants_prompt_logprobs(p, n) for r, p, n in
+        if any(r.wants_logprobs and r.wants_prompt_logprobs(p, n) for r, p, n in
                zip(plan.reqs, plan.prefix_lens, plan.extend_lens)):
             return None
         if plan.mode is ForwardMode.EXTEND and plan.batch_size < self.extend_rows:

@@ -148,7 +148,7 @@ class Scheduler:
         here on. Prefill chunks in the same plan (`Speculation.mixed`) keep K = 0."""
         spec = self.speculation
         if plan.mode is not ForwardMode.DECODE and any(
-                r.wants_prompt_logprobs(p, n)
+                r.wants_logprobs and r.wants_prompt_logprobs(p, n)
                 for r, p, n in zip(plan.reqs, plan.prefix_lens, plan.extend_lens)):
             return  # a chunk scoring its prompt tokens runs as a plain EXTEND step
         dec = [plan.reqs[i] for i in decoding]
