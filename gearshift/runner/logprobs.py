@@ -12,9 +12,9 @@ LogprobPlan and computes nothing here.
 Results stay on the device until the step's tokens are read: `start_copy` queues their
 copy to the host behind the sampled tokens, `read` turns them into TokenLogprob lists.
 
-Data flow: BatchBuilder.prepare -> plan_logprobs -> StepBatch.logprobs -> ModelRunner.run /
-SpecRunner.run fill `.sampled_out` / `.prompt_out` -> Engine: read -> StepOutput.logprobs,
-Request.prompt_logprobs.
+Data flow: BatchBuilder.prepare -> plan_logprobs -> SamplingBatch.logprobs -> ModelRunner.run
+/ SpecRunner.run fill `.sampled_out` / `.prompt_out` -> Engine: read (engine/logprob_outputs.py)
+-> StepOutput.logprobs, Request.prompt_logprobs.
 """
 
 from __future__ import annotations
@@ -42,13 +42,25 @@ class LogprobOut:
         return LogprobOut(*(_host_copy(t) for t in (self.chosen, self.ids, self.top_vals,
                                                     self.top_ids)))
 
-    def entries(self, start: int, count: int, n: int) -> list[TokenLogprob]:
-        """TokenLogprobs of positions start..start+count-1 with n alternatives (host side)."""
-        chosen = self.chosen[start:start + count].tolist()
-        ids = self.ids[start:start + count].tolist()
-        vals = self.top_vals[start:start + count, :n].tolist()
-        top = self.top_ids[start:start + count, :n].tolist()
-        return [TokenLogprob(i, c, list(zip(t, v))) for i, c, t, v in zip(ids, chosen, top, vals)]
+    def entries(self) -> _Entries:
+        """Host side: the results as Python lists, once (after the step's sync)."""
+        return _Entries(self.chosen.tolist(), self.ids.tolist(), self.top_vals.tolist(),
+                        self.top_ids.tolist())
+
+
+@dataclass(slots=True)
+class _Entries:
+    chosen: list[float]
+    ids: list[int]
+    top_vals: list[list[float]]
+    top_ids: list[list[int]]
+
+    def take(self, start: int, count: int, n: int) -> list[TokenLogprob]:
+        """TokenLogprobs of positions start..start+count-1 with n alternatives."""
+        end = start + count
+        return [TokenLogprob(i, c, list(zip(t[:n], v[:n]))) for i, c, t, v in zip(
+            self.ids[start:end], self.chosen[start:end], self.top_ids[start:end],
+            self.top_vals[start:end])]
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
@@ -100,16 +112,15 @@ class LogprobPlan:
         positions are appended to their requests' `prompt_logprobs`."""
         out = {}
         if self.sampled_out is not None:
-            k = self.per_request
+            k, got = self.per_request, self.sampled_out.entries()
             for j, i in enumerate(self.sampled):
-                out[i] = self.sampled_out.entries(j * k, k, reqs[i].params.logprobs)
-        start = 0
+                out[i] = got.take(j * k, k, reqs[i].params.logprobs)
+        start, got = 0, self.prompt_out.entries() if self.prompt_spans else None
         for i, count in self.prompt_spans:
             req = reqs[i]
             if req.prompt_logprobs is None:
                 req.prompt_logprobs = []
-            req.prompt_logprobs += self.prompt_out.entries(start, count,
-                                                           req.params.prompt_logprobs)
+            req.prompt_logprobs += got.take(start, count, req.params.prompt_logprobs)
             start += count
         return out
 

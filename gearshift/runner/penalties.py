@@ -90,7 +90,7 @@ class PenaltyBatch:
         [R]: the output index each row samples; extra [R, C] int32: drafted tokens on the
         row's path, counted on top of the table; cols [C]: the token id of each column of a
         draft vocabulary, within the target's `vocab` (None: C is the vocabulary)."""
-        x = logits.float().clone()
+        x = logits.to(torch.float32, copy=True)  # the raw logits stay (logprobs)
         b = self.rows.shape[0]
 
         def per_row(t: torch.Tensor) -> torch.Tensor:  # [B, ...] -> [R, ...]
