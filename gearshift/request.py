@@ -7,9 +7,12 @@ Data flow: LLM.generate / server -> Request -> Scheduler (waiting, running) -> R
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 INT32_MAX = 2**31 - 1  # counts and token ids: what the engine stages as int32 / int64
+MAX_LOGPROBS = 20  # most alternatives per position a request may ask for (as OpenAI)
+LOGIT_BIAS_LIMIT = 100.0  # logit_bias values are clamped to [-100, 100] (as OpenAI)
 
 
 class SamplingParamsError(ValueError):
@@ -27,10 +30,21 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     speculative: bool = True  # False: this request never speculates (plain decode)
+    # penalties over the logits before temperature (runner/penalties.py): presence and
+    # frequency over generated tokens (OpenAI), repetition over prompt + generated (HF)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens exist
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    # log-probabilities (of the raw logits): the sampled token's and the `logprobs` most
+    # likely per generated token; `prompt_logprobs` the same for every prompt token
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= INT32_MAX:
-            raise SamplingParamsError(f"max_tokens must be an integer in [1, {INT32_MAX}], "
+        if not isinstance(self.max_tokens, int) or not 0 <= self.max_tokens <= INT32_MAX:
+            raise SamplingParamsError(f"max_tokens must be an integer in [0, {INT32_MAX}], "
                                       f"got {self.max_tokens!r}")
         if not 0.0 <= float(self.temperature) <= 100.0:
             raise SamplingParamsError(f"temperature must be in [0, 100], got {self.temperature!r}")
@@ -51,10 +65,49 @@ class SamplingParams:
             not isinstance(t, int) or not 0 <= t <= INT32_MAX for t in self.stop_token_ids
         ):
             raise SamplingParamsError("stop_token_ids must be a list of token ids")
+        self._check_penalties()
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and (not isinstance(n, int) or not 0 <= n <= MAX_LOGPROBS):
+                raise SamplingParamsError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], "
+                                          f"got {n!r}")
+
+    def _check_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise SamplingParamsError(f"{name} must be in [-2, 2], got {v!r}")
+        rp = self.repetition_penalty
+        if not isinstance(rp, (int, float)) or not 0.0 < rp <= 100.0:
+            raise SamplingParamsError(f"repetition_penalty must be in (0, 100], got {rp!r}")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise SamplingParamsError(
+                f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}")
+        if self.logit_bias:
+            bias = {}
+            for tok, v in self.logit_bias.items():
+                tok = int(tok) if isinstance(tok, str) and tok.isdigit() else tok
+                if not isinstance(tok, int) or tok < 0 or not isinstance(v, (int, float)) \
+                        or not math.isfinite(v):
+                    raise SamplingParamsError(
+                        "logit_bias must map non-negative token ids to finite numbers")
+                bias[tok] = min(max(float(v), -LOGIT_BIAS_LIMIT), LOGIT_BIAS_LIMIT)
+            self.logit_bias = bias
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def uses_counts(self) -> bool:
+        """A penalty that reads the request's token counts."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+    @property
+    def processes_logits(self) -> bool:
+        """Anything that changes the logits before sampling (penalties, bias, min_tokens)."""
+        return self.uses_counts or bool(self.logit_bias) or self.min_tokens > 0
 
 
 class RequestStatus(enum.Enum):
@@ -93,6 +146,27 @@ class Request:
     draft_rows: int = 0  # speculative runner: rows the draft has computed (scheduler resets)
     num_pending: int = 0  # scheduler: sampled tokens not committed yet (placeholders)
     closing: bool = False  # scheduler: its last token (by length) is still being sampled
+    prompt_logprobs_planned: int = 0  # batch builder: prompt positions 1.. asked for so far
+    # engine: the prompt's log-probabilities as steps read them (position 0 has none)
+    prompt_logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs_sent: bool = False  # engine: handed to an output already
+    # from params at construction: read for every request of every step, where the
+    # SamplingParams properties cost ten times more
+    processes_logits: bool = field(init=False)
+    wants_logprobs: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.processes_logits = p.processes_logits
+        self.wants_logprobs = p.logprobs is not None or p.prompt_logprobs is not None
+
+    def wants_prompt_logprobs(self, prefix: int, n: int) -> bool:
+        """Does computing tokens prefix..prefix+n-1 yield prompt logprobs not asked for yet?
+        (the logits at position t score prompt token t + 1)"""
+        if self.params.prompt_logprobs is None:
+            return False
+        return min(prefix + n, len(self.prompt_token_ids) - 1) > max(
+            prefix, self.prompt_logprobs_planned)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -125,6 +199,19 @@ class RequestOutput:
     finish_reason: str | None  # "length" | "stop" | None while running
     finished: bool = False
     spec: SpecCounts | None = None  # speculation counters (None when not speculating)
+    logprobs: list[TokenLogprob] | None = None  # per generated token (params.logprobs set)
+    # per prompt token, None for the first (params.prompt_logprobs set)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """log_softmax of the target's raw logits (before temperature, penalties and bias) at
+    one position: the token there and the most likely tokens, best first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob), `logprobs` of them
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ import torch
 from gearshift.config import EngineConfig
 from gearshift.engine.cost_feedback import CostFeedback
 from gearshift.engine.gc_control import freeze_heap
+from gearshift.engine.logprob_outputs import attach as attach_logprobs
 from gearshift.engine.overlap import PendingStep, TokenFeed
 from gearshift.engine.stats import StepStats, spec_stats
 from gearshift.engine.tokenizer import load_engine_tokenizer
@@ -118,6 +119,9 @@ class Engine:
         bad = [t for t in params.stop_token_ids or () if t >= vocab]
         if bad:
             raise SamplingParamsError(f"stop_token_ids: {bad[0]} is out of range [0, {vocab})")
+        bad = [t for t in params.logit_bias or () if t >= vocab]
+        if bad:  # the sampler indexes the vocabulary with them
+            raise SamplingParamsError(f"logit_bias: token id {bad[0]} is out of range [0, {vocab})")
         if n + params.max_tokens > self.max_model_len:
             raise PromptError(
                 f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the maximum "
@@ -183,9 +187,12 @@ class Engine:
             fb.input_ids = self.feed.resolve_ids(fb.input_ids)  # earlier steps' tokens
         tokens, aux = self.runner.run(fb, batch.sampling)
         events = self.runner.last_events  # this step's; later calls record new ones
+        if batch.sampling.logprobs is not None:  # copied behind the tokens, read with them
+            batch.sampling.logprobs.start_copy()
         if not self.overlap:
             sampled = tokens[: plan.batch_size].tolist()  # the step's one sync
             outputs = self.scheduler.commit(plan, StepResult(batch.slots, _tokens(plan, sampled)))
+            attach_logprobs(plan, batch.sampling.logprobs, outputs)
             if self._draft_follows():  # the draft follows every committed token, at any K
                 self.spec.after_plain(plan, aux)
             self._account(plan, outputs, t0, self.runner.last_device_ms())
@@ -194,7 +201,8 @@ class Engine:
         if self._draft_follows():  # on the device (placeholders resolved there)
             self.spec.after_plain(plan, aux)
         outputs = self._commit_pending()
-        self.pending = PendingStep(plan, batch.slots, host, copied, events)
+        self.pending = PendingStep(plan, batch.slots, host, copied, events,
+                                   batch.sampling.logprobs)
         self._account(plan, outputs, t0, self._read_device_ms, timed=False)
         return outputs
 
@@ -219,7 +227,9 @@ class Engine:
                 self.scheduler.commit(plan, StepResult(batch.slots, [[] for _ in plan.reqs],
                                                        kept=[[] for _ in plan.reqs]))
                 raise
-            outputs += self.scheduler.commit(plan, result)
+            step_outputs = self.scheduler.commit(plan, result)
+            attach_logprobs(plan, batch.sampling.logprobs, step_outputs)
+            outputs += step_outputs
             self.spec.after_commit(plan, result)
         finally:
             self.scheduler.release_held()
@@ -243,6 +253,7 @@ class Engine:
         sampled = pending.tokens()
         outputs = self.scheduler.commit(pending.plan,
                                         StepResult(pending.slots, _tokens(pending.plan, sampled)))
+        attach_logprobs(pending.plan, pending.logprobs, outputs)
         self._read_device_ms = pending.device_ms()
         self.costs.after_read(pending.plan, self._read_device_ms)
         return outputs

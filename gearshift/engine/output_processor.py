@@ -25,6 +25,8 @@ class RequestDelta:
     finished: bool
     finish_reason: str | None
     stop_hit: bool = False  # a stop string matched: abort the request in the engine
+    logprobs: list | None = None  # TokenLogprob per new token (params.logprobs set)
+    prompt_logprobs: list | None = None  # once, with the first delta (params.prompt_logprobs)
     error: str | None = None  # finish_reason "error": what failed while processing it
 
 
@@ -40,6 +42,8 @@ class _State:
     finished: bool = False
     finish_reason: str | None = None
     spec: tuple[int, int] | None = None  # (proposed, accepted) speculation counters
+    logprobs: list | None = None  # TokenLogprob per token of token_ids
+    prompt_logprobs: list | None = None
 
 
 class OutputProcessor:
@@ -60,12 +64,19 @@ class OutputProcessor:
         new_ids = list(out.new_token_ids)
         st.token_ids.extend(new_ids)
         st.spec = out.spec
+        if out.logprobs is not None:
+            if st.logprobs is None:
+                st.logprobs = []
+            st.logprobs.extend(out.logprobs)
+        if out.prompt_logprobs is not None:
+            st.prompt_logprobs = out.prompt_logprobs
         stop_hit = False
         if self.tokenizer is not None:
             new_text = self._decode_new(st)
             st.text += new_text
             stops = st.params.stop or []
-            if stops and new_text:
+            # no stop before min_tokens (as EOS and stop ids, which the sampler masks)
+            if stops and new_text and len(st.token_ids) >= st.params.min_tokens:
                 window = len(st.text) - len(new_text) - max(map(len, stops)) + 1
                 cut = _find_stop(st.text, stops, max(window, 0))
                 if cut is not None:
@@ -76,13 +87,14 @@ class OutputProcessor:
         st.finished = out.finished or stop_hit
         st.finish_reason = "stop" if stop_hit else out.finish_reason
         return RequestDelta(out.request_id, new_ids, self._emit(st), st.finished,
-                            st.finish_reason, stop_hit, out.error)
+                            st.finish_reason, stop_hit, out.logprobs, out.prompt_logprobs,
+                            out.error)
 
     def final(self, request_id: str) -> RequestOutput:
         st = self._states.pop(request_id)
         spec = SpecCounts(*st.spec) if st.spec is not None else None
         return RequestOutput(request_id, st.prompt_token_ids, st.token_ids, st.text,
-                             st.finish_reason, st.finished, spec)
+                             st.finish_reason, st.finished, spec, st.logprobs, st.prompt_logprobs)
 
     def abort(self, request_id: str) -> None:
         self._states.pop(request_id, None)

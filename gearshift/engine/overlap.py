@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gearshift.runner.logprobs import LogprobPlan
 from gearshift.runner.model_runner import device_ms
 from gearshift.scheduler.plan import StepPlan
 
@@ -35,6 +36,7 @@ class PendingStep:
     host: torch.Tensor  # [padded_bs] int64 (pinned on CUDA), filled by an async copy
     copied: torch.cuda.Event | None  # recorded after the copy; None on CPU (synchronous)
     timing: tuple[torch.cuda.Event, torch.cuda.Event] | None  # ModelRunner.last_events
+    logprobs: LogprobPlan | None = None  # host copies queued before `copied` was recorded
 
     def tokens(self) -> list[int]:
         """Wait for this step's tokens only (not for steps queued after it)."""

@@ -22,6 +22,8 @@ import torch
 from gearshift.attention.base import KVCache
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.request import Request
+from gearshift.runner.logprobs import logprob_plan, plan_logprobs
+from gearshift.runner.penalties import penalty_batch, stage_penalties
 from gearshift.runner.sampler import SamplingBatch
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
 from gearshift.scheduler.plan import RequestFault, StepPlan
@@ -167,16 +169,20 @@ def forward_batch(d: dict[str, torch.Tensor], mode: ForwardMode, bs: int, prefix
 
 
 def stage_sampling(st: Stager, reqs: list[Request], pad: int,
-                   steps: list[int] | None = None) -> None:
+                   steps: list[int] | None = None) -> tuple[bool, bool]:
     """Per-row sampling parameters; `steps`: the output index each row samples (the seeded
-    draw is keyed by it), by default the next one."""
+    draw is keyed by it), by default the next one. -> (some request processes its logits
+    (penalties, bias, min_tokens), some request wants logprobs)."""
     temps, top_p, top_k, seeds = [], [], [], []
+    processes = logprobs = False
     for req in reqs:
         p = req.params
         temps.append(p.temperature)
         top_p.append(p.top_p)
         top_k.append(p.top_k)
         seeds.append(req.sampling_seed)
+        processes = processes or req.processes_logits
+        logprobs = logprobs or req.wants_logprobs
     if steps is None:
         steps = [len(req.output_token_ids) for req in reqs]
     st.add_floats("temperatures", temps + [0.0] * pad)
@@ -184,9 +190,22 @@ def stage_sampling(st: Stager, reqs: list[Request], pad: int,
     st.add_ints("top_k", top_k + [-1] * pad)
     st.add_ints("seeds", seeds + [0] * pad)
     st.add_ints("steps", steps + [0] * pad)
+    return processes, logprobs
 
 
-def sampling_batch(d: dict[str, torch.Tensor], reqs: list[Request]) -> SamplingBatch:
+def stage_extras(st: Stager, plan: StepPlan, flags: tuple[bool, bool], pad: int,
+                 fresh: list[bool]):
+    """Penalties and logprob positions of the requests that use them (nothing otherwise).
+    -> what plan_logprobs planned, for logprob_plan."""
+    processes, logprobs = flags
+    if processes:
+        stage_penalties(st, plan.reqs, pad, plan.sample, fresh)
+    if logprobs:
+        return plan_logprobs(st, plan.reqs, plan.prefix_lens, plan.extend_lens, plan.sample)
+    return None
+
+
+def sampling_batch(d: dict[str, torch.Tensor], reqs: list[Request], planned=None) -> SamplingBatch:
     params = [r.params for r in reqs]
     return SamplingBatch(
         temperatures=d["temperatures"], top_p=d["top_p"], top_k=d["top_k"], seeds=d["seeds"],
@@ -195,6 +214,7 @@ def sampling_batch(d: dict[str, torch.Tensor], reqs: list[Request]) -> SamplingB
         any_greedy=any(p.temperature == 0.0 for p in params),
         need_top_k=any(p.top_k > 0 for p in params),
         need_top_p=any(p.top_p < 1.0 for p in params),
+        penalties=penalty_batch(d, reqs), logprobs=logprob_plan(d, planned),
     )
 
 
@@ -228,19 +248,34 @@ class BatchBuilder:
                 tokens.append(req.token_slice(prefix, prefix + (1 if verify else n)))
             except Exception as e:  # noqa: BLE001 - this request's fault, not the step's
                 raise RequestFault(req, e) from e
-        for req in plan.reqs:
+        fresh = [req.req_pool_index < 0 for req in plan.reqs]  # a row given out now
+        cached = []  # new rows whose first tokens a prefix-cache hit already holds
+        for req, prefix in zip(plan.reqs, plan.prefix_lens):
             if req.req_pool_index < 0:
                 req.req_pool_index = self.rows.alloc()
+                if prefix:
+                    cached.append((req.req_pool_index, req.slots[:prefix]))
+        if cached:
+            self._record_cached(cached)
         slots = [self.slots.alloc(n) for n in plan.num_slots]
         nodes = plan.num_nodes or plan.extend_lens
         for req, s, n in zip(plan.reqs, slots, nodes):
             req.slots.extend(s[:n])
         if verify:
-            return self._verify(plan, slots, [t[0] for t in tokens])
-        return self._plain(plan, slots, padding, [t for ts in tokens for t in ts])
+            return self._verify(plan, slots, [t[0] for t in tokens], fresh)
+        return self._plain(plan, slots, padding, [t for ts in tokens for t in ts], fresh)
+
+    def _record_cached(self, cached: list[tuple[int, list[int]]]) -> None:
+        """req_to_token rows of requests that start after a cached prefix: its slots."""
+        st = Stager(self.device)
+        st.add_ints("rows", [row for row, s in cached for _ in s])
+        st.add_ints("pos", [p for _, s in cached for p in range(len(s))])
+        st.add_int32("slots", [x for _, s in cached for x in s])
+        d = st.to_device()
+        self.kv.req_to_token[d["rows"], d["pos"]] = d["slots"]
 
     def _plain(self, plan: StepPlan, slots: list[list[int]], padding: Padding | None,
-               input_ids: list[int]) -> StepBatch:
+               input_ids: list[int], fresh: list[bool]) -> StepBatch:
         bs = plan.batch_size
         rows, prefix, extend, input_ids, out_loc = pad_batch(
             plan.mode, [r.req_pool_index for r in plan.reqs], plan.prefix_lens, plan.extend_lens,
@@ -251,17 +286,19 @@ class BatchBuilder:
         # the booked plan's placeholder is the output index its row samples
         steps = [i if i >= 0 else len(r.output_token_ids)
                  for r, i in zip(plan.reqs, plan.placeholders)] if plan.placeholders else None
-        stage_sampling(st, plan.reqs, len(rows) - bs if plan.mode is ForwardMode.DECODE else 0,
-                       steps)
+        pad = len(rows) - bs if plan.mode is ForwardMode.DECODE else 0
+        flags = stage_sampling(st, plan.reqs, pad, steps)
+        planned = stage_extras(st, plan, flags, pad, fresh)
         d = st.to_device()
         fb = forward_batch(d, plan.mode, bs, prefix, extend, self.kv)
         if padding is not None and plan.mode is ForwardMode.EXTEND:
             fb.max_extend_len = padding.tokens  # the grid bound: a constant of the graph shape
         assert fb.mode is ForwardMode.EXTEND or fb.num_tokens == fb.padded_batch_size, \
             "DECODE must carry one token per row"
-        return StepBatch(slots, sampling_batch(d, plan.reqs), forward=fb)
+        return StepBatch(slots, sampling_batch(d, plan.reqs, planned), forward=fb)
 
-    def _verify(self, plan: StepPlan, slots: list[list[int]], roots: list[int]) -> StepBatch:
+    def _verify(self, plan: StepPlan, slots: list[list[int]], roots: list[int],
+                fresh: list[bool]) -> StepBatch:
         """The inputs every stage of a VERIFY step reads, staged in one copy. The pending
         token (`roots`) is usually the last sampled one, or the last prompt token when a
         chunked prefill ended with a 1-token chunk."""
@@ -276,9 +313,10 @@ class BatchBuilder:
                                 for x in s[n:] + [0] * (s_max - len(s) + n)])
         st.add_ints("node_slots", [x for s, n in zip(slots, plan.num_nodes)
                                    for x in s[:n] + [0] * (n_max - n)])
-        stage_sampling(st, reqs, 0)
+        planned = stage_extras(st, plan, stage_sampling(st, reqs, 0), 0, fresh)
+        assert planned is None or not planned[2], "prompt logprobs ride in plain steps only"
         d = st.to_device()
-        return StepBatch(slots, sampling_batch(d, reqs), staged=d)
+        return StepBatch(slots, sampling_batch(d, reqs, planned), staged=d)
 
     def extend_batch(self, mode: ForwardMode, reqs: list[Request], prefix: list[int],
                      extend: list[int], input_ids: list[int], pad: int = 0) -> ForwardBatch:

@@ -28,6 +28,8 @@ from gearshift.runner.graphs import (
     fastest_at_or_above,
     pick_bucket,
 )
+from gearshift.runner.logprobs import LogprobPlan, prompt_logprobs, token_logprobs
+from gearshift.runner.penalties import TokenCounts
 from gearshift.runner.sampler import SamplingBatch, sample
 from gearshift.runner.startup_checks import check_device, context_limit, set_cpu_threads
 from gearshift.scheduler.plan import StepPlan
@@ -81,6 +83,7 @@ class ModelRunner:
         self.dtype = dtype
         self._outputs: dict[str, torch.Tensor] = {}  # shared outputs of VERIFY-shape graphs
         self._retired_outputs: list[torch.Tensor] = []  # kept alive for graphs that wrote them
+        self._counts: TokenCounts | None = None  # penalties' token counts, made on first use
 
     def prepare_hot_path(self, capture: tuple[int, ...] = ()) -> None:
         """Compile kernels and capture the EXTEND and DECODE CUDA graphs (with `capture`
@@ -152,6 +155,7 @@ class ModelRunner:
         budget = free * self.config.kv_memory_fraction - act * 4 - (1 << 30)
         if self.config.speculative:  # VERIFY logits of every node, sampled-row distributions
             budget -= self.config.max_num_seqs * self.config.verify_nodes * cfg.vocab_size * 24
+        budget -= TokenCounts.nbytes(self.config.max_num_seqs + 1, cfg.vocab_size)  # penalties
         slots = int(budget // per_token)
         if slots < 16:
             raise ConfigError(
@@ -171,10 +175,14 @@ class ModelRunner:
 
     def padding(self, plan: StepPlan) -> Padding | None:
         """The graph shape `plan` will run in, for BatchBuilder.prepare(plan, padding);
-        None: eager and unpadded (VERIFY plans, EXTEND steps past the largest bucket)."""
+        None: eager and unpadded (VERIFY plans, EXTEND steps past the largest bucket, and
+        steps that score prompt tokens: they need every chunk token's logits)."""
         if plan.mode is ForwardMode.DECODE:
             rows = self.decode_pad(plan.batch_size)
             return Padding(rows, rows)
+        if any(r.wants_logprobs and r.wants_prompt_logprobs(p, n) for r, p, n in
+               zip(plan.reqs, plan.prefix_lens, plan.extend_lens)):
+            return None
         if plan.mode is ForwardMode.EXTEND and plan.batch_size < self.extend_rows:
             tokens = self.extend_pad(plan.num_tokens)
             return Padding(self.extend_rows, tokens) if tokens is not None else None
@@ -189,26 +197,67 @@ class ModelRunner:
         hidden = self.model(fb.input_ids, fb.positions, fb, self.attn)  # [T, hidden]
         return self.model.compute_logits(hidden[fb.logits_indices], fp32=False)
 
+    def _forward_scored(self, fb: ForwardBatch, lp: LogprobPlan):
+        """_forward_logits, and the logprobs of lp's prompt positions from the same hidden
+        states (eager)."""
+        if self.capture:
+            hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn, self.capture)
+        else:
+            hidden = self.model(fb.input_ids, fb.positions, fb, self.attn)
+        lp.prompt_out = prompt_logprobs(self.model, hidden, lp)
+        logits = self.model.compute_logits(hidden[fb.logits_indices], fp32=False)
+        return (logits, aux) if self.capture else logits
+
+    def token_counts(self) -> TokenCounts:
+        """The penalties' token-count table (runner/penalties.py), made on first use."""
+        if self._counts is None:
+            self._counts = TokenCounts(self.config.max_num_seqs + 1,
+                                       self.model.config.vocab_size, self.device)
+        return self._counts
+
     @torch.inference_mode()
     def run(self, fb: ForwardBatch, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> (sampled token ids, aux features or None), on device. No host sync.
         Tokens: [padded_bs] for DECODE, [batch_size] for EXTEND; aux: [tokens, ...] with the
-        real tokens first (a padded EXTEND batch returns only those)."""
+        real tokens first (a padded EXTEND batch returns only those). sb.logprobs, when
+        requests want them, gets their log-probabilities (a step scoring prompt tokens runs
+        eagerly)."""
         self._start_events()
-        graph = next((g for g in (self.graphs, self.extend_graphs)
-                      if g is not None and g.can_run(fb)), None)
-        out = graph.replay(fb) if graph is not None else self._forward_logits(fb)
+        lp = sb.logprobs
+        if lp is not None and lp.prompt_rows is not None:
+            graph, out = None, self._forward_scored(fb, lp)
+        else:
+            graph = next((g for g in (self.graphs, self.extend_graphs)
+                          if g is not None and g.can_run(fb)), None)
+            out = graph.replay(fb) if graph is not None else self._forward_logits(fb)
         self.step_counts[f"{fb.mode.value}_{'eager' if graph is None else 'graphed'}"] += 1
         logits, aux = out if self.capture else (out, None)
         if fb.mode is ForwardMode.DECODE:  # graph-sized rows (sb is padded alike)
-            tokens = sample(logits[: fb.padded_batch_size], sb)
+            tokens = self.sample_tokens(logits[: fb.padded_batch_size], sb)
         else:  # EXTEND: the real requests' rows; aux of the real tokens (they come first)
-            tokens = sample(logits[: fb.batch_size], sb)
+            tokens = self.sample_tokens(logits[: fb.batch_size], sb)
             if aux is not None and fb.padded_batch_size > fb.batch_size:
                 aux = aux[: sum(fb.extend_lens_cpu[: fb.batch_size])]
         if self.last_events:
             self.last_events[1].record()
         return tokens, aux
+
+    def sample_tokens(self, logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+        """logits [B, V] -> tokens [B]: penalties (only where requests use them), sampling,
+        then the sampled tokens counted for the penalties and their logprobs taken from the
+        raw logits."""
+        pb, lp, raw, counts = sb.penalties, sb.logprobs, logits, None
+        if pb is not None:
+            if pb.use_counts:
+                counts = self.token_counts()
+                counts.reset(pb)
+            logits = pb.apply(logits, counts, None, sb.steps)
+        tokens = sample(logits, sb)
+        if counts is not None:
+            counts.record(pb.rows, tokens, pb.record)
+        if lp is not None and lp.sampled:
+            lp.sampled_out = token_logprobs(raw[lp.sampled_dev], tokens[lp.sampled_dev], lp.top_n)
+        return tokens
 
     def graph_stats(self) -> dict[str, int]:
         """How many run() steps replayed a graph / ran eagerly, per mode (for stats / bench)."""

@@ -42,6 +42,8 @@ from gearshift.kernels.counter_rng import (  # noqa: F401 (the sampler's names f
     hash32,
     seeded_uniform,
 )
+from gearshift.runner.logprobs import LogprobPlan
+from gearshift.runner.penalties import PenaltyBatch
 
 
 @dataclass(slots=True)
@@ -55,6 +57,10 @@ class SamplingBatch:
     any_greedy: bool
     need_top_k: bool
     need_top_p: bool
+    # penalties, logit_bias, min_tokens (runner/penalties.py); None: no request uses any
+    penalties: PenaltyBatch | None = None
+    # requests that want logprobs (runner/logprobs.py); None: no request does
+    logprobs: LogprobPlan | None = None
 
 
 def top_k_top_p_drop(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

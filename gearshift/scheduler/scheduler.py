@@ -46,6 +46,10 @@ class StepOutput:
     finish_reason: str | None  # "length" | "stop" | "abort" | "error" | None
     spec: tuple[int, int] | None = None  # (proposed, accepted) so far, when speculation is on
     error: str | None = None  # finish_reason "error": what failed while processing it
+    # set by the engine for requests that ask (engine/logprob_outputs.py): TokenLogprob per
+    # new token; the prompt's (None first) on the request's first output
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
 
 class Scheduler:
@@ -153,6 +157,10 @@ class Scheduler:
         """Decide K for the decoding requests now, before allocation: the plan is final from
         here on. Prefill chunks in the same plan (`Speculation.mixed`) keep K = 0."""
         spec = self.speculation
+        if plan.mode is not ForwardMode.DECODE and any(
+                r.wants_logprobs and r.wants_prompt_logprobs(p, n)
+                for r, p, n in zip(plan.reqs, plan.prefix_lens, plan.extend_lens)):
+            return  # a chunk scoring its prompt tokens runs as a plain EXTEND step
         dec = [plan.reqs[i] for i in decoding]
         view = self._view(dec)
         ks = [0] * plan.batch_size
@@ -274,6 +282,8 @@ class Scheduler:
     def _append(self, req: Request, tokens: list[int]) -> StepOutput | None:
         if not tokens:  # a prefill chunk that does not reach the end of the prompt
             return None
+        if req.params.max_tokens == 0:
+            return self._prompt_only(req)
         emitted: list[int] = []
         reason = None
         for tok in tokens:
@@ -296,6 +306,9 @@ class Scheduler:
         req.num_pending -= 1
         if req.is_finished and not req.closing:
             return None  # aborted, or finished by an earlier token
+        if req.params.max_tokens == 0:
+            del req.output_token_ids[idx:]
+            return self._prompt_only(req)
         req.output_token_ids[idx] = tok
         last = idx + 1 >= req.params.max_tokens \
             or len(req.prompt_token_ids) + idx + 1 >= self.max_model_len
@@ -310,6 +323,17 @@ class Scheduler:
             self._finish(req, reason)
         return StepOutput(req.request_id, [tok], reason is not None, reason,
                           self._spec_counts(req))
+
+    def _prompt_only(self, req: Request) -> StepOutput:
+        """A request for its prompt alone (max_tokens 0: scored for its logprobs) ends once
+        the prompt is computed; the token sampled at its end is dropped."""
+        req.closing = False
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self._finish(req, "length")
+        return StepOutput(req.request_id, [], True, "length", self._spec_counts(req))
 
     def _spec_counts(self, req: Request) -> tuple[int, int] | None:
         return (req.spec_proposed, req.spec_accepted) if self.policy is not None else None

@@ -23,6 +23,13 @@ from starlette.requests import ClientDisconnect
 
 from gearshift.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from gearshift.server.errors import APIError, error_body, from_validation_error, install_error_handlers
+from gearshift.server.logprobs import (
+    TokenText,
+    chat_choice_logprobs,
+    completion_choice_logprobs,
+    completion_chunk_logprobs,
+    echo_of,
+)
 from gearshift.server.metrics import CONTENT_TYPE, ServerMetrics
 from gearshift.server.protocol import (
     AssistantMessage,
@@ -266,12 +273,21 @@ def _usage_fields(include_usage: bool) -> dict:
 async def _completion_chunks(gen: Generation, model: str, include_usage: bool
                              ) -> AsyncIterator[dict]:
     head = dict(id=f"cmpl-{gen.request_id}", created=gen.created, model=model)
+    token_text = TokenText(gen.engine.tokenizer)
+
+    def chunk(choice: CompletionChoice) -> dict:
+        body = CompletionChunk(**head, choices=[choice]).model_dump(exclude={"usage"})
+        return {**body, **_usage_fields(include_usage)}
+
     async for c, text in gen.events():
+        if gen.echo is not None and c.num_deltas == 1:  # the prompt first (its logprobs known now)
+            echo, logprobs = echo_of(gen, c, token_text)
+            yield chunk(CompletionChoice(index=c.index, text=echo, logprobs=logprobs,
+                                         finish_reason=None))
         if not text and not c.finished:
-            continue
-        choice = CompletionChoice(index=c.index, text=text, finish_reason=c.finish_reason)
-        chunk = CompletionChunk(**head, choices=[choice]).model_dump(exclude={"usage"})
-        yield {**chunk, **_usage_fields(include_usage)}
+            continue  # tokens whose text is held back: their logprobs go with the next chunk
+        yield chunk(CompletionChoice(index=c.index, text=text, finish_reason=c.finish_reason,
+                                     logprobs=completion_chunk_logprobs(gen, c, token_text, text)))
     if include_usage:
         yield CompletionChunk(**head, choices=[], usage=gen.usage()).model_dump()
 
@@ -286,27 +302,34 @@ async def _chat_chunks(gen: Generation, model: str, include_usage: bool) -> Asyn
 
     for c in gen.choices:
         yield chunk(ChatChunkChoice(index=c.index, delta=ChatDelta(role="assistant", content="")))
+    token_text = TokenText(gen.engine.tokenizer)
     async for c, text in gen.events():
         if not text and not c.finished:
             continue
         delta = ChatDelta(content=text) if text else ChatDelta()
-        yield chunk(ChatChunkChoice(index=c.index, delta=delta, finish_reason=c.finish_reason))
+        yield chunk(ChatChunkChoice(index=c.index, delta=delta, finish_reason=c.finish_reason,
+                                    logprobs=chat_choice_logprobs(gen, c, token_text, True)))
     if include_usage:
         yield ChatCompletionChunk(**head, choices=[], usage=gen.usage()).model_dump()
 
 
 def _completion_response(gen: Generation, model: str) -> CompletionResponse:
+    token_text = TokenText(gen.engine.tokenizer)
     return CompletionResponse(
         id=f"cmpl-{gen.request_id}", created=gen.created, model=model, usage=gen.usage(),
-        choices=[CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason)
-                 for c in gen.choices],
+        choices=[CompletionChoice(
+            index=c.index, text=(gen.echo[c.prompt_index] if gen.echo else "") + c.text,
+            logprobs=completion_choice_logprobs(gen, c, token_text),
+            finish_reason=c.finish_reason) for c in gen.choices],
     )
 
 
 def _chat_response(gen: Generation, model: str) -> ChatCompletionResponse:
+    token_text = TokenText(gen.engine.tokenizer)
     return ChatCompletionResponse(
         id=f"chatcmpl-{gen.request_id}", created=gen.created, model=model, usage=gen.usage(),
         choices=[ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
+                            logprobs=chat_choice_logprobs(gen, c, token_text),
                             finish_reason=c.finish_reason) for c in gen.choices],
     )
 

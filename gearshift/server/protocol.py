@@ -19,8 +19,10 @@ MAX_N = 64  # most choices (n x prompts) one request may ask for
 MAX_STOP = 16  # most stop strings
 MAX_STOP_CHARS = 1024  # longest stop string
 MAX_STOP_TOKEN_IDS = 256  # most stop token ids
+MAX_LOGIT_BIAS = 300  # most logit_bias entries (as OpenAI)
 INT32_MAX = 2**31 - 1  # counts and token ids (the engine stages them as int32 / int64)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds
+MAX_LOGPROBS = 20  # most alternatives per token (logprobs / top_logprobs)
 
 
 class _Strict(BaseModel):
@@ -65,10 +67,11 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Accepted only at their neutral values; anything else is a 400 naming the field.
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # over generated tokens
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id -> bias, clamped to [-100, 100]
+    repetition_penalty: float = Field(1.0, gt=0.0, le=100.0)  # extension (HF semantics)
+    min_tokens: int = Field(0, ge=0, le=INT32_MAX)  # extension: EOS and stop ids masked until then
 
     @field_validator("stop")
     @classmethod
@@ -91,18 +94,13 @@ class _SamplingFields(_Strict):
             raise ValueError("stop_token_ids must be token ids (non-negative, in the vocabulary)")
         return v
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v: float | None) -> float | None:
-        if v not in (None, 0.0):
-            raise ValueError("penalties are not supported (only 0 is accepted)")
-        return v
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, v: dict | None) -> dict | None:
-        if v:
-            raise ValueError("logit_bias is not supported")
+    def _check_logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v and any(not k.isdigit() or len(k) > 10 for k in v):
+            raise ValueError("logit_bias keys must be token ids (strings of digits)")
+        if v and len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries")
         return v
 
     @property
@@ -114,31 +112,24 @@ class CompletionRequest(_SamplingFields):
     """POST /v1/completions. A prompt is a string, a list of token ids, or a batch of either."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX)
-    echo: bool = False
-    logprobs: int | None = None
+    echo: bool = False  # the prompt (and with logprobs its logprobs) before the completion
+    max_tokens: int | None = Field(16, ge=0, le=INT32_MAX)  # 0: with echo, the prompt scored alone
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # alternatives per token
     best_of: int | None = None
     suffix: str | None = None
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported")
-        return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: int | None) -> int | None:
-        if v is not None:
-            raise ValueError("logprobs are not supported")
-        return v
 
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, v: str | None) -> str | None:
         if v:
             raise ValueError("suffix is not supported")
+        return v
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _zero_with_echo(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v == 0 and not info.data.get("echo"):
+            raise ValueError("max_tokens must be at least 1 (0 only with echo: true)")
         return v
 
     @field_validator("prompt")
@@ -204,18 +195,18 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
-    logprobs: bool | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True  # extension
     safety_identifier: str | None = None  # an end-user id for the provider's abuse checks, as user
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: bool | None) -> bool | None:
-        if v:
-            raise ValueError("logprobs are not supported")
-        return v
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
     @field_validator("tools")
     @classmethod
@@ -245,10 +236,20 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """Legacy completions format: parallel lists over the choice's tokens (the prompt's
+    first with echo, whose first token has no logprob)."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
 
 
@@ -266,10 +267,25 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprobEntry(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobEntry] | None = None
+    refusal: list[TokenLogprobEntry] | None = None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
 
 
@@ -290,7 +306,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 

@@ -44,6 +44,10 @@ class Choice:
     finish_reason: str | None = None
     finished: bool = False
     first_token_time: float | None = None
+    logprobs: list = field(default_factory=list)  # TokenLogprob per token (if asked)
+    unsent_logprobs: list = field(default_factory=list)  # of those, not streamed yet
+    prompt_logprobs: list | None = None  # the prompt's (None first), with echo + logprobs
+    num_deltas: int = 0  # deltas received (a stream echoes the prompt before the first)
 
 
 @dataclass
@@ -55,6 +59,7 @@ class Generation:
     prompts: list[list[int]]  # token ids per prompt
     params: list[SamplingParams]  # per choice
     n: int
+    echo: list[str] | None = None  # completions with echo: the text of each prompt
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     arrival: float = field(default_factory=time.monotonic)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -83,6 +88,8 @@ class Generation:
             err = errors[0]
             if isinstance(err, EngineDeadError):
                 raise APIError(503, str(err), code="engine_unavailable")
+            if isinstance(err, SamplingParamsError):  # a token id beyond the vocabulary
+                raise APIError(400, str(err), code="invalid_value")
             if isinstance(err, ValueError):  # PromptError, SamplingParamsError
                 raise APIError(400, str(err), param="prompt", code="invalid_prompt")
             raise err
@@ -131,6 +138,12 @@ class Generation:
                 if c.first_token_time is None:
                     c.first_token_time = now
             c.text += item.new_text
+            c.num_deltas += 1
+            if getattr(item, "logprobs", None):
+                c.logprobs += item.logprobs
+                c.unsent_logprobs += item.logprobs
+            if getattr(item, "prompt_logprobs", None) is not None:
+                c.prompt_logprobs = item.prompt_logprobs
             if item.finished:
                 self._finish(c, item.finish_reason)
             yield c, item.new_text
@@ -260,6 +273,12 @@ def sampling_params(
         stop=list(req.stop) if req.stop else None,
         stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+        min_tokens=req.min_tokens,
+        logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
+        **logprob_fields(req),
     )
     if req.speculative is not None and "speculative" in _SAMPLING_FIELDS:
         kwargs["speculative"] = req.speculative
@@ -267,6 +286,21 @@ def sampling_params(
         return SamplingParams(**kwargs)
     except SamplingParamsError as e:
         raise APIError(400, str(e), code="invalid_value") from None
+
+
+def logprob_fields(req: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
+    """SamplingParams' logprobs / prompt_logprobs for the request's logprob options."""
+    if isinstance(req, ChatCompletionRequest):
+        return {"logprobs": req.top_logprobs or 0} if req.logprobs else {}
+    if req.logprobs is None:
+        return {}
+    return {"logprobs": req.logprobs, "prompt_logprobs": req.logprobs if req.echo else None}
+
+
+def echo_text(engine: AsyncEngine, prompt: str | list[int]) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    return engine.tokenizer.decode(prompt) if engine.tokenizer is not None else ""
 
 
 async def prepare_completion(engine: AsyncEngine, metrics: ServerMetrics, offload: Offload,
@@ -280,7 +314,8 @@ async def prepare_completion(engine: AsyncEngine, metrics: ServerMetrics, offloa
         sampling_params(req, max_tokens[i // req.n], i % req.n)
         for i in range(len(prompts) * req.n)
     ]
-    return Generation(engine, metrics, prompts, params, req.n)
+    echo = [echo_text(engine, p) for p in req.prompts] if req.echo else None
+    return Generation(engine, metrics, prompts, params, req.n, echo)
 
 
 async def prepare_chat(engine: AsyncEngine, metrics: ServerMetrics, offload: Offload,

@@ -24,6 +24,7 @@ from gearshift.runner.batch import BatchBuilder, StepBatch
 from gearshift.runner.model_runner import ModelRunner
 from gearshift.scheduler.plan import Speculation, StepPlan, StepResult
 from gearshift.speculative import verify_batch as vb
+from gearshift.speculative import verify_logits as vl
 from gearshift.speculative.acceptance import Acceptance, age
 from gearshift.speculative.draft_follow import DraftFollower
 from gearshift.speculative.proposers import create_proposer
@@ -125,8 +126,12 @@ class SpecRunner:
         n_max, s_max = max(plan.num_nodes), max(plan.num_scratch)
         # the draft catches up on rows committed while these requests ran at K = 0
         self.follow.catch_up([r for r, k, rd in zip(reqs, ks, ride) if k and not rd])
+        pb, lp = sb.penalties, sb.logprobs
+        counts = self.runner.token_counts() if pb is not None and pb.use_counts else None
+        if counts is not None:
+            counts.reset(pb)  # rows given out this step, before the draft reads them
         ctx = ProposeContext(reqs, ks, depth, topk, n_max, d["roots"], d["prefix"], prefix,
-                             d["rows"], d["scratch"].view(b, s_max), sb)
+                             d["rows"], d["scratch"].view(b, s_max), sb, counts)
         tree, nodes_override = self.proposer.propose(ctx)
         n_tree = tree.num_nodes  # a tree is smaller than its budget when K was capped
         n_nodes = nodes_override or [min(len(s), n_tree) if k else 1
@@ -149,6 +154,10 @@ class SpecRunner:
                 and fb.num_tokens <= self.runner.max_verify_graph_tokens else None
             node_tok = None
         logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key)  # [T(+pad), V]
+        raw_t = logits_t
+        if pb is not None:  # verification sees what a plain step would sample from
+            logits_t = vl.penalise(pb, counts, logits_t, tree, flat, vl.node_rows(flat, node_tok),
+                                   sb.steps, depth)
         # the tree path's accepted slots go to req_to_token on the device (a chain verified
         # as an extend recorded its nodes' slots while building the batch)
         record = None if slots_bn is None else (d["rows"], d["prefix"], slots_bn)
@@ -165,6 +174,11 @@ class SpecRunner:
             if record is not None:
                 record_paths(self.runner.kv.req_to_token, *record, res)
             packed = pack(res)
+        if counts is not None:
+            vl.record(pb, counts, packed, depth)
+        if lp is not None and lp.sampled:
+            vl.path_logprobs(lp, raw_t, flat, vl.node_rows(flat, node_tok), packed, n_tree, depth)
+            lp.start_copy()  # read after the sync below
         if before_sync is not None:
             before_sync()
         packed = packed.tolist()  # the step's one host sync

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from gearshift.engine.engine import PromptError
-from gearshift.request import SamplingParams
+from gearshift.request import SamplingParams, TokenLogprob
 from gearshift.scheduler.scheduler import StepOutput
 
 STORY = "Once upon a time, the fox said héllo to the wörld ✓ and ran away. "
@@ -83,6 +83,13 @@ def expected_tokens(prompt: list[int], params: SamplingParams, n: int) -> list[i
     return [STORY_TOKENS[(start + i) % len(STORY_TOKENS)] for i in range(n)]
 
 
+def fake_logprob(token: int, position: int, n: int) -> TokenLogprob:
+    """A made-up but checkable entry: the token's logprob encodes its position (prompt
+    positions negative), its alternatives are the next ids."""
+    value = -1.0 - position / 1000
+    return TokenLogprob(token, value, [(token + k, value - k) for k in range(n)])
+
+
 def expected_text(prompt: list[int], params: SamplingParams, n: int) -> str:
     return bytes(t - BYTE_OFFSET for t in expected_tokens(prompt, params, n)).decode(
         errors="replace"
@@ -125,6 +132,7 @@ class FakeEngine:
         self.waiting: list[_Req] = []
         self.running: list[_Req] = []
         self.aborted: list[tuple[str, str]] = []
+        self.params_seen: dict[str, SamplingParams] = {}  # request id -> its params
         self._stats = {"steps": 0, "tokens_generated": 0}
         self._thread: int | None = None
 
@@ -140,6 +148,7 @@ class FakeEngine:
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise PromptError("prompt + max_tokens exceeds the maximum context length")
         offset = _offset(prompt_token_ids, params)
+        self.params_seen[request_id] = params
         self.waiting.append(_Req(request_id, list(prompt_token_ids), params, offset))
 
     def abort_request(self, request_id: str, reason: str = "abort") -> None:
@@ -161,12 +170,20 @@ class FakeEngine:
         self._admit()
         outputs = []
         for r in list(self.running):
-            new = self._next_tokens(r)
+            new = [] if r.params.max_tokens == 0 else self._next_tokens(r)
+            first = not r.generated
             r.generated += new
             finished, reason = self._finished(r)
             if finished:
                 self.running.remove(r)
-            outputs.append(StepOutput(r.request_id, new, finished, reason))
+            out = StepOutput(r.request_id, new, finished, reason)
+            if r.params.logprobs is not None:
+                out.logprobs = [fake_logprob(t, len(r.generated) - len(new) + i, r.params.logprobs)
+                                for i, t in enumerate(new)]
+            if r.params.prompt_logprobs is not None and first:
+                out.prompt_logprobs = [None] + [fake_logprob(t, -i, r.params.prompt_logprobs)
+                                                for i, t in enumerate(r.prompt[1:], 1)]
+            outputs.append(out)
         self._stats["steps"] += 1
         self._stats["tokens_generated"] += sum(len(o.new_token_ids) for o in outputs)
         return outputs
@@ -214,6 +231,8 @@ class FakeEngine:
         return tokens
 
     def _finished(self, r: _Req) -> tuple[bool, str | None]:
+        if r.params.max_tokens == 0:
+            return True, "length"
         last = r.generated[-1] if r.generated else None
         if last == EOS_ID and not r.params.ignore_eos:
             return True, "stop"

@@ -14,6 +14,7 @@ import torch
 
 from gearshift.forward_batch import ForwardBatch
 from gearshift.request import Request
+from gearshift.runner.penalties import TokenCounts
 from gearshift.runner.sampler import SamplingBatch
 from gearshift.speculative.tree import DraftTree
 
@@ -31,6 +32,7 @@ class ProposeContext:
     rows: torch.Tensor  # [B] req_to_token rows (device)
     scratch: torch.Tensor  # [B, S] scratch slots (device; 0 = dummy for idle requests)
     sampling: SamplingBatch
+    counts: TokenCounts | None = None  # the penalties' token counts (sampling.penalties)
 
 
 class Proposer(ABC):

@@ -58,5 +58,5 @@ class DraftModelProposer(Proposer):
         first, _ = self._step(ctx.roots, None, fb)
         x = ExpandInputs(ctx.roots, first, None, ctx.prefix_lens, ctx.rows, ctx.scratch[:, 1:],
                          root_slot, 0, ctx.max_depth, ctx.topk, ctx.num_nodes,
-                         max(ctx.prefix_lens_cpu), self.runner.max_positions - 1)
+                         max(ctx.prefix_lens_cpu), self.runner.max_positions - 1, ctx.counts)
         return expand(x, self._step, ctx.sampling, None, self.vocab), None

@@ -78,6 +78,8 @@ class Eagle3Proposer(Proposer):
         b = ctx.roots.shape[0]
         runner = getattr(self, "runner", None)
         graphs = runner.shape_graphs if runner is not None else None
+        if ctx.sampling.penalties is not None:  # penalised proposals run eagerly, unpadded
+            graphs = None
         # graphed: pad the batch to a decode graph size (dummy row 0, prefix 0, slot 0), so
         # batch sizes share graphs instead of each capturing its own while requests finish
         pad = runner.decode_pad(b) - b if graphs is not None else 0
@@ -85,7 +87,7 @@ class Eagle3Proposer(Proposer):
                                                     ctx.scratch, ctx.sampling)
         x = ExpandInputs(roots, None, None, prefix, rows, scratch, scratch.new_zeros(b + pad, 0),
                          -1, ctx.max_depth, ctx.topk, ctx.num_nodes, max(ctx.prefix_lens_cpu),
-                         self.max_positions - 1)
+                         self.max_positions - 1, ctx.counts)
         tree = graphed_expand(graphs, "eagle3", x, self._first, self._forward_step, sb,
                               self.to_target, self.target_vocab)
         if pad:

@@ -10,6 +10,11 @@ committed draft KV plus the beam's ancestors' scratch slots), then
 Finally the best (num_verify_tokens - 1) candidates form the tree (ancestors always score
 higher than their descendants, so the selection is ancestor-closed).
 
+Requests with penalties (runner/penalties.py) get them on the draft's logits too, each beam
+with the drafts on its own path counted, as the target will apply them at that node: the
+drafts then follow the distribution that verification accepts from (losslessness comes
+from verification alone; this is for acceptance). Such expansions run eagerly.
+
 Data flow: SpecRunner -> Proposer.propose -> expand(...) -> DraftTree. No host sync;
 with CUDA graphs the whole expansion (all depths, selection, ancestor masks) is one graph
 per shape (`graphed_expand`), so a VERIFY step's drafting launches no eager glue.
@@ -23,6 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from gearshift.forward_batch import ForwardBatch, ForwardMode, TreeAttention
+from gearshift.runner.penalties import TokenCounts
 from gearshift.runner.sampler import SamplingBatch, apply_top_k_top_p, seeded_uniform
 from gearshift.speculative.tree import DraftTree, ancestor_mask
 from gearshift.speculative.verify import SALT_DRAFT
@@ -47,6 +53,7 @@ class ExpandInputs:
     num_nodes: int  # verify budget incl. the root (chain: K + 1)
     max_prefix_len: int  # host max of prefix_lens
     max_position: int = 1 << 30  # rows deeper than their request's K are junk: clamp to RoPE
+    counts: TokenCounts | None = None  # the penalties' token counts (sb.penalties.use_counts)
 
 
 def process_probs(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
@@ -65,9 +72,14 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
     to_t = (lambda ids: to_target[ids]) if to_target is not None else (lambda ids: ids)
     sampling = w == 1 and not sb.all_greedy
     cand_tok, cand_score, cand_parent, qs = [], [], [], []
+    pen = sb.penalties
 
-    def choose(logits: torch.Tensor, depth_index: int):
-        """[B, W, Vd] -> (tokens [B, W*topk or W], logp, parent beam [.]) for one depth."""
+    def choose(logits: torch.Tensor, depth_index: int, path: torch.Tensor | None):
+        """[B, W, Vd] -> (tokens [B, W*topk or W], logp, parent beam [.]) for one depth;
+        path [B, W, depth_index]: each beam's drafts so far (draft vocabulary ids)."""
+        if pen is not None:
+            logits = _penalised(logits, path, depth_index, pen, x.counts, sb.steps, to_target,
+                                target_vocab)
         logp = torch.log_softmax(logits.float(), dim=-1)
         if w > 1:
             top = logp.topk(w, dim=-1)  # [B, W, w]
@@ -85,8 +97,11 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
         return ids, logp.gather(-1, ids[..., None])[..., 0], None
 
     # depth 1
-    tok, lp, _ = choose(x.first_logits[:, None, :], 0)  # [B, w]
+    # drafts before each beam's token, kept for penalised requests only
+    tok, lp, _ = choose(x.first_logits[:, None, :], 0,
+                        x.roots.new_zeros(b, 1, 0) if pen is not None else None)  # [B, w]
     beam_tok, beam_score = tok, lp
+    beam_path = x.roots.new_zeros(b, w, 0) if pen is not None else None
     beam_node = torch.arange(w, device=dev).expand(b, w)  # candidate index of each beam
     beam_hidden = (x.first_hidden[:, None, :].expand(b, w, -1)
                    if x.first_hidden is not None else None)
@@ -106,7 +121,8 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
         hid = beam_hidden.reshape(b * w, -1) if beam_hidden is not None else None
         logits, new_hidden = step(fb.input_ids, hid, fb)
         logits = logits.view(b, w, -1)
-        tok, lp, _ = choose(logits, d - 1)
+        path = None if pen is None else torch.cat([beam_path, beam_tok[..., None]], -1)  # [B, W, d-1]
+        tok, lp, _ = choose(logits, d - 1, path)
         n_prev = sum(t.shape[1] for t in cand_tok)
         if w > 1:
             score = (beam_score[:, :, None] + lp.view(b, w, w)).flatten(1)  # [B, w*w]
@@ -118,6 +134,8 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
         cand_parent.append(beam_node.gather(1, parent_beam))
         keep = score.topk(w, dim=-1).indices  # [B, w] best candidates become beams
         pb = parent_beam.gather(1, keep)
+        if pen is not None:
+            beam_path = path.gather(1, pb[..., None].expand(-1, -1, path.shape[-1]))
         beam_tok, beam_score = tok.gather(1, keep), score.gather(1, keep)
         beam_node = n_prev + keep
         if new_hidden is not None:
@@ -126,6 +144,22 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
         beam_anc = torch.cat([beam_anc.gather(1, pb[..., None].expand(-1, -1, beam_anc.shape[-1])),
                               own.gather(1, pb)[..., None]], dim=-1)
     return _select(x, cand_tok, cand_score, cand_parent, qs, to_t, target_vocab, to_target)
+
+
+def _penalised(logits: torch.Tensor, path: torch.Tensor, depth_index: int, pen, counts,
+               steps: torch.Tensor, to_target: torch.Tensor | None, target_vocab: int):
+    """Draft logits [B, W, Vd] with the requests' penalties, as the target will apply them
+    at the node these beams' children verify at: output index steps + depth_index, the
+    beam's path counted."""
+    b, w, v = logits.shape
+    req = torch.arange(b, device=logits.device).repeat_interleave(w)  # [B * W]
+    extra = None
+    if pen.use_counts and path.shape[-1]:
+        extra = torch.zeros(b * w, v, dtype=torch.int32, device=logits.device).scatter_add_(
+            1, path.reshape(b * w, -1), torch.ones_like(path, dtype=torch.int32).view(b * w, -1))
+    out = pen.apply(logits.reshape(b * w, v), counts, req, steps[req] + depth_index, extra,
+                    cols=to_target, vocab=target_vocab)
+    return out.view(b, w, v)
 
 
 def _select(x: ExpandInputs, cand_tok, cand_score, cand_parent, qs, to_t, target_vocab,
@@ -221,7 +255,7 @@ def graphed_expand(graphs, name: str, x: ExpandInputs, first, step: StepFn, sb: 
 
     inputs = {"roots": x.roots, "prefix": x.prefix_lens, "rows": x.rows, "scratch": x.scratch,
               **({"base": base} if base is not None else {}), **{f: getattr(sb, f) for f in fields}}
-    if graphs is None:
+    if graphs is None or sb.penalties is not None:  # penalised proposals run eagerly
         return fn(inputs)
     key = (name, "expand", x.roots.shape[0], x.depth, x.topk, x.num_nodes, x.scratch.shape[1],
            x.base_scratch.shape[1], sb.all_greedy, sb.any_greedy, sb.need_top_k, sb.need_top_p)
