@@ -36,7 +36,6 @@ UNSUPPORTED: dict[str, dict[str, tuple]] = {
         "service_tier": ("auto", "default"),
         "store": (False,),
         "tool_choice": ("none", "auto"),  # no tools: either means no call
-        "top_logprobs": (0,),
         "verbosity": ("medium",),
         "web_search_options": (),
     },

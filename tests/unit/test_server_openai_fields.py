@@ -31,30 +31,31 @@ COMPLETION_WORKS = {
     "model": "fake-model", "prompt": "hello", "max_tokens": 5, "n": 2, "seed": 3,
     "stop": ["zz"], "temperature": 0.5, "top_p": 0.9, "stream": True,
     "stream_options": {"include_usage": True}, "user": "someone",
+    "echo": True, "frequency_penalty": 0.5, "logit_bias": {"5": 10}, "logprobs": 2,
+    "presence_penalty": 0.5,
 }
 # field -> a value Gearshift refuses (not implemented)
-COMPLETION_REFUSED = {
-    "best_of": 3, "echo": True, "frequency_penalty": 0.5, "logit_bias": {"5": 10},
-    "logprobs": 2, "presence_penalty": 0.5, "suffix": " end",
-}
+COMPLETION_REFUSED = {"best_of": 3, "suffix": " end"}
 CHAT_WORKS = {
     "messages": [{"role": "system", "content": "be brief"}, *MESSAGES], "model": "fake-model",
     "max_tokens": 5, "max_completion_tokens": 4, "n": 2, "seed": 3, "stop": "zz",
     "temperature": 0.5, "top_p": 0.9, "stream": True, "stream_options": {"include_usage": True},
     "user": "someone", "safety_identifier": "someone",
     "parallel_tool_calls": False,  # no tools can be sent, so there is nothing to parallelise
+    "frequency_penalty": 0.5, "logit_bias": {"5": 10}, "logprobs": True,
+    "presence_penalty": 0.5, "top_logprobs": 3,
 }
 CHAT_REFUSED = {
-    "audio": {"voice": "alloy", "format": "wav"}, "frequency_penalty": 0.5,
-    "function_call": {"name": "f"}, "functions": [{"name": "f"}], "logit_bias": {"5": 10},
-    "logprobs": True, "metadata": {"k": "v"}, "modalities": ["text", "audio"],
+    "audio": {"voice": "alloy", "format": "wav"},
+    "function_call": {"name": "f"}, "functions": [{"name": "f"}],
+    "metadata": {"k": "v"}, "modalities": ["text", "audio"],
     "moderation": {"model": "omni-moderation-latest"},
-    "prediction": {"type": "content", "content": "x"}, "presence_penalty": 0.5,
+    "prediction": {"type": "content", "content": "x"},
     "prompt_cache_key": "k", "prompt_cache_options": {"mode": "explicit"},
     "prompt_cache_retention": "24h", "reasoning_effort": "high",
     "response_format": {"type": "json_object"}, "service_tier": "flex", "store": True,
     "tool_choice": {"type": "function", "function": {"name": "f"}},
-    "tools": [{"type": "function", "function": {"name": "f"}}], "top_logprobs": 3,
+    "tools": [{"type": "function", "function": {"name": "f"}}],
     "verbosity": "low", "web_search_options": {"search_context_size": "low"},
 }
 # checked against n once every field is read: the message names it, param is not set
@@ -93,6 +94,8 @@ def test_implemented_field_works(server, path, field, value, base):
     body = {**base, "max_tokens": 3, field: value}
     if field == "stream_options":
         body["stream"] = True
+    if field == "top_logprobs":  # alternatives of the logprobs asked for
+        body["logprobs"] = True
     r = _post(server, path, body)
     assert r.status_code == 200, r.text
 
