@@ -148,6 +148,9 @@ class EngineConfig:
     cuda_graphs: bool = True  # decode graphs per padded batch size (CUDA only)
     extend_graph_max_tokens: int = 2048  # EXTEND graphs per padded token count up to this; 0 = off
     overlap_schedule: bool = True  # plan + prepare step n+1 while step n runs on the device
+    # keep finished requests' KV (and the draft's) in a radix tree over the KV slots and
+    # start later requests after their longest cached prefix (scheduler/prefix_cache.py)
+    enable_prefix_caching: bool = True
     # fold the layers' RMSNorm weights into qkv / gate_up and run every step on the fused
     # path: norms and residual adds inside the GEMMs (<= 64 tokens, where the chooser takes
     # the kernels), else RMSNorm alone + cuBLAS with the add in addmm_ (CUDA GPUs with TMA

@@ -50,6 +50,10 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
                    help="CUDA graphs for prefill / mixed steps up to this many tokens (0 = off)")
     g.add_argument("--no-overlap-schedule", action="store_true",
                    help="plan each step only after the previous one finished (debugging)")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=True, help="reuse the KV of cached prompt prefixes (and the draft's)")
+    g.add_argument("--disable-prefix-caching", dest="enable_prefix_caching",
+                   action="store_false", help="the same as --no-enable-prefix-caching")
     g.add_argument("--no-fuse-norms", action="store_true",
                    help="keep RMSNorm and residual adds in their own kernels (default on CUDA "
                         "with TMA: inside the GEMMs where they can be, else the norm alone)")
@@ -81,6 +85,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               overlap_schedule=not getattr(args, "no_overlap_schedule", False))
     if getattr(args, "no_spec_warmup", False):
         kw["spec_warmup"] = False
+    if not getattr(args, "enable_prefix_caching", True):
+        kw["enable_prefix_caching"] = False
     if getattr(args, "no_fuse_norms", False):
         kw["fuse_norms"] = False
     if getattr(args, "extend_graph_max_tokens", None) is not None:

@@ -136,6 +136,10 @@ class LLM:
     def memory_stats(self) -> dict:
         return self.engine.memory_stats()
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix that no running request holds; -> KV slots freed."""
+        return self.engine.reset_prefix_cache()
+
     def stats(self) -> dict:
         return self.engine.stats()
 

@@ -155,6 +155,11 @@ class Request:
     processes_logits: bool = field(init=False)
     wants_logprobs: bool = field(init=False)
 
+    # scheduler: the prefix-cache node its cached prefix ends at (held while it runs), and
+    # the prompt tokens the cache served at its first admission (usage reporting)
+    cache_node: object | None = None
+    num_cached_tokens: int = 0
+
     def __post_init__(self) -> None:
         p = self.params
         self.processes_logits = p.processes_logits
@@ -202,6 +207,7 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None  # per generated token (params.logprobs set)
     # per prompt token, None for the first (params.prompt_logprobs set)
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 @dataclass(slots=True)

@@ -205,6 +205,15 @@ class AsyncEngine:
             raise
         return stream
 
+    async def reset_prefix_cache(self) -> int:
+        """Drop the cached prefixes no running request holds (on the engine thread, between
+        steps); -> KV slots freed."""
+        if not self.is_alive:
+            raise EngineDeadError(f"the engine is not running: {self.error!r}")
+        done: asyncio.Future[int] = self._loop.create_future()
+        self._post(("reset_prefix_cache", done))
+        return await done
+
     def abort(self, request_id: str) -> None:
         """Abort a request now (client gone); its stream ends with finish_reason 'abort'."""
         stream = self._streams.get(request_id)
@@ -272,6 +281,8 @@ class AsyncEngine:
                 self._adds_dropped += 1
                 if not item[4].done():
                     item[4].set_exception(err)
+            elif item[0] == "reset_prefix_cache" and not item[1].done():
+                item[1].set_exception(err)
         for stream in list(self._streams.values()):
             stream._put(StreamFailure(stream.request_id, err))
         self._streams.clear()
@@ -316,6 +327,8 @@ class AsyncEngine:
                 except Exception as e:  # PromptError and friends go back to the caller
                     exc = e
                 self._call_loop(self._on_added, fut, exc)
+            elif item[0] == "reset_prefix_cache":
+                self._call_loop(_resolve, item[1], engine.reset_prefix_cache())
             else:
                 _, request_id, reason = item
                 engine.abort_request(request_id, reason)
@@ -340,3 +353,8 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(fn, *args)
             except RuntimeError:  # loop closed between the check and the call
                 pass
+
+
+def _resolve(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)

@@ -38,6 +38,7 @@ from gearshift.runner.batch import BatchBuilder
 from gearshift.runner.model_runner import ModelRunner
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
 from gearshift.scheduler.plan import RequestFault, StepPlan, StepResult
+from gearshift.scheduler.prefix_cache import PrefixCache
 from gearshift.scheduler.scheduler import Scheduler, StepOutput
 
 log = logging.getLogger("gearshift.engine")
@@ -62,7 +63,8 @@ class Engine:
         self.runner = ModelRunner(config, self.model_config, path)
         self.max_model_len = self.runner.max_model_len
         self.eos_token_ids = eos_token_ids(self.model_config, path, self.tokenizer)
-        self.slots = SlotPool(self.runner.num_slots)
+        self.slots = SlotPool(self.runner.num_slots,
+                              PrefixCache() if config.enable_prefix_caching else None)
         self.rows = ReqRowPool(config.max_num_seqs)
         self.builder = BatchBuilder(self.slots, self.rows, self.runner.kv, self.runner.device)
         self.feed = TokenFeed(config.max_num_seqs + 1, self.runner.device)
@@ -171,6 +173,9 @@ class Engine:
         next call, while the device already runs the step after it."""
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
+        return plan.failed + self._run(plan, t0) if plan.failed else self._run(plan, t0)
+
+    def _run(self, plan: StepPlan, t0: float) -> list[StepOutput]:
         if plan.mode is not ForwardMode.VERIFY or plan.is_empty:
             self.costs.flush()  # a VERIFY step does it while its device work runs
         if plan.is_empty:
@@ -191,10 +196,10 @@ class Engine:
             batch.sampling.logprobs.start_copy()
         if not self.overlap:
             sampled = tokens[: plan.batch_size].tolist()  # the step's one sync
+            if self._draft_follows():  # the draft follows every committed token, at any K
+                self.spec.after_plain(plan, aux)  # (before commit releases finished ones)
             outputs = self.scheduler.commit(plan, StepResult(batch.slots, _tokens(plan, sampled)))
             attach_logprobs(plan, batch.sampling.logprobs, outputs)
-            if self._draft_follows():  # the draft follows every committed token, at any K
-                self.spec.after_plain(plan, aux)
             self._account(plan, outputs, t0, self.runner.last_device_ms())
             return outputs
         host, copied = self.feed.publish(plan.token_tag, tokens)
@@ -294,6 +299,23 @@ class Engine:
         if self.spec is not None:
             self.spec.acceptance.restore_counters(spec)
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix no running request holds; -> slots freed."""
+        cache = self.slots.cache
+        if cache is None:
+            return 0
+        freed = cache.clear()
+        self.slots.free(freed)
+        return len(freed)
+
+    def prefix_cache_stats(self) -> dict:
+        """Prompt tokens looked up in / served from the prefix cache, and the hit rate."""
+        cache = self.slots.cache
+        if cache is None:
+            return {}
+        q, h = cache.queries_tokens, cache.hit_tokens
+        return {"queries_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else 0.0}
+
     def memory_stats(self) -> dict:
         return {"kv_slots_total": self.slots.total, "kv_slots_free": self.slots.num_free,
                 "kv_slots_cached": self.slots.num_cached}
@@ -302,6 +324,8 @@ class Engine:
         out = dict(self.step_stats.counts, preemptions=self.scheduler.num_preemptions,
                    running=self.num_running(), waiting=self.num_waiting())
         out["graphs"] = self.runner.graph_stats()  # graphed vs eager steps per mode
+        if self.slots.cache is not None:
+            out["prefix_cache"] = self.prefix_cache_stats()
         if self.spec is not None:
             out["spec"] = self.spec_stats()
         return out

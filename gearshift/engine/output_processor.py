@@ -28,6 +28,7 @@ class RequestDelta:
     logprobs: list | None = None  # TokenLogprob per new token (params.logprobs set)
     prompt_logprobs: list | None = None  # once, with the first delta (params.prompt_logprobs)
     error: str | None = None  # finish_reason "error": what failed while processing it
+    cached_tokens: int = 0  # prompt tokens the prefix cache served
 
 
 @dataclass(slots=True)
@@ -44,6 +45,7 @@ class _State:
     spec: tuple[int, int] | None = None  # (proposed, accepted) speculation counters
     logprobs: list | None = None  # TokenLogprob per token of token_ids
     prompt_logprobs: list | None = None
+    cached_tokens: int = 0  # prompt tokens the prefix cache served
 
 
 class OutputProcessor:
@@ -64,6 +66,7 @@ class OutputProcessor:
         new_ids = list(out.new_token_ids)
         st.token_ids.extend(new_ids)
         st.spec = out.spec
+        st.cached_tokens = out.cached_tokens
         if out.logprobs is not None:
             if st.logprobs is None:
                 st.logprobs = []
@@ -88,13 +91,14 @@ class OutputProcessor:
         st.finish_reason = "stop" if stop_hit else out.finish_reason
         return RequestDelta(out.request_id, new_ids, self._emit(st), st.finished,
                             st.finish_reason, stop_hit, out.logprobs, out.prompt_logprobs,
-                            out.error)
+                            out.error, out.cached_tokens)
 
     def final(self, request_id: str) -> RequestOutput:
         st = self._states.pop(request_id)
         spec = SpecCounts(*st.spec) if st.spec is not None else None
         return RequestOutput(request_id, st.prompt_token_ids, st.token_ids, st.text,
-                             st.finish_reason, st.finished, spec, st.logprobs, st.prompt_logprobs)
+                             st.finish_reason, st.finished, spec, st.logprobs, st.prompt_logprobs,
+                             st.cached_tokens)
 
     def abort(self, request_id: str) -> None:
         self._states.pop(request_id, None)

@@ -118,6 +118,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                     engine.step()
         finally:
             engine.set_policy(saved_policy)
+            engine.reset_prefix_cache()  # its dummy prompts are nobody's prefix
             engine.restore_counters(saved_counters)
     measured = {k: sorted(pts) for k, pts in measured.items() if pts}
     engine.measured_costs = measured

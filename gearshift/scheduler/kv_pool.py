@@ -9,8 +9,9 @@ Slot layout (page size 1: one slot holds one token's K and V in every layer):
     req_to_token[row, pos] = slot of token `pos` of the request that owns `row`;
     row 0 is reserved for padded rows as well.
 
-Invariant (tested): when the engine is idle, free + cached == total.
-There is no prefix cache yet, so `cached` is always 0.
+Invariant (tested): when the engine is idle, free + cached == total, where `cached`
+counts the slots held only by the prefix cache (prefix_cache.py): evictable, so they count
+as available, and an allocation that finds the free list short evicts them.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ class OutOfSlotsError(RuntimeError):
 class SlotPool:
     """Free list of token slots 1..total (slot 0 is the reserved dummy)."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, cache=None) -> None:
         self.total = total
         self._free: list[int] = list(range(total, 0, -1))  # pop() hands out low ids first
+        self.cache = cache  # PrefixCache | None
 
     @property
     def num_free(self) -> int:
@@ -33,9 +35,16 @@ class SlotPool:
 
     @property
     def num_cached(self) -> int:
-        return 0
+        return self.cache.num_evictable if self.cache is not None else 0
+
+    @property
+    def num_available(self) -> int:
+        """Free slots and those the cache would give up."""
+        return len(self._free) + self.num_cached
 
     def alloc(self, n: int) -> list[int]:
+        if n > len(self._free) and self.cache is not None:
+            self._free.extend(self.cache.evict(n - len(self._free)))
         if n > len(self._free):
             raise OutOfSlotsError(f"asked for {n} KV slots, {len(self._free)} free")
         if n == 0:

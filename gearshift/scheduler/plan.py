@@ -41,6 +41,9 @@ class Speculation:
     population: Callable[[], tuple[float, float] | None] = lambda: None
     tree_population: Callable[[], tuple | None] = lambda: None
     draft_catches_up: bool = False  # the draft keeps state that plain steps leave behind
+    # a draft row t that consumes token t + 1 (EAGLE-3): at the end of a cached prefix the
+    # next token may differ, so a cache hit reuses one draft row less
+    draft_row_shift: int = 0
     # prefill chunks may ride along in a chain VERIFY step's causal pass (eager engines)
     mixed: bool = False
 
@@ -60,6 +63,7 @@ class StepPlan:
     placeholders: list[int] = field(default_factory=list)
     token_tag: int = 0
     preempted: list[Request] = field(default_factory=list)  # sent back to waiting while planning
+    failed: list = field(default_factory=list)  # StepOutputs of requests that failed admission
     # VERIFY steps (empty otherwise): K per request (0: this request decodes plainly, or
     # rides along with a prefill chunk), and the slots each request's verification needs
     num_draft_tokens: list[int] = field(default_factory=list)

@@ -34,6 +34,13 @@ from gearshift.policy.base import Policy, PolicyView
 from gearshift.request import Request, RequestStatus
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
 from gearshift.scheduler.plan import Speculation, StepPlan, StepResult
+from gearshift.scheduler.prefix_cache import Match
+
+
+@dataclass(slots=True)
+class CacheHit:
+    match: Match  # the cached prefix
+    evictable: int  # its slots that only the cache holds now (available until held)
 
 
 @dataclass(slots=True)
@@ -46,6 +53,7 @@ class StepOutput:
     finish_reason: str | None  # "length" | "stop" | "abort" | "error" | None
     spec: tuple[int, int] | None = None  # (proposed, accepted) so far, when speculation is on
     error: str | None = None  # finish_reason "error": what failed while processing it
+    cached_tokens: int = 0  # prompt tokens the prefix cache served this request
     # set by the engine for requests that ask (engine/logprob_outputs.py): TokenLogprob per
     # new token; the prompt's (None first) on the request's first output
     logprobs: list | None = None
@@ -111,19 +119,22 @@ class Scheduler:
         self._retire_closing()
         plan = StepPlan(mode=ForwardMode.EXTEND)
         budget = self.max_num_batched_tokens
-        free = self.slots.num_free
+        planned = 0  # slots this plan will allocate
+        free = self.slots.num_available
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             while n > free and self.running[-1] is not req:
-                free += self._preempt(self.running[-1], plan)
+                self._preempt(self.running[-1], plan)
+                free = self.slots.num_available - planned  # its slots may stay cached
             if n > free:  # even alone it does not fit: preempt it too
                 self._preempt(req, plan)
                 break
             plan.add(req, n)
             budget -= n
             free -= n
+            planned += n
             i += 1
         reserve = len(self.running)  # one slot per running request for its next decode
         admit = not plan.preempted  # under KV pressure, admit nothing new this step
@@ -133,15 +144,23 @@ class Scheduler:
                 break
             if req.num_pending:  # preempted with a token still on the device: next step
                 break
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if n > free - reserve:
+            try:
+                hit = self._lookup(req)
+            except Exception as e:  # noqa: BLE001 - this request fails, the others go on
+                plan.failed.append(self.fail(req, f"{type(e).__name__}: {e}"))
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens - (hit.match.length if hit else 0), budget)
+            if n > free - reserve - (hit.evictable if hit else 0):
                 break
             self.waiting.popleft()
+            if hit is not None:
+                free -= self._use_cached(req, hit)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             plan.add(req, n)
             budget -= n
             free -= n
+            planned += n
             reserve += 1
         decoding = [i for i, d in enumerate(plan.decoding) if d]
         if plan.reqs and len(decoding) == plan.batch_size:
@@ -177,6 +196,33 @@ class Scheduler:
         plan.num_draft_tokens, plan.num_nodes, plan.num_scratch = ks, nodes, scratch
         plan.draft_topk = topk
         plan.mode = ForwardMode.VERIFY
+
+    # ------------------------------------------------------------------ prefix cache
+    def _lookup(self, req: Request) -> CacheHit | None:
+        """The cached prefix a request about to be admitted can start from: all its tokens
+        but the last (which computes the next token's logits)."""
+        cache = self.slots.cache
+        if cache is None or req.num_computed_tokens or req.slots \
+                or req.params.prompt_logprobs is not None:  # its prompt's logits are computed
+            return None
+        m = cache.match(req.token_slice(0, req.num_tokens - 1))
+        if not m.length:
+            return None
+        return CacheHit(m, cache.evictable_on_path(m.node))
+
+    def _use_cached(self, req: Request, hit: CacheHit) -> int:
+        """The request starts after its cached prefix (whose nodes it now holds); its draft
+        reuses the cached draft rows (for a draft fed the next token, all but the last).
+        -> slots that stopped being available (no longer evictable)."""
+        m = hit.match
+        req.slots = list(m.slots)
+        req.num_computed_tokens = m.length
+        req.cache_node = m.node
+        if not req.num_cached_tokens and not req.output_token_ids:
+            req.num_cached_tokens = m.length
+        shift = self.speculation.draft_row_shift if self.speculation is not None else 0
+        req.draft_rows = max(0, min(m.draft_rows, m.length - shift))
+        return self.slots.cache.hold(m.node)
 
     def _view(self, decoding: list[Request]) -> PolicyView:
         spec = self.speculation
@@ -256,6 +302,7 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 - this request fails, the step goes on
                 out = self.fail(req, f"{type(e).__name__}: {e}")
             if out is not None:
+                out.cached_tokens = req.num_cached_tokens
                 outputs.append(out)
         return outputs
 
@@ -353,19 +400,39 @@ class Scheduler:
         return None
 
     def _finish(self, req: Request, reason: str | None) -> None:
-        self._release(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+        self._release(req)
 
     def _release(self, req: Request) -> None:
         if self.held is not None:  # a step is being built over this request's row and slots
             self.held.append(req)
             return
-        self.slots.free(req.slots)
+        cache = self.slots.cache
+        if cache is not None:  # its committed tokens stay cached, the rest goes back
+            try:
+                self._cache_committed(req)
+            except Exception:  # noqa: BLE001 - a failed request's tokens are not cached
+                shared = cache.depth(req.cache_node) if req.cache_node is not None else 0
+                self.slots.free(req.slots[shared:])  # its cached prefix is the cache's
+            if req.cache_node is not None:
+                cache.release(req.cache_node)
+                req.cache_node = None
+        else:
+            self.slots.free(req.slots)
         req.slots = []
         if req.req_pool_index >= 0:
             self.rows.free(req.req_pool_index)
             req.req_pool_index = -1
+
+    def _cache_committed(self, req: Request) -> None:
+        if req.finish_reason == "error":
+            raise ValueError("not cached")
+        # tokens with KV; a VERIFY step's accepted drafts past max_tokens were not emitted
+        tokens = req.token_slice(0, min(req.num_computed_tokens, len(req.slots)))
+        n = next((j for j, t in enumerate(tokens) if t < 0), len(tokens))  # no placeholder
+        self.slots.free(self.slots.cache.insert(tokens[:n], req.slots[:n], req.draft_rows))
+        self.slots.free(req.slots[n:])
 
     def hold_releases(self) -> None:
         """Until release_held(): requests that finish keep their row and slots (a step being

@@ -68,6 +68,16 @@ class ServerMetrics:
         self.kv_cached = Gauge(
             "gearshift_kv_slots_cached", "KV slots held by the prefix cache", registry=r
         )
+        self.cache_queries = Counter(
+            "gearshift_prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache",
+            registry=r)
+        self.cache_hits = Counter(
+            "gearshift_prefix_cache_hits_tokens", "Prompt tokens served from the prefix cache",
+            registry=r)
+        self.cache_hit_rate = Gauge(
+            "gearshift_prefix_cache_hit_rate", "Prefix-cache hits / queries (tokens) so far",
+            registry=r)
+        self._cache_seen = (0, 0)
         self.engine_stats = Gauge(
             "gearshift_engine_stat", "Engine counters (Engine.stats()) by name", ["name"],
             registry=r,
@@ -96,6 +106,13 @@ class ServerMetrics:
         self.kv_free.set(mem.get("kv_slots_free", 0))
         self.kv_total.set(mem.get("kv_slots_total", 0))
         self.kv_cached.set(mem.get("kv_slots_cached", 0))
+        cache = snapshot.stats.get("prefix_cache") or {}
+        if cache:  # the engine's running totals, as counter increments
+            q, h = cache["queries_tokens"], cache["hit_tokens"]
+            self.cache_queries.inc(max(0, q - self._cache_seen[0]))
+            self.cache_hits.inc(max(0, h - self._cache_seen[1]))
+            self._cache_seen = (q, h)
+            self.cache_hit_rate.set(cache["hit_rate"])
         for name, value in _flatten(snapshot.stats):
             self.engine_stats.labels(name=name).set(value)
         return generate_latest(self.registry)

@@ -27,7 +27,12 @@ from gearshift.engine.async_engine import (
 from gearshift.request import SamplingParams, SamplingParamsError
 from gearshift.server.errors import APIError
 from gearshift.server.metrics import ServerMetrics
-from gearshift.server.protocol import ChatCompletionRequest, CompletionRequest, Usage
+from gearshift.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    PromptTokensDetails,
+    Usage,
+)
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
@@ -48,6 +53,7 @@ class Choice:
     unsent_logprobs: list = field(default_factory=list)  # of those, not streamed yet
     prompt_logprobs: list | None = None  # the prompt's (None first), with echo + logprobs
     num_deltas: int = 0  # deltas received (a stream echoes the prompt before the first)
+    cached_tokens: int = 0  # prompt tokens the prefix cache served
 
 
 @dataclass
@@ -133,6 +139,7 @@ class Generation:
             if c is None or c.finished:
                 continue
             now = time.monotonic()
+            c.cached_tokens = max(c.cached_tokens, getattr(item, "cached_tokens", 0))
             if item.new_token_ids:
                 c.num_tokens += len(item.new_token_ids)
                 if c.first_token_time is None:
@@ -151,8 +158,12 @@ class Generation:
     def usage(self) -> Usage:
         prompt = sum(len(p) for p in self.prompts)
         completion = sum(c.num_tokens for c in self.choices)
+        cached = [0] * len(self.prompts)  # per prompt: the most any of its choices reused
+        for c in self.choices:
+            cached[c.prompt_index] = max(cached[c.prompt_index], c.cached_tokens)
         return Usage(
-            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(cached)),
         )
 
 

@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI, Request
 from pydantic import BaseModel, Field, model_validator
 
 from gearshift import __version__
+from gearshift.engine.async_engine import EngineDeadError
 from gearshift.engine.tokenizer import ChatTemplateError, render_chat
 from gearshift.server.errors import APIError
 from gearshift.server.protocol import ChatMessage, ModelCard, _Strict
@@ -60,6 +61,15 @@ def add_utility_routes(app: FastAPI, engine: Any, require_key: Callable[[Request
     """Register the routes on `app`; `read_body` and `parse` are app.py's, so bodies get the
     same limits and errors as /v1."""
     auth = [Depends(require_key)]
+
+    @app.post("/reset_prefix_cache", dependencies=auth)
+    async def reset_prefix_cache() -> dict:
+        """Admin: drop the cached prefixes no running request holds."""
+        try:
+            freed = await engine.reset_prefix_cache()
+        except EngineDeadError as e:
+            raise APIError(503, str(e), code="engine_unavailable") from None
+        return {"kv_slots_freed": freed}
 
     @app.get("/v1/models/{model_id:path}", dependencies=auth)
     async def model_card(model_id: str) -> ModelCard:

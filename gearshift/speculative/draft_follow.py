@@ -35,9 +35,12 @@ from gearshift.speculative.proposers.base import Proposer
 
 class DraftFollower:
     def __init__(self, proposer: Proposer, runner: ModelRunner, builder: BatchBuilder,
-                 num_draft_tokens: int, feed=None) -> None:
+                 num_draft_tokens: int, feed=None, every_token: bool = False) -> None:
         self.proposer, self.runner, self.builder = proposer, runner, builder
         self.num_draft_tokens = num_draft_tokens
+        # keep the features of every committed token, opted-out requests' too (the prefix
+        # cache: a hit's draft catches up from them), not only of those the draft lags on
+        self.every_token = every_token
         self.feed = feed  # Engine's TokenFeed: resolves placeholders of overlapped steps
         self._timing: tuple[float, tuple | None] | None = None  # latest catch_up: host ms, events
         self.catch_up_rows = 0  # rows the latest catch_up ran the draft over
@@ -47,7 +50,8 @@ class DraftFollower:
         reqs, prefix, extend, token_idx = [], [], [], []
         start = 0
         for req, p, n in zip(plan.reqs, plan.prefix_lens, plan.extend_lens):
-            if not req.is_finished and req.params.speculative:  # opted out: never drafted for
+            # opted out: never drafted for (unless the cache may serve its tokens to others)
+            if not req.is_finished and (req.params.speculative or self.every_token):
                 reqs.append(req)
                 prefix.append(p)
                 extend.append(n)

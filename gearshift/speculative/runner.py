@@ -46,7 +46,8 @@ class SpecRunner:
         self.split_k_verify_below = 64  # (requests x kv heads) under which chains use split-K
         self.acceptance = Acceptance(tree=self.topk > 1)
         # `feed` (the engine's TokenFeed) resolves tokens of overlapped steps on the device
-        self.follow = DraftFollower(self.proposer, runner, builder, self.num_draft_tokens, feed)
+        self.follow = DraftFollower(self.proposer, runner, builder, self.num_draft_tokens, feed,
+                                    every_token=config.enable_prefix_caching)
         self._last: tuple | None = None  # run()'s context for after_commit
 
     # ------------------------------------------------------------------ sizing
@@ -77,6 +78,7 @@ class SpecRunner:
             population=self.acceptance.population,
             tree_population=self.acceptance.tree_population,
             draft_catches_up=self.proposer.keeps_state,
+            draft_row_shift=int(self.proposer.shifted_inputs),
             mixed=self.topk == 1 and self.runner.shape_graphs is None)
 
     def gear(self, plan: StepPlan) -> int:
@@ -208,14 +210,16 @@ class SpecRunner:
         self._last = None
         reqs, prefix = plan.reqs, plan.prefix_lens
         live = [i for i, r in enumerate(reqs) if not r.is_finished and r.params.speculative]
-        # both groups are split before either runs: extending moves draft_rows
-        current = [reqs[i].draft_rows == prefix[i] for i in live]
-        for follows in (True, False):
-            group = [i for i, cur in zip(live, current) if cur is follows]
-            args = ([reqs[i] for i in group], [prefix[i] for i in group],
-                    [len(result.kept[i]) for i in group], aux,
-                    [offsets[i] + j for i in group for j in result.kept[i]])
-            (self.follow.extend if follows else self.follow.store)(*args)
+        # both groups are split before either runs: extending moves draft_rows. With the
+        # prefix cache every committed token's features are kept (a cache hit's draft
+        # catches up from them), so the finished and opted-out ones too
+        extend = [i for i in live if reqs[i].draft_rows == prefix[i]]
+        store = range(len(reqs)) if self.follow.every_token else \
+            [i for i in live if reqs[i].draft_rows != prefix[i]]
+        for group, stage in ((extend, self.follow.extend), (store, self.follow.store)):
+            stage([reqs[i] for i in group], [prefix[i] for i in group],
+                  [len(result.kept[i]) for i in group], aux,
+                  [offsets[i] + j for i in group for j in result.kept[i]])
         for i, d in enumerate(plan.decoding):
             if d:
                 self.acceptance.record(reqs[i], plan.num_draft_tokens[i], plan.draft_topk,

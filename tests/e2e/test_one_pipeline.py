@@ -43,6 +43,17 @@ class Scripted(Policy):
         return view.topk if self.calls % 2 else 1
 
 
+def _accounted(eng) -> int:
+    """Distinct slots that are free, cached, or owned by a running request (a cached prefix
+    is shared: counted once); a slot in two of those places would be a double booking."""
+    free = eng.slots._free
+    cached = [s for n in eng.slots.cache._nodes() for s in n.slots] if eng.slots.cache else []
+    owned = [s for r in eng.scheduler.running for s in r.slots]
+    everywhere = set(free) | set(cached) | set(owned)
+    assert len(free) == len(set(free)) and not set(free) & (set(cached) | set(owned))
+    return len(everywhere)
+
+
 def _drive(llm, prompts, params, arrive_every: int) -> tuple[dict, list]:
     """Requests arrive one every `arrive_every` steps; -> (outputs by id, per-step records)."""
     eng = llm.engine
@@ -70,8 +81,7 @@ def _drive(llm, prompts, params, arrive_every: int) -> tuple[dict, list]:
             outs.setdefault(o.request_id, []).extend(o.new_token_ids)
         step += 1
         running = eng.scheduler.running
-        owned = sum(len(r.slots) for r in running)
-        assert eng.slots.num_free + owned == eng.slots.total, f"step {step}: slots unaccounted"
+        assert _accounted(eng) == eng.slots.total, f"step {step}: slots unaccounted"
         for r in running:
             assert len(r.slots) == r.num_computed_tokens, f"step {step}: {r.request_id}"
         for plan in log[-1]["prepares"]:  # this step's own plan (VERIFY or plain)

@@ -63,12 +63,15 @@ def _greedy(offline, prompts, max_tokens: int, **kw) -> list[str]:
 
 
 def _kv(srv) -> tuple[float, float]:
+    """(free + cached, total) KV slots: equal when idle."""
     values = {}
     for line in httpx.get(srv.base_url + "/metrics").text.splitlines():
         name, _, value = line.partition(" ")
-        if name in ("gearshift_kv_slots_free", "gearshift_kv_slots_total"):
+        if name in ("gearshift_kv_slots_free", "gearshift_kv_slots_cached",
+                    "gearshift_kv_slots_total"):
             values[name] = float(value)
-    return values["gearshift_kv_slots_free"], values["gearshift_kv_slots_total"]
+    return (values["gearshift_kv_slots_free"] + values["gearshift_kv_slots_cached"],
+            values["gearshift_kv_slots_total"])
 
 
 def test_completion_stream_and_usage(client, offline, model_name):

@@ -56,8 +56,9 @@ def test_a_verify_step_extends_the_draft_or_stores_features_never_both(
     the two groups after the extend, which moves draft_rows, would store every extended
     request's features again: host time each VERIFY step pays)."""
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    # without the prefix cache, which keeps every committed token's features
     llm = make_llm(tiny_llama_dir, spec_policy="always", speculative_algorithm="eagle3",
-                   draft_model=str(head), num_draft_tokens=2)
+                   draft_model=str(head), num_draft_tokens=2, enable_prefix_caching=False)
     eng, follow, calls, step = llm.engine, llm.engine.spec.follow, [], [0, False]
     run, after_commit = eng.spec.run, eng.spec.after_commit
 

@@ -180,4 +180,4 @@ def test_random_policy_on_a_tree_engine_samples_to_completion(make_llm, tiny_lla
     stats = llm.spec_stats()
     assert stats["tree_steps"] > 0 and stats["chain_steps"] > 0
     mem = llm.memory_stats()
-    assert mem["kv_slots_free"] == mem["kv_slots_total"]
+    assert mem["kv_slots_free"] + mem["kv_slots_cached"] == mem["kv_slots_total"]

@@ -106,7 +106,7 @@ def test_flipping_speculation_never_uses_stale_shapes(make_llm, tiny_llama_dir, 
                 full_steps[topk] += 1
     assert full_steps[4] >= 2 and full_steps[1] >= 2
     stats = llm.memory_stats()
-    assert stats["kv_slots_free"] == stats["kv_slots_total"]
+    assert stats["kv_slots_free"] + stats["kv_slots_cached"] == stats["kv_slots_total"]
 
 
 def test_failed_verify_step_returns_its_slots(make_llm, tiny_llama_dir):

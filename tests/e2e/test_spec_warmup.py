@@ -114,7 +114,7 @@ def test_warm_up_measures_the_tree_gear_of_a_tree_engine(make_llm, tiny_llama_di
     policy = eng.policy  # goodput prices the tree from the warm-up and may pick it
     assert policy.cost.base[3] == measured[3] and policy.top_gear(PolicyView([], 0, 2, None, 4)) == 3
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
-    assert not eng.has_unfinished_requests() and eng.slots.num_free == eng.slots.total
+    assert not eng.has_unfinished_requests() and eng.slots.num_available == eng.slots.total
 
 
 def test_serving_replays_what_the_warm_up_captured(make_llm, tiny_llama_dir, tmp_path):

@@ -191,6 +191,9 @@ class FakeEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def reset_prefix_cache(self) -> int:
+        return 0
+
     def memory_stats(self) -> dict:
         used = sum(len(r.prompt) + len(r.generated) for r in self.running)
         return {"kv_slots_total": self.kv_slots_total, "kv_slots_free": self.kv_slots_total - used,
