@@ -1,10 +1,14 @@
 """`gearshift bench serve`: load a running OpenAI-compatible server with an async streaming
 client and measure time to first token (TTFT), time per output token (TPOT), inter-token
-latency (ITL) and throughput; prints a table and writes JSON.
+latency (ITL), throughput and the prefix cache's hit rate; prints a table and writes JSON.
 
-Data flow: args -> synthetic prompts -> Poisson (or immediate) arrivals, at most
-`concurrency` in flight -> POST /v1/completions (stream, include_usage, ignore_eos) ->
-per-request timings -> percentiles -> table + JSON.
+Workloads (bench/workloads.py): `single` (independent prompts), `shared-prefix` (one
+system prompt before every request's own text), `multi-turn` (conversations whose every
+turn resends the history, the model's answers included, plus a new user message).
+
+Data flow: args -> conversations -> Poisson (or immediate) arrivals, at most `concurrency`
+in flight, a conversation's turns in order -> POST /v1/completions (stream, include_usage,
+ignore_eos) -> per-request timings and cached tokens -> percentiles -> table + JSON.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from tqdm.auto import tqdm
 
 from gearshift import env
 from gearshift.bench import require_extras
+from gearshift.bench.workloads import add_workload_args, conversations
 
 WORDS = ("time gear shift speculative decoding model token batch server quick brown fox jumps "
          "over the lazy dog hello world").split()
@@ -35,6 +40,8 @@ class RequestResult:
     ttft: float = 0.0  # seconds from send to the first text chunk
     latency: float = 0.0  # seconds from send to [DONE]
     itl: list[float] = field(default_factory=list)  # gaps between text chunks
+    cached_tokens: int = 0  # prompt tokens the server's prefix cache served
+    text: str = ""  # the completion (a multi-turn conversation resends it)
     error: str = ""
 
 
@@ -50,6 +57,7 @@ def add_serve_bench_args(p) -> None:
     p.add_argument("--output-len", type=int, default=128, help="generated tokens (ignore_eos)")
     p.add_argument("--prompt-kind", choices=["ids", "text"], default="ids",
                    help="ids: exact lengths from token ids in [10, 256); text: random words")
+    add_workload_args(p)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1, help="untimed requests first")
@@ -87,33 +95,40 @@ async def bench(args) -> dict:
     async with httpx.AsyncClient(base_url=args.base_url.rstrip("/"), headers=headers,
                                  limits=limits, timeout=timeout) as client:
         model = args.model or await _first_model(client)
-        prompts = make_prompts(args.num_prompts + args.warmup, args.input_len,
-                               args.prompt_kind, args.seed)
+        convos = conversations(args)
 
         def body(prompt: str | list[int]) -> dict:
             return {"model": model, "prompt": prompt, "max_tokens": args.output_len,
                     "temperature": args.temperature, "ignore_eos": True, "stream": True,
                     "stream_options": {"include_usage": True}}
 
-        for prompt in prompts[: args.warmup]:
-            await one_request(client, body(prompt))
+        for convo in convos[: args.warmup]:
+            await one_request(client, body(convo.first()))
         sem = asyncio.Semaphore(args.concurrency)
         rng = random.Random(args.seed + 1)
-        bar = tqdm(total=args.num_prompts, desc="bench serve", unit="req")
+        bar = tqdm(total=sum(c.turns for c in convos[args.warmup:]), desc="bench serve",
+                   unit="req")
 
-        async def limited(prompt: str | list[int]) -> RequestResult:
-            async with sem:
-                r = await one_request(client, body(prompt))
-            bar.update(1)
-            return r
+        async def converse(convo) -> list[RequestResult]:
+            out, prompt = [], convo.first()
+            for turn in range(convo.turns):
+                async with sem:
+                    r = await one_request(client, body(prompt))
+                bar.update(1)
+                out.append(r)
+                if not r.ok:
+                    break
+                if turn + 1 < convo.turns:
+                    prompt = convo.next(prompt, r.text, turn)
+            return out
 
         start = time.perf_counter()
         tasks = []
-        for prompt in prompts[args.warmup:]:
-            tasks.append(asyncio.create_task(limited(prompt)))
+        for convo in convos[args.warmup:]:
+            tasks.append(asyncio.create_task(converse(convo)))
             if args.request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(args.request_rate))
-        results = await asyncio.gather(*tasks)
+        results = [r for rs in await asyncio.gather(*tasks) for r in rs]
         duration = time.perf_counter() - start
         bar.close()
     return summarize(results, duration, args, model)
@@ -153,8 +168,12 @@ async def one_request(client: httpx.AsyncClient, body: dict) -> RequestResult:
                 if obj.get("usage"):
                     res.prompt_tokens = obj["usage"]["prompt_tokens"]
                     res.output_tokens = obj["usage"]["completion_tokens"]
-                if any(ch.get("text") for ch in obj.get("choices", [])):
+                    details = obj["usage"].get("prompt_tokens_details") or {}
+                    res.cached_tokens = details.get("cached_tokens") or 0
+                text = "".join(ch.get("text") or "" for ch in obj.get("choices", []))
+                if text:
                     chunk_times.append(time.perf_counter())
+                    res.text += text
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         res.error = f"{type(e).__name__}: {e}"
         return res
@@ -187,7 +206,8 @@ def summarize(results: list[RequestResult], duration: float, args, model: str) -
         "base_url": args.base_url, "model": model,
         "config": {k: getattr(args, k) for k in ("concurrency", "num_prompts", "request_rate",
                                                  "input_len", "output_len", "prompt_kind",
-                                                 "temperature", "seed")},
+                                                 "temperature", "seed", "workload", "turns",
+                                                 "shared_prefix_len")},
         "completed": len(ok), "failed": len(results) - len(ok),
         "errors": sorted({r.error for r in results if not r.ok})[:10],
         "duration_s": duration,
@@ -195,6 +215,8 @@ def summarize(results: list[RequestResult], duration: float, args, model: str) -
         "output_tok_per_s": out_tokens / duration,
         "total_tok_per_s": (in_tokens + out_tokens) / duration,
         "prompt_tokens": in_tokens, "output_tokens": out_tokens,
+        "cached_prompt_tokens": sum(r.cached_tokens for r in ok),
+        "prefix_cache_hit_rate": sum(r.cached_tokens for r in ok) / in_tokens if in_tokens else 0.0,
         "ttft_ms": _pcts([r.ttft for r in ok]),
         "tpot_ms": _pcts(tpot),
         "itl_ms": _pcts([g for r in ok for g in r.itl]),
@@ -223,7 +245,8 @@ def print_table(result: dict) -> None:
         f"completed {result['completed']}  failed {result['failed']}  "
         f"duration {result['duration_s']:.2f} s  requests/s {result['request_throughput']:.2f}  "
         f"output tok/s {result['output_tok_per_s']:.1f}  total tok/s "
-        f"{result['total_tok_per_s']:.1f}"
+        f"{result['total_tok_per_s']:.1f}  prefix-cache hit rate "
+        f"{result['prefix_cache_hit_rate']:.1%}"
     )
     for err in result["errors"]:
         console.print(f"[red]error[/red]: {err}")
