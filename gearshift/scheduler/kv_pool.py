@@ -44,7 +44,7 @@ class SlotPool:
 
     def alloc(self, n: int) -> list[int]:
         if n > len(self._free) and self.cache is not None:
-            self._free.extend(self.cache.evict(n - len(self._free)))
+            self._free.extend(self.cache.evict(n - len(self._free), batch=True))
         if n > len(self._free):
             raise OutOfSlotsError(f"asked for {n} KV slots, {len(self._free)} free")
         if n == 0:

@@ -146,9 +146,12 @@ class PrefixCache:
             node, i = child, i + n
         return dup
 
-    def evict(self, n: int) -> list[int]:
+    def evict(self, n: int, batch: bool = False) -> list[int]:
         """Free at least n slots from unreferenced leaves, least recently used first
-        (fewer if not enough are evictable); -> the slots."""
+        (fewer if not enough are evictable); -> the slots. `batch`: at least 1/16 of what is
+        evictable, so that an allocation-heavy stretch walks the tree once in many steps."""
+        if batch:
+            n = max(n, self.num_evictable // 16)
         leaves = [(x.last_used, id(x), x) for x in self._nodes() if not x.children and x.ref == 0]
         heapq.heapify(leaves)
         freed: list[int] = []
