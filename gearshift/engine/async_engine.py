@@ -297,7 +297,7 @@ class AsyncEngine:
                 self._drain_inbox()
                 if engine.has_unfinished_requests():
                     started = time.perf_counter()
-                    outputs = engine.step()
+                    outputs = engine.step(emit=self._emit_early)
                     self._publish_snapshot()
                     if outputs:
                         self._call_loop(self._on_step, outputs)
@@ -311,6 +311,11 @@ class AsyncEngine:
         except BaseException as exc:  # noqa: BLE001 - reported to every waiting client
             logger.exception("engine thread failed")
             self._call_loop(self._on_engine_error, exc)
+
+    def _emit_early(self, outputs: list) -> None:
+        """Outputs a step hands out before it ends (a prefill's first token ahead of the
+        VERIFY step that follows it)."""
+        self._call_loop(self._on_step, outputs)
 
     def _drain_inbox(self) -> None:
         engine = self.engine

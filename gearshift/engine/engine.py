@@ -94,6 +94,7 @@ class Engine:
         self._read_device_ms: float | None = None  # the latest read step's device time
         self.costs = CostFeedback(self.scheduler, self.spec, self._num_graphs)
         self._seed_rng = torch.Generator().manual_seed(config.seed)
+        self._emit = None  # step()'s early-output callback
         self.step_stats = StepStats()
         self.measured_costs: dict | None = None  # {gear: [[bs, ms]]}: the warm-up's step times
         if (self.spec is not None and config.spec_warmup and config.spec_policy != "off"
@@ -167,12 +168,15 @@ class Engine:
         return len(self.scheduler.waiting)
 
     # ------------------------------------------------------------------ the step
-    def step(self) -> list[StepOutput]:
+    def step(self, emit=None) -> list[StepOutput]:
         """Run one step; returns what the requests gained. With overlap scheduling (the
         default) a plain step returns the previous step's tokens: its own are read on the
-        next call, while the device already runs the step after it."""
+        next call, while the device already runs the step after it. `emit(outputs)`: where
+        a VERIFY step first commits the step before it (a prefill's first token, say), those
+        outputs go out at once rather than after the VERIFY step."""
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
+        self._emit = emit
         return plan.failed + self._run(plan, t0) if plan.failed else self._run(plan, t0)
 
     def _run(self, plan: StepPlan, t0: float) -> list[StepOutput]:
@@ -219,8 +223,12 @@ class Engine:
         the step before. A step that fails before its commit keeps nothing: every slot it
         allocated goes back."""
         self.scheduler.hold_releases()
+        emitted: list[StepOutput] = []
         try:
             outputs = self._commit_pending()
+            if outputs and self._emit is not None:  # first tokens need not wait for drafting
+                self._emit(outputs)
+                emitted, outputs = outputs, []
             t0 = time.perf_counter() - planning_s
             try:
                 batch = self.builder.prepare(plan)
@@ -238,7 +246,7 @@ class Engine:
             self.spec.after_commit(plan, result)
         finally:
             self.scheduler.release_held()
-        self._account(plan, outputs, t0, self.runner.last_device_ms())
+        self._account(plan, emitted + outputs, t0, self.runner.last_device_ms())
         return outputs
 
     def _fail(self, fault: RequestFault) -> StepOutput:

@@ -160,7 +160,7 @@ class FakeEngine:
                     self.aborted.append((request_id, reason))
                     return
 
-    def step(self) -> list[StepOutput]:
+    def step(self, emit=None) -> list[StepOutput]:
         self._check_thread()
         if self.fail_next_step is not None:
             err, self.fail_next_step = self.fail_next_step, None
