@@ -26,10 +26,7 @@ from tqdm.auto import tqdm
 
 from gearshift import env
 from gearshift.bench import require_extras
-from gearshift.bench.workloads import add_workload_args, conversations
-
-WORDS = ("time gear shift speculative decoding model token batch server quick brown fox jumps "
-         "over the lazy dog hello world").split()
+from gearshift.bench.workloads import add_workload_args, check_dataset, conversations
 
 
 @dataclass(slots=True)
@@ -55,9 +52,15 @@ def add_serve_bench_args(p) -> None:
                    help="Poisson arrivals per second (default: all at once)")
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens")
     p.add_argument("--output-len", type=int, default=128, help="generated tokens (ignore_eos)")
-    p.add_argument("--prompt-kind", choices=["ids", "text"], default="ids",
-                   help="ids: exact lengths from token ids in [10, 256); text: random words")
     add_workload_args(p)
+    p.add_argument("--no-speculative", action="store_true",
+                   help='send "speculative": false: every request decodes plainly')
+    p.add_argument("--sweep-rates", default=None,
+                   help="comma-separated request rates (inf: all at once): one run each, "
+                        "TTFT / TPOT / throughput against rate in the JSON and a PNG")
+    p.add_argument("--compare-speculative", action="store_true",
+                   help="--sweep-rates: each rate also without speculation, on one plot")
+    p.add_argument("--output-png", default="bench_serve.png")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1, help="untimed requests first")
@@ -71,6 +74,11 @@ def run_serve_bench(args) -> int:
         raise ValueError("--concurrency, --num-prompts, --input-len and --output-len must be >= 1")
     if args.request_rate <= 0:
         raise ValueError("--request-rate must be > 0")
+    check_dataset(args.dataset)
+    if args.sweep_rates:
+        from gearshift.bench.serve_sweep import run_rate_sweep
+
+        return run_rate_sweep(args)
     result = asyncio.run(bench(args))
     print_table(result)
     if args.output_json:
@@ -78,13 +86,6 @@ def run_serve_bench(args) -> int:
             json.dump(result, f, indent=1)
         print(f"wrote {args.output_json}")
     return 0 if result["failed"] == 0 else 1
-
-
-def make_prompts(n: int, input_len: int, kind: str, seed: int) -> list[str | list[int]]:
-    rng = random.Random(seed)
-    if kind == "ids":
-        return [[rng.randrange(10, 256) for _ in range(input_len)] for _ in range(n)]
-    return [" ".join(rng.choice(WORDS) for _ in range(input_len)) for _ in range(n)]
 
 
 async def bench(args) -> dict:
@@ -97,13 +98,18 @@ async def bench(args) -> dict:
         model = args.model or await _first_model(client)
         convos = conversations(args)
 
-        def body(prompt: str | list[int]) -> dict:
-            return {"model": model, "prompt": prompt, "max_tokens": args.output_len,
-                    "temperature": args.temperature, "ignore_eos": True, "stream": True,
-                    "stream_options": {"include_usage": True}}
+        def body(request) -> tuple[str, dict]:
+            chat = isinstance(request, list) and request and isinstance(request[0], dict)
+            out = {"model": model, "max_tokens": args.output_len,
+                   "temperature": args.temperature, "ignore_eos": True, "stream": True,
+                   "stream_options": {"include_usage": True},
+                   "messages" if chat else "prompt": request}
+            if args.no_speculative:
+                out["speculative"] = False
+            return ("/v1/chat/completions" if chat else "/v1/completions"), out
 
         for convo in convos[: args.warmup]:
-            await one_request(client, body(convo.first()))
+            await one_request(client, *body(convo.first()))
         sem = asyncio.Semaphore(args.concurrency)
         rng = random.Random(args.seed + 1)
         bar = tqdm(total=sum(c.turns for c in convos[args.warmup:]), desc="bench serve",
@@ -113,7 +119,7 @@ async def bench(args) -> dict:
             out, prompt = [], convo.first()
             for turn in range(convo.turns):
                 async with sem:
-                    r = await one_request(client, body(prompt))
+                    r = await one_request(client, *body(prompt))
                 bar.update(1)
                 out.append(r)
                 if not r.ok:
@@ -144,13 +150,13 @@ async def _first_model(client: httpx.AsyncClient) -> str:
     return r.json()["data"][0]["id"]
 
 
-async def one_request(client: httpx.AsyncClient, body: dict) -> RequestResult:
-    """One streamed completion, timed chunk by chunk."""
+async def one_request(client: httpx.AsyncClient, path: str, body: dict) -> RequestResult:
+    """One streamed completion (or chat completion), timed chunk by chunk."""
     start = time.perf_counter()
     chunk_times: list[float] = []
     res = RequestResult(ok=False)
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as r:
+        async with client.stream("POST", path, json=body) as r:
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return res
@@ -170,7 +176,8 @@ async def one_request(client: httpx.AsyncClient, body: dict) -> RequestResult:
                     res.output_tokens = obj["usage"]["completion_tokens"]
                     details = obj["usage"].get("prompt_tokens_details") or {}
                     res.cached_tokens = details.get("cached_tokens") or 0
-                text = "".join(ch.get("text") or "" for ch in obj.get("choices", []))
+                text = "".join(ch.get("text") or (ch.get("delta") or {}).get("content") or ""
+                               for ch in obj.get("choices", []))
                 if text:
                     chunk_times.append(time.perf_counter())
                     res.text += text
@@ -205,9 +212,9 @@ def summarize(results: list[RequestResult], duration: float, args, model: str) -
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "base_url": args.base_url, "model": model,
         "config": {k: getattr(args, k) for k in ("concurrency", "num_prompts", "request_rate",
-                                                 "input_len", "output_len", "prompt_kind",
+                                                 "input_len", "output_len", "dataset",
                                                  "temperature", "seed", "workload", "turns",
-                                                 "shared_prefix_len")},
+                                                 "shared_prefix_len", "no_speculative")},
         "completed": len(ok), "failed": len(results) - len(ok),
         "errors": sorted({r.error for r in results if not r.ok})[:10],
         "duration_s": duration,

@@ -37,7 +37,7 @@ def test_bench_serve_workloads_hit_the_prefix_cache(tiny_llama_dir, tmp_path, wo
     with BackgroundServer(build_app(AsyncEngine(engine))) as srv:
         args = _args("--base-url", srv.base_url, "--workload", workload, "--num-prompts", "6",
                      "--turns", "3", "--shared-prefix-len", "60", "--input-len", "8",
-                     "--output-len", "6", "--concurrency", "3", "--prompt-kind", "text",
+                     "--output-len", "6", "--concurrency", "3", "--dataset", "random-words",
                      "--output-json", str(out))
         assert run_serve_bench(args) == 0
         metrics = httpx.get(srv.base_url + "/metrics").text

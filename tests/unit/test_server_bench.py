@@ -12,7 +12,8 @@ import json
 import pytest
 from fake_engine import fake_server
 
-from gearshift.bench.serve import add_serve_bench_args, make_prompts, run_serve_bench
+from gearshift.bench.serve import add_serve_bench_args, run_serve_bench
+from gearshift.bench.workloads import conversations
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -50,9 +51,52 @@ def test_bench_serve_reports_failures(tmp_path):
     assert result["failed"] == 3 and "HTTP 401" in result["errors"][0]
 
 
-def test_bad_arguments_and_prompts():
+def test_bad_arguments_and_prompts(tmp_path):
     with pytest.raises(ValueError, match="concurrency"):
         run_serve_bench(_args("--concurrency", "0"))
-    ids = make_prompts(3, 7, "ids", seed=1)
-    assert [len(p) for p in ids] == [7, 7, 7] and ids == make_prompts(3, 7, "ids", seed=1)
-    assert all(isinstance(p, str) for p in make_prompts(2, 5, "text", seed=0))
+    with pytest.raises(ValueError, match="--dataset"):
+        run_serve_bench(_args("--dataset", "imagenet"))
+    with pytest.raises(ValueError, match="no such file"):
+        run_serve_bench(_args("--dataset", f"jsonl:{tmp_path / 'missing.jsonl'}"))
+    ids = conversations(_args("--num-prompts", "3", "--input-len", "7", "--warmup", "0"))
+    assert [len(c.first()) for c in ids] == [7, 7, 7]
+    words = conversations(_args("--dataset", "random-words", "--num-prompts", "2", "--warmup", "0"))
+    assert all(isinstance(c.first(), str) for c in words)
+    corpus = conversations(_args("--dataset", "corpus", "--num-prompts", "2", "--input-len", "50"))
+    assert all(isinstance(c.first(), str) and len(c.first()) == 200 for c in corpus)
+
+
+def test_jsonl_datasets_in_both_shapes(tmp_path):
+    """vLLM's custom-dataset shape ({"prompt": ...} per line) and OpenAI chat messages, both
+    served (the chat ones through /v1/chat/completions)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "hello there"}\n\n'
+                    '{"messages": [{"role": "user", "content": "hi"}]}\n'
+                    '{"prompt": [11, 12, 13]}\n')
+    convos = conversations(_args("--dataset", f"jsonl:{data}", "--num-prompts", "5"))
+    assert [c.chat for c in convos] == [False, True, False, False, True, False]
+    out = tmp_path / "b.json"
+    with fake_server(step_delay=0.001) as srv:
+        args = _args("--base-url", srv.base_url, "--dataset", f"jsonl:{data}", "--num-prompts",
+                     "6", "--output-len", "4", "--output-json", str(out))
+        assert run_serve_bench(args) == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] == 6 and result["output_tokens"] == 24
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt"}\n')
+    with pytest.raises(ValueError, match="prompt"):
+        conversations(_args("--dataset", f"jsonl:{bad}"))
+
+
+def test_rate_sweep_writes_each_rate_with_and_without_speculation(tmp_path):
+    out, png = tmp_path / "s.json", tmp_path / "s.png"
+    with fake_server(step_delay=0.001) as srv:
+        args = _args("--base-url", srv.base_url, "--num-prompts", "6", "--output-len", "4",
+                     "--sweep-rates", "50,inf", "--compare-speculative", "--output-json",
+                     str(out), "--output-png", str(png))
+        assert run_serve_bench(args) == 0
+    sweep = json.loads(out.read_text())
+    assert sweep["rates"] == [50.0, float("inf")]
+    assert [len(v) for v in sweep["runs"].values()] == [2, 2]
+    assert sweep["runs"]["plain"][0]["config"]["no_speculative"] is True
+    assert png.stat().st_size > 1000

@@ -1,0 +1,77 @@
+"""`gearshift bench serve --sweep-rates R1,R2,...`: one `bench serve` run per Poisson request
+rate (inf: all at once), with `--compare-speculative` each also with `"speculative": false`
+(every request decodes plainly, on the same server), so speculation's TTFT, TPOT and
+throughput can be read against load on one plot.
+
+Data flow: args -> bench(args at each rate[, no_speculative]) -> summaries -> JSON
+{rates, runs: {label: [summary per rate]}} + PNG (TTFT p50 / p99, TPOT p50, output tok/s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+
+
+def parse_rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--sweep-rates: expected numbers or inf, got {text!r}") from None
+    if not rates or any(r <= 0 for r in rates):
+        raise ValueError("--sweep-rates: every rate must be > 0")
+    return sorted(rates)
+
+
+def run_rate_sweep(args) -> int:
+    from gearshift.bench import require_extras
+    from gearshift.bench.serve import bench
+
+    require_extras("rich", "matplotlib")
+    rates = parse_rates(args.sweep_rates)
+    labels = ["speculative", "plain"] if args.compare_speculative else \
+        ["plain" if args.no_speculative else "default"]
+    runs: dict[str, list[dict]] = {label: [] for label in labels}
+    for rate in rates:
+        for label in labels:
+            run = copy.copy(args)
+            run.request_rate = rate
+            run.no_speculative = label == "plain" or (label == "default" and args.no_speculative)
+            result = asyncio.run(bench(run))
+            runs[label].append(result)
+            print(f"rate {rate:g}/s {label}: output tok/s {result['output_tok_per_s']:.1f}, "
+                  f"TTFT p50 {result['ttft_ms']['p50']} ms, TPOT p50 {result['tpot_ms']['p50']} ms,"
+                  f" failed {result['failed']}")
+    out = {"rates": rates, "runs": runs}
+    with open(args.output_json, "w") as f:
+        json.dump(out, f, indent=1)
+    plot(out, args.output_png)
+    print(f"wrote {args.output_json} and {args.output_png}")
+    return 0 if all(r["failed"] == 0 for rs in runs.values() for r in rs) else 1
+
+
+def plot(sweep: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = sweep["rates"]
+    xs = [r if r != float("inf") else max([x for x in rates if x != float("inf")] or [1]) * 2
+          for r in rates]
+    panels = (("TTFT p50 (ms)", lambda r: r["ttft_ms"]["p50"]),
+              ("TTFT p99 (ms)", lambda r: r["ttft_ms"]["p99"]),
+              ("TPOT p50 (ms)", lambda r: r["tpot_ms"]["p50"]),
+              ("output tok/s", lambda r: r["output_tok_per_s"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
+    for ax, (title, get) in zip(axes, panels):
+        for label, results in sweep["runs"].items():
+            ax.plot(xs, [get(r) for r in results], marker="o", label=label)
+        ax.set_title(title)
+        ax.set_xlabel("request rate (/s; rightmost: all at once)" if float("inf") in rates
+                      else "request rate (/s)")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
