@@ -21,7 +21,8 @@ Planning, per step:
 
 Commit, per request: free the draft's scratch slots, keep the accepted nodes' slots in
 position order and free the rest (rollback by count), append the new tokens (or fill
-the placeholder), finish on EOS / stop ids / length.
+the placeholder; a request's grammar accepts each), finish on EOS / stop ids / length /
+a grammar that ended.
 """
 
 from __future__ import annotations
