@@ -134,9 +134,8 @@ class Engine:
                 f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the maximum "
                 f"context length {self.max_model_len}"
             )
-        grammar = None
-        if params.structured_output is not None:  # StructuredOutputError names the field
-            grammar = self.grammars.grammar(params.structured_output)
+        so = params.structured_output  # an invalid one: StructuredOutputError names the field
+        grammar = self.grammars.grammar(so) if so is not None else None
         seed = params.seed
         if seed is None:
             seed = int(torch.randint(0, 2**31, (1,), generator=self._seed_rng))
@@ -200,10 +199,9 @@ class Engine:
         return self._plain(plan, t0)
 
     def _commit_first(self, plan: StepPlan, t0: float) -> list[StepOutput]:
-        """A plain step whose grammar masks need a token still being sampled: the pending
-        step commits first (its grammars advance), as before a VERIFY step; this step is
-        then launched and overlapped as usual."""
-        self.scheduler.hold_releases()  # rows and slots of requests it finishes stay until launch
+        """Grammar masks need the token in flight: commit its step first (as before a VERIFY
+        step); its finished requests keep their rows and slots until this step launched."""
+        self.scheduler.hold_releases()
         try:
             return self._plain(plan, t0, self._commit_pending())
         finally:

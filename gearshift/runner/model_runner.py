@@ -253,7 +253,7 @@ class ModelRunner:
                 counts.reset(pb)
             logits = pb.apply(logits, counts, None, sb.steps)
         if sb.grammar is not None:  # after the penalties (the grammar wins over min_tokens)
-            logits = sb.grammar.apply(logits)
+            logits = sb.grammar.apply(logits, banned=pb is not None and pb.banned is not None)
         tokens = sample(logits, sb)
         if counts is not None:
             counts.record(pb.rows, tokens, pb.record)

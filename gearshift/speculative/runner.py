@@ -166,7 +166,8 @@ class SpecRunner:
                                    sb.steps, depth)
         if on_host is not None:
             masks = vg.node_masks(reqs, on_host, n_nodes, n_tree, self.runner.device)
-            logits_t = vg.constrain(logits_t, masks, flat, vl.node_rows(flat, node_tok))
+            logits_t = vg.constrain(logits_t, masks, flat, vl.node_rows(flat, node_tok),
+                                    banned=pb is not None and pb.banned is not None)
         # the tree path's accepted slots go to req_to_token on the device (a chain verified
         # as an extend recorded its nodes' slots while building the batch)
         record = None if slots_bn is None else (d["rows"], d["prefix"], slots_bn)

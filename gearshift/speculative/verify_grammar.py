@@ -22,7 +22,7 @@ import torch
 
 from gearshift.request import Request
 from gearshift.speculative.tree import DraftTree
-from gearshift.structured.mask import allowed_tokens
+from gearshift.structured.mask import blocked_tokens
 from gearshift.structured.mask import constrain as constrain_rows
 from gearshift.structured.matcher import tree_masks
 
@@ -61,8 +61,10 @@ def node_masks(reqs: list[Request], tree: TreeOnHost, n_nodes: list[int], num_no
 
 
 def constrain(logits_t: torch.Tensor, masks: torch.Tensor, flat: torch.Tensor,
-              rows_t: torch.Tensor) -> torch.Tensor:
+              rows_t: torch.Tensor, banned: bool) -> torch.Tensor:
     """logits_t [T, V] -> float32 copy whose verified nodes' rows are masked; flat [F]: the
-    nodes (request * num_nodes + node), rows_t [F]: their rows in logits_t."""
-    allowed = allowed_tokens(masks[flat], logits_t.shape[-1])  # [F, V]
-    return logits_t.float().index_put((rows_t,), constrain_rows(logits_t[rows_t], allowed))
+    nodes (request * num_nodes + node), rows_t [F]: their rows in logits_t; `banned`: the
+    penalties may have set -inf (min_tokens)."""
+    blocked = blocked_tokens(masks[flat], logits_t.shape[-1])  # [F, V]
+    rows = constrain_rows(logits_t[rows_t], blocked, banned)
+    return logits_t.float().index_put((rows_t,), rows)

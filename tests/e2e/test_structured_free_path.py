@@ -33,7 +33,7 @@ def _tripwire(*args, **kwargs):
 def tripwires(monkeypatch):
     for mod, name in [(batch, "step_masks"), (GrammarBatch, "apply"),
                       (verify_grammar, "TreeOnHost"), (verify_grammar, "node_masks"),
-                      (verify_grammar, "constrain"), (expand, "draft_allowed"),
+                      (verify_grammar, "constrain"), (expand, "draft_blocked"),
                       (Engine, "_commit_first")]:
         monkeypatch.setattr(mod, name, _tripwire)
 

@@ -128,14 +128,17 @@ def test_json_object_regex_and_choice(make_llm, tiny_llama_dir, head_dir, spec):
             assert o.text in choices
 
 
-def test_the_grammar_ends_the_request_whatever_eos_options_say(make_llm, tiny_llama_dir):
-    llm = make_llm(tiny_llama_dir)
+@pytest.mark.parametrize("spec", ["off", "chain", "tree"])
+def test_the_grammar_ends_the_request_whatever_eos_options_say(make_llm, tiny_llama_dir,
+                                                               head_dir, spec):
+    llm = _llm(make_llm, tiny_llama_dir, head_dir, spec)
     so = StructuredOutput(choice=("ok",))
     for extra in (dict(ignore_eos=True), dict(min_tokens=8), dict(ignore_eos=True, min_tokens=8)):
-        out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=50, temperature=0.0,
-                                                      structured_output=so, **extra),
-                           use_tqdm=False)[0]
-        assert (out.text, out.finish_reason) == ("ok", "stop"), extra
+        for t in (0.0, 1.0):
+            out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=50, temperature=t,
+                                                          structured_output=so, **extra),
+                               use_tqdm=False)[0]
+            assert (out.text, out.finish_reason) == ("ok", "stop"), (extra, t)
 
 
 def test_unconstrained_requests_beside_constrained_ones_are_unchanged(make_llm, tiny_llama_dir,

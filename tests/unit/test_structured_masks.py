@@ -14,7 +14,7 @@ import torch
 from checkpoints import EOS_ID, VOCAB_SIZE, build_tokenizer
 
 from gearshift.structured.compiler import GrammarCompiler, choice_grammar
-from gearshift.structured.mask import allowed_tokens, constrain, draft_allowed
+from gearshift.structured.mask import blocked_tokens, constrain, draft_blocked
 from gearshift.structured.matcher import GrammarViolation, tree_masks, unconstrained
 from gearshift.structured.params import StructuredOutput, StructuredOutputError
 
@@ -92,16 +92,17 @@ def test_bitmask_unpacks_like_the_reference():
     masks = torch.randint(-2**31, 2**31 - 1, (5, 3), generator=gen, dtype=torch.int64).to(torch.int32)
     masks[3] = 0  # allows nothing: left unconstrained
     masks[4] = -1
-    assert torch.equal(allowed_tokens(masks, vocab), _reference_allowed(masks, vocab))
+    allowed = _reference_allowed(masks, vocab)
+    assert torch.equal(~blocked_tokens(masks, vocab), allowed)
     cols = torch.tensor([5, 70, 2])
-    assert torch.equal(draft_allowed(masks, vocab, cols, 3), allowed_tokens(masks, vocab)[:, cols]
-                       | ~allowed_tokens(masks, vocab)[:, cols].any(-1, keepdim=True))
+    expected = allowed[:, cols] | ~allowed[:, cols].any(-1, keepdim=True)
+    assert torch.equal(~draft_blocked(masks, vocab, cols, 3), expected)
 
 
 def test_constrain_masks_and_lets_the_grammar_win_over_banned_tokens():
     logits = torch.tensor([[1.0, 2.0, 3.0], [0.5, float("-inf"), 0.0]])
     allowed = torch.tensor([[True, False, True], [False, True, False]])
-    out = constrain(logits, allowed)
+    out = constrain(logits, ~allowed)
     assert out[0].tolist() == [1.0, float("-inf"), 3.0]
     assert out[1].tolist() == [float("-inf"), 0.0, float("-inf")]  # only a banned token allowed
 
@@ -127,8 +128,8 @@ def test_tree_masks_equal_sequential_masks_along_each_path(compiler, tok):
         for x in prefix + [tokens[j] for j in path]:
             h.accept(x)
         h.fill(ref, node)
-    allowed = allowed_tokens(masks, VOCAB_SIZE)
-    assert torch.equal(allowed[:5], allowed_tokens(ref[:5], VOCAB_SIZE))
+    allowed = ~blocked_tokens(masks, VOCAB_SIZE)
+    assert torch.equal(allowed[:5], ~blocked_tokens(ref[:5], VOCAB_SIZE))
     assert allowed[5].all() and allowed[6].all()  # never accepted: unconstrained
     assert not allowed[0, t["q"]]  # the refused draft has probability 0 at its parent
     g.accept(t['"'])  # the walk rolled back: the matcher is where it started

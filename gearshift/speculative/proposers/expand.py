@@ -33,7 +33,7 @@ from gearshift.runner.penalties import TokenCounts
 from gearshift.runner.sampler import SamplingBatch, apply_top_k_top_p, seeded_uniform
 from gearshift.speculative.tree import DraftTree, ancestor_mask
 from gearshift.speculative.verify import SALT_DRAFT
-from gearshift.structured.mask import draft_allowed
+from gearshift.structured.mask import constrain, draft_blocked
 
 # (token ids [R] in target vocab, hidden [R, H] | None, ForwardBatch) -> (logits [R, Vd], hidden)
 StepFn = Callable[[torch.Tensor, torch.Tensor | None, ForwardBatch],
@@ -77,7 +77,7 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
     pen = sb.penalties
     # grammars: the first level proposes under the pending position's mask (deeper levels
     # would need each beam's matcher on the host; verification alone keeps them valid)
-    first_allowed = None if sb.grammar is None else draft_allowed(
+    first_blocked = None if sb.grammar is None else draft_blocked(
         sb.grammar.bitmask, target_vocab, to_target, x.first_logits.shape[-1])  # [B, Vd]
 
     def choose(logits: torch.Tensor, depth_index: int, path: torch.Tensor | None):
@@ -86,8 +86,8 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
         if pen is not None:
             logits = _penalised(logits, path, depth_index, pen, x.counts, sb.steps, to_target,
                                 target_vocab)
-        if first_allowed is not None and depth_index == 0:
-            logits = logits.masked_fill(~first_allowed[:, None, :], float("-inf"))
+        if first_blocked is not None and depth_index == 0:  # logits [B, 1, Vd]
+            logits = constrain(logits[:, 0], first_blocked, pen is not None)[:, None, :]
         logp = torch.log_softmax(logits.float(), dim=-1)
         if w > 1:
             top = logp.topk(w, dim=-1)  # [B, W, w]
