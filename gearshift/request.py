@@ -9,8 +9,12 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gearshift.structured.params import StructuredOutput
+
+if TYPE_CHECKING:
+    from gearshift.structured.matcher import RequestGrammar
 
 INT32_MAX = 2**31 - 1  # counts and token ids: what the engine stages as int32 / int64
 MAX_LOGPROBS = 20  # most alternatives per position a request may ask for (as OpenAI)
@@ -167,8 +171,8 @@ class Request:
     cache_node: object | None = None
     num_cached_tokens: int = 0
     # engine (at arrival, from params.structured_output); the scheduler advances it over
-    # every committed token (structured/matcher.py: RequestGrammar)
-    grammar: object | None = None
+    # every committed token
+    grammar: RequestGrammar | None = None
 
     def __post_init__(self) -> None:
         p = self.params

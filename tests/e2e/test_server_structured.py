@@ -123,3 +123,16 @@ def test_invalid_constraints_are_a_400_naming_the_field(server, body, param):
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert (err["param"], err["code"]) == (param, "invalid_value"), err
+
+
+def test_sampled_json_streams_validate(server):
+    _, client, model = server
+    stream = client.chat.completions.create(model=model, messages=MESSAGES, n=16, seed=9,
+                                            max_tokens=300, response_format=JSON_FORMAT,
+                                            stream=True)
+    texts = [""] * 16
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    for t in texts:
+        jsonschema.validate(json.loads(t), SCHEMA)
