@@ -122,6 +122,8 @@ class AsyncEngine:
         self.model_name: str = engine.model_name
         self.max_model_len: int = engine.max_model_len
         self.vocab_size: int = engine.vocab_size
+        # structured output's compiler: thread-safe, so the server's pool compiles with it
+        self.grammars = getattr(engine, "grammars", None)
         self.snapshot = EngineSnapshot()
         self.error: BaseException | None = None
         # called on the event loop once the engine thread has died (the server exits)

@@ -21,7 +21,8 @@ Planning, per step:
 
 Commit, per request: free the draft's scratch slots, keep the accepted nodes' slots in
 position order and free the rest (rollback by count), append the new tokens (or fill
-the placeholder), finish on EOS / stop ids / length.
+the placeholder; a request's grammar accepts each), finish on EOS / stop ids / length /
+a grammar that ended.
 """
 
 from __future__ import annotations
@@ -334,6 +335,8 @@ class Scheduler:
         emitted: list[int] = []
         reason = None
         for tok in tokens:
+            if req.grammar is not None:  # raises for a token the grammar refuses
+                req.grammar.accept(tok)
             req.output_token_ids.append(tok)
             emitted.append(tok)
             reason = self._stop_reason(req, tok) or (
@@ -356,6 +359,8 @@ class Scheduler:
         if req.params.max_tokens == 0:
             del req.output_token_ids[idx:]
             return self._prompt_only(req)
+        if req.grammar is not None:
+            req.grammar.accept(tok)
         req.output_token_ids[idx] = tok
         last = idx + 1 >= req.params.max_tokens \
             or len(req.prompt_token_ids) + idx + 1 >= self.max_model_len
@@ -394,6 +399,8 @@ class Scheduler:
     def _stop_reason(req: Request, tok: int) -> str | None:
         p = req.params
         if not p.ignore_eos and tok in req.eos_token_ids:
+            return "stop"
+        if req.grammar is not None and req.grammar.terminated:  # it ended (EOS, ignore_eos too)
             return "stop"
         if p.stop_token_ids and tok in p.stop_token_ids:
             return "stop"
