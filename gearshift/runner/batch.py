@@ -291,15 +291,6 @@ class BatchBuilder:
         d = st.to_device()
         self.kv.req_to_token[d["rows"], d["pos"]] = d["slots"]
 
-    def _record_cached(self, cached: list[tuple[int, list[int]]]) -> None:
-        """req_to_token rows of requests that start after a cached prefix: its slots."""
-        st = Stager(self.device)
-        st.add_ints("rows", [row for row, s in cached for _ in s])
-        st.add_ints("pos", [p for _, s in cached for p in range(len(s))])
-        st.add_int32("slots", [x for _, s in cached for x in s])
-        d = st.to_device()
-        self.kv.req_to_token[d["rows"], d["pos"]] = d["slots"]
-
     def _plain(self, plan: StepPlan, slots: list[list[int]], padding: Padding | None,
                input_ids: list[int], fresh: list[bool], masks: torch.Tensor | None) -> StepBatch:
         bs = plan.batch_size
