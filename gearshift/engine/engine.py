@@ -33,6 +33,7 @@ from gearshift.engine.tokenizer import load_engine_tokenizer
 from gearshift.forward_batch import ForwardMode
 from gearshift.models.default import DEFAULT_MODEL_DIR
 from gearshift.models.loader import resolve_model_config
+from gearshift.models.parallel import TensorParallel
 from gearshift.request import Request, SamplingParams, SamplingParamsError
 from gearshift.runner.batch import BatchBuilder
 from gearshift.runner.model_runner import ModelRunner
@@ -51,7 +52,11 @@ class PromptError(ValueError):
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    # whether this engine plans its own steps: a tensor-parallel follower rank replays rank
+    # 0's (distributed/engine.py), warm-up included
+    leads = True
+
+    def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
         self.config = config
         self.model_config, path = resolve_model_config(config.model)
         self.model_name = Path(config.model).name if path else Path(config.model).stem
@@ -60,7 +65,7 @@ class Engine:
         self.model_name = config.served_model_name or self.model_name
         self.tokenizer = load_engine_tokenizer(config, path)
         torch.manual_seed(config.seed)
-        self.runner = ModelRunner(config, self.model_config, path)
+        self.runner = ModelRunner(config, self.model_config, path, tp)
         self.max_model_len = self.runner.max_model_len
         self.eos_token_ids = eos_token_ids(self.model_config, path, self.tokenizer)
         self.slots = SlotPool(self.runner.num_slots,
@@ -98,7 +103,7 @@ class Engine:
         self.step_stats = StepStats()
         self.measured_costs: dict | None = None  # {gear: [[bs, ms]]}: the warm-up's step times
         if (self.spec is not None and config.spec_warmup and config.spec_policy != "off"
-                and self.runner.shape_graphs is not None):
+                and self.runner.shape_graphs is not None and self.leads):
             from gearshift.engine.warmup import warm_up_speculation
 
             warm_up_speculation(self)  # sets measured_costs
@@ -175,9 +180,12 @@ class Engine:
         a VERIFY step first commits the step before it (a prefill's first token, say), those
         outputs go out at once rather than after the VERIFY step."""
         t0 = time.perf_counter()
-        plan = self.scheduler.schedule()
+        plan = self._schedule()
         self._emit = emit
         return plan.failed + self._run(plan, t0) if plan.failed else self._run(plan, t0)
+
+    def _schedule(self) -> StepPlan:
+        return self.scheduler.schedule()
 
     def _run(self, plan: StepPlan, t0: float) -> list[StepOutput]:
         if plan.mode is not ForwardMode.VERIFY or plan.is_empty:
