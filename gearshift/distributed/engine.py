@@ -108,16 +108,6 @@ class LeaderEngine(Engine):
                 pass
         self.group.close(timeout)
 
-    # ------------------------------------------------------------------ introspection
-    def memory_stats(self) -> dict:
-        k = self.runner.kv.k
-        return {**super().memory_stats(), "tensor_parallel_size": self.group.size,
-                "kv_heads_per_rank": k.shape[2],
-                "kv_cache_bytes_per_rank": 2 * k.numel() * k.element_size()}
-
-    def stats(self) -> dict:
-        return {**super().stats(), "tensor_parallel_size": self.group.size}
-
     # ------------------------------------------------------------------ faults
     def _take_events(self) -> list[tuple]:
         events, self._events = self._events, []

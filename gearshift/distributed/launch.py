@@ -191,7 +191,7 @@ def run_follower(config: EngineConfig, store, rank: int, size: int, local: bool)
     except BaseException as e:  # noqa: BLE001 - reported, then the process ends
         print(f"gearshift rank {rank}: {traceback.format_exc()}", file=sys.stderr, flush=True)
         try:
-            store.set(f"{FAILED}{rank}", traceback.format_exception_only(e)[-1].strip())
+            store.set(f"{FAILED}{rank}", f"{type(e).__name__}: {e}")
         except Exception:  # noqa: BLE001 - rank 0 (the store) may be gone already
             pass
         return 1

@@ -333,8 +333,11 @@ class Engine:
         return {"queries_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else 0.0}
 
     def memory_stats(self) -> dict:
+        k = self.runner.kv.k  # [layers, slots + 1, this rank's KV heads, head_dim]
         return {"kv_slots_total": self.slots.total, "kv_slots_free": self.slots.num_free,
-                "kv_slots_cached": self.slots.num_cached}
+                "kv_slots_cached": self.slots.num_cached,
+                "tensor_parallel_size": self.config.tensor_parallel_size,
+                "kv_heads_per_rank": k.shape[2], "kv_cache_bytes_per_rank": 2 * k.nbytes}
 
     def stats(self) -> dict:
         out = dict(self.step_stats.counts, preemptions=self.scheduler.num_preemptions,
