@@ -9,6 +9,8 @@ safe_open recorded -> shapes, bytes, reassembled weights.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from checkpoints import make_tiny_checkpoint
@@ -140,3 +142,25 @@ def test_what_cannot_be_split_is_named():
         check_shardable(_cfg(12, 3, 96), 2)
     with pytest.raises(ConfigError, match="intermediate size 90"):
         check_shardable(_cfg(8, 2, 90), 4)
+
+
+def test_the_70b_preset_splits_into_halves_no_h200_exceeds():
+    """Llama-3.1-70B (141 GB in bf16) at TP=2: each rank's shard, built on the meta device,
+    holds half the weights (70.6 GB: an H200 holds 141 GB)."""
+    import json
+
+    import torch
+
+    from gearshift.models.llama import LlamaForCausalLM
+
+    cfg = ModelConfig.from_dict(json.loads((Path(loader.PRESETS_DIR) / "llama-3.1-70b.json")
+                                           .read_text()))
+    per_rank = []
+    for rank in range(2):
+        with torch.device("meta"):
+            model = LlamaForCausalLM(cfg, 16, TensorParallel(rank, 2)).to(torch.bfloat16)
+        per_rank.append(sum(p.numel() * p.element_size() for p in model.parameters()))
+    whole = 70_553_706_496 * 2
+    norms = (2 * cfg.num_layers + 1) * cfg.hidden_size * 2  # replicated on both ranks
+    assert per_rank[0] == per_rank[1] == (whole - norms) // 2 + norms
+    assert per_rank[0] < 71e9
