@@ -98,15 +98,8 @@ class LeaderEngine(Engine):
             raise
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the other ranks (they finish the message in hand) and release the groups."""
-        if self.group.closed:
-            return
-        if self.group.failure() is None:
-            try:
-                self.group.channel.send(Shutdown(self._take_events()))
-            except Exception:  # noqa: BLE001 - a rank is gone: close() ends the rest
-                pass
-        self.group.close(timeout)
+        """Stop the other ranks (after the message in hand) and release the groups."""
+        self.group.goodbye(timeout)
 
     # ------------------------------------------------------------------ faults
     def _take_events(self) -> list[tuple]:

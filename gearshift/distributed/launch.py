@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +35,7 @@ import torch.distributed as dist
 
 from gearshift.config import ConfigError, EngineConfig
 from gearshift.distributed.comm import Channel, DeviceComm
+from gearshift.distributed.sync import Shutdown
 from gearshift.models.parallel import TensorParallel, check_shardable
 
 log = logging.getLogger("gearshift.distributed")
@@ -103,6 +105,21 @@ class Group:
             time.sleep(0.05)
         return self._failure
 
+    def goodbye(self, timeout: float = 10.0) -> None:
+        """Rank 0: tell the other ranks to stop (unless a step is in flight: its collectives
+        hold them; then they follow rank 0 out) and close. Also run when the engine is
+        collected or the interpreter exits without shutdown()."""
+        if self.closed:
+            return
+        if self.busy or self._failure is not None:
+            timeout = 0.0
+        else:
+            try:
+                self.channel.send(Shutdown([]))
+            except Exception:  # noqa: BLE001 - a rank is gone: close() stops the rest
+                timeout = 0.0
+        self.close(timeout)
+
     def close(self, timeout: float = 10.0) -> None:
         """Rank 0: wait for the other ranks to exit (they were told to), then stop the
         stragglers; release the process groups."""
@@ -114,6 +131,8 @@ class Group:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join()
         if self.comm.device.type == "cuda":
             _agree_on_kernels(None)
 
@@ -201,7 +220,9 @@ def _lead(config: EngineConfig, group: Group):
     from gearshift.distributed.engine import LeaderEngine, RankFailure
 
     try:
-        return LeaderEngine(config, group)
+        engine = LeaderEngine(config, group)
+        weakref.finalize(engine, group.goodbye)  # no shutdown() call: at exit at the latest
+        return engine
     except RuntimeError as e:  # a collective failed: say which rank went
         failure = group.failure(wait=5.0)
         group.close(timeout=5.0)
