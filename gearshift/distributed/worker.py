@@ -23,7 +23,12 @@ def main() -> None:
                      daemon=True).start()
     store = dist.TCPStore("127.0.0.1", spec.port, spec.size, is_master=False,
                           timeout=START_TIMEOUT)
-    sys.exit(run_follower(spec.config, store, spec.rank, spec.size, local=True))
+    code = run_follower(spec.config, store, spec.rank, spec.size, local=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # no interpreter teardown: destroying the process groups' threads there has aborted
+    # the process after a clean shutdown, and nothing is left to clean up
+    os._exit(code)
 
 
 def _exit_with(parent: int) -> None:
