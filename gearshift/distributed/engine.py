@@ -69,8 +69,12 @@ class LeaderEngine(Engine):
         self.group.busy = True
         try:
             outputs = super().step(emit)
-        except Exception as e:
+        except BaseException as e:
             self._raise_rank_failure(e)
+            # rank 0 left the step halfway (an error of its own, KeyboardInterrupt): the
+            # others wait inside it, so no later step can pair with theirs
+            self.group.fail(f"rank 0 stopped inside a step ({type(e).__name__}: {e}); the "
+                            "other ranks are out of step")
             raise
         finally:
             self.group.busy = False
@@ -93,8 +97,9 @@ class LeaderEngine(Engine):
             self.group.channel.send(Call(self._take_events(), "prefill_logits",
                                          (list(token_ids),)))
             return super().prefill_logits(token_ids)
-        except Exception as e:
+        except BaseException as e:
             self._raise_rank_failure(e)
+            self.group.fail(f"rank 0 stopped inside prefill_logits ({type(e).__name__})")
             raise
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -114,7 +119,7 @@ class LeaderEngine(Engine):
     def _raise_rank_failure(self, cause: BaseException) -> None:
         """A collective failed or a message could not go out: name the rank that is gone,
         once the watcher has seen it exit (a closed socket can come a moment earlier)."""
-        failure = self.group.failure(wait=5.0)
+        failure = self.group.failure(wait=5.0 if isinstance(cause, RuntimeError) else 0.0)
         if failure is not None:
             raise RankFailure(failure) from cause
 

@@ -71,7 +71,7 @@ class Group:
         while not self.closed:
             failure = self._poll()
             if failure is not None:
-                self._failure = failure
+                self.fail(failure)
                 log.error("tensor parallelism: %s", failure)
                 if self.comm.device.type == "cuda":  # an NCCL wait never ends by itself
                     self.comm.abort()
@@ -97,6 +97,11 @@ class Group:
         except Exception:  # noqa: BLE001 - the store may be gone with the rank hosting it
             pass
         return ""
+
+    def fail(self, why: str) -> None:
+        """Rank 0 itself broke the lockstep: every later call raises."""
+        if self._failure is None:
+            self._failure = why
 
     def failure(self, wait: float = 0.0) -> str | None:
         """What ended another rank, or None; waits up to `wait` seconds for the watcher."""
