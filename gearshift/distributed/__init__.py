@@ -21,7 +21,7 @@ from gearshift.config import EngineConfig
 def create_engine(config: EngineConfig):
     """The engine for `config`: a plain Engine on one device; with tensor_parallel_size > 1
     (or when torchrun started this process) rank 0's LeaderEngine, every rank started and
-    connected. Under torchrun the other ranks serve rank 0 here and exit when it stops."""
+    connected. Under torchrun the other ranks serve rank 0 here, then their process ends."""
     torchrun = torchrun_env()
     if config.tensor_parallel_size == 1 and torchrun is None:
         from gearshift.engine.engine import Engine

@@ -70,7 +70,7 @@ class Group:
     def _watch(self) -> None:
         while not self.closed:
             failure = self._poll()
-            if failure is not None:
+            if failure is not None and not self.closed:  # not the ranks told to stop
                 self.fail(failure)
                 log.error("tensor parallelism: %s", failure)
                 if self.comm.device.type == "cuda":  # an NCCL wait never ends by itself
@@ -116,6 +116,7 @@ class Group:
         collected or the interpreter exits without shutdown()."""
         if self.closed:
             return
+        self.closed = True  # before they exit: the watcher must not take that for a fault
         if self.busy or self._failure is not None:
             timeout = 0.0
         else:
@@ -127,7 +128,7 @@ class Group:
 
     def close(self, timeout: float = 10.0) -> None:
         """Rank 0: wait for the other ranks to exit (they were told to), then stop the
-        stragglers; release the process groups."""
+        stragglers."""
         self.closed = True
         deadline = time.monotonic() + timeout
         for proc in self.workers:
@@ -144,7 +145,7 @@ class Group:
 
 def start(config: EngineConfig, torchrun: tuple[int, int, int, int] | None):
     """The engine of this process: rank 0's LeaderEngine (or, under torchrun, a follower's
-    serve loop, then SystemExit)."""
+    serve loop, then the end of the process)."""
     from gearshift.models.loader import resolve_model_config
 
     size = config.tensor_parallel_size
@@ -154,30 +155,30 @@ def start(config: EngineConfig, torchrun: tuple[int, int, int, int] | None):
         if world != size:
             raise ConfigError(f"torchrun started {world} process(es): pass "
                               f"--tensor-parallel-size {world}")
-        config = rank_config(config, local_rank, size, local_rank)
+        config = rank_config(config, local_rank, size)
         store = dist.PrefixStore("gearshift", next(dist.rendezvous("env://",
                                                                    timeout=START_TIMEOUT))[0])
         if rank:
-            raise SystemExit(run_follower(config, store, rank, size, local_world == world))
+            exit_now(run_follower(config, store, rank, size, local_world == world))
         return _lead(config, connect(store, 0, size, config, local_world == world))
     base = _check_devices(config, size)
     port = _free_port()
     store = dist.TCPStore("127.0.0.1", port, size, is_master=True, timeout=START_TIMEOUT,
                           wait_for_workers=False)
-    workers = [_spawn(rank_config(config, base + r, size, r), r, size, port)
+    workers = [_spawn(rank_config(config, base + r, size), r, size, port)
                for r in range(1, size)]
     try:
         _wait_joined(store, workers, size)
-        group = connect(store, 0, size, rank_config(config, base, size, 0), True)
+        group = connect(store, 0, size, rank_config(config, base, size), True)
     except BaseException:
         for proc in workers:
             proc.kill()
         raise
     group.workers = workers
-    return _lead(rank_config(config, base, size, 0), group)
+    return _lead(rank_config(config, base, size), group)
 
 
-def rank_config(config: EngineConfig, device_index: int, size: int, rank: int) -> EngineConfig:
+def rank_config(config: EngineConfig, device_index: int, size: int) -> EngineConfig:
     """A rank's own config: its GPU, or its share of the CPU threads."""
     if config.device.startswith("cuda"):
         return replace(config, device=f"cuda:{device_index}")
@@ -219,6 +220,14 @@ def run_follower(config: EngineConfig, store, rank: int, size: int, local: bool)
         except Exception:  # noqa: BLE001 - rank 0 (the store) may be gone already
             pass
         return 1
+
+
+def exit_now(code: int) -> None:
+    """End a follower rank's process once it has served: no interpreter teardown, where
+    destroying the process groups' threads has aborted a process after a clean shutdown."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _lead(config: EngineConfig, group: Group):

@@ -14,7 +14,7 @@ import time
 
 import torch.distributed as dist
 
-from gearshift.distributed.launch import START_TIMEOUT, run_follower
+from gearshift.distributed.launch import START_TIMEOUT, exit_now, run_follower
 
 
 def main() -> None:
@@ -23,12 +23,7 @@ def main() -> None:
                      daemon=True).start()
     store = dist.TCPStore("127.0.0.1", spec.port, spec.size, is_master=False,
                           timeout=START_TIMEOUT)
-    code = run_follower(spec.config, store, spec.rank, spec.size, local=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # no interpreter teardown: destroying the process groups' threads there has aborted
-    # the process after a clean shutdown, and nothing is left to clean up
-    os._exit(code)
+    exit_now(run_follower(spec.config, store, spec.rank, spec.size, local=True))
 
 
 def _exit_with(parent: int) -> None:
