@@ -1,7 +1,8 @@
 """Tensor parallelism on a CPU (gloo, 2 ranks, fp32): greedy outputs at TP=2 equal TP=1 for
 tiny Llama, Qwen2 and Qwen3 checkpoints (one with fewer KV heads than ranks, one with tied
-embeddings), EAGLE-3 chains and trees at TP=2 equal plain TP=1, the random policy keeps
-every rank on rank 0's plan over many steps, and the start-up checks name what is wrong.
+embeddings), EAGLE-3 chains and trees and a draft model's trees at TP=2 equal plain TP=1,
+the random policy keeps every rank on rank 0's plan over many steps, and the start-up
+checks name what is wrong.
 
 Data flow (tests only): LLM(tensor_parallel_size=2) -> rank 0 here, rank 1 a worker process
 -> outputs compared with a one-process engine's.
@@ -68,13 +69,27 @@ def test_greedy_at_tp2_equals_tp1(request, make_llm, model):
         assert llm.stats()["prefix_cache"]["hit_tokens"] > 0
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_eagle3_at_tp2_equals_plain_tp1(make_llm, tiny_llama_dir, head_dir, shape):
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("draft_tp"), "llama",
+                                num_hidden_layers=1, seed=3)
+
+
+SPEC = {"eagle3-chain": dict(num_draft_tokens=3),
+        "eagle3-tree": dict(num_draft_tokens=3, draft_topk=3, num_verify_tokens=8),
+        "draft-model-tree": dict(speculative_algorithm="draft", num_draft_tokens=3, draft_topk=2,
+                                 num_verify_tokens=6)}
+
+
+@pytest.mark.parametrize("variant", list(SPEC))
+def test_speculation_at_tp2_equals_plain_tp1(make_llm, tiny_llama_dir, head_dir, draft_dir,
+                                            variant):
+    """Drafts run whole on every rank (the EAGLE-3 head through the target's split
+    embedding); every rank verifies the same proposals."""
     ref = twice(make_llm(tiny_llama_dir))
-    spec = dict(num_draft_tokens=3) if shape == "chain" else \
-        dict(num_draft_tokens=3, draft_topk=3, num_verify_tokens=8)
-    with tp_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head_dir),
-                spec_policy="always", **spec) as llm:
+    spec = {"speculative_algorithm": "eagle3", **SPEC[variant]}
+    spec["draft_model"] = str(head_dir if spec["speculative_algorithm"] == "eagle3" else draft_dir)
+    with tp_llm(tiny_llama_dir, spec_policy="always", **spec) as llm:
         assert twice(llm) == ref
         assert llm.spec_stats()["proposed"] > 0
 
