@@ -13,6 +13,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import pytest
+import torch
 from checkpoints import assert_idle_invariant, make_tiny_checkpoint, random_prompts
 from conftest import CPU_ENGINE_DEFAULTS
 from eagle3_checkpoints import make_eagle3_checkpoint
@@ -61,9 +62,12 @@ MODELS = {"llama": "tiny_llama_dir", "qwen2": "tiny_qwen2_dir", "qwen3": "tiny_q
 def test_greedy_at_tp2_equals_tp1(request, make_llm, model):
     model_dir = request.getfixturevalue(MODELS[model])
     opts = dict(max_num_batched_tokens=16) if model == "llama" else {}  # chunked prefills
-    ref = twice(make_llm(model_dir, **opts))
+    one = make_llm(model_dir, **opts)
+    ref, logits = twice(one), one.engine.prefill_logits(PROMPTS[2])
     with tp_llm(model_dir, **opts) as llm:
         assert twice(llm) == ref
+        torch.testing.assert_close(llm.engine.prefill_logits(PROMPTS[2]), logits, rtol=1e-4,
+                                   atol=1e-4)  # [tokens, vocab]: every rank's rows gathered
         mem = llm.memory_stats()
         assert mem["tensor_parallel_size"] == 2 and mem["kv_heads_per_rank"] == 1
         assert llm.stats()["prefix_cache"]["hit_tokens"] > 0
@@ -118,8 +122,6 @@ def test_random_policy_keeps_every_rank_on_one_plan(make_llm, tiny_llama_dir, he
 def test_start_up_checks_name_the_problem(tiny_llama_dir):
     with pytest.raises(ConfigError, match="must divide the model's 4 attention heads"):
         LLM(str(tiny_llama_dir), tensor_parallel_size=3, **CPU_ENGINE_DEFAULTS)
-    import torch
-
     if torch.cuda.device_count() < 2:  # before anything starts: one line, no worker
         with pytest.raises(ConfigError, match=r"tensor_parallel_size 2 needs GPUs cuda:0\.\.cuda:1"):
             LLM(str(tiny_llama_dir), tensor_parallel_size=2,

@@ -9,7 +9,7 @@ safe_open recorded -> shapes, bytes, reassembled weights.
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
 
 import pytest
 import torch
@@ -147,14 +147,9 @@ def test_what_cannot_be_split_is_named():
 def test_the_70b_preset_splits_into_halves_no_h200_exceeds():
     """Llama-3.1-70B (141 GB in bf16) at TP=2: each rank's shard, built on the meta device,
     holds half the weights (70.6 GB: an H200 holds 141 GB)."""
-    import json
-
-    import torch
-
     from gearshift.models.llama import LlamaForCausalLM
 
-    cfg = ModelConfig.from_dict(json.loads((Path(loader.PRESETS_DIR) / "llama-3.1-70b.json")
-                                           .read_text()))
+    cfg = ModelConfig.from_dict(json.loads((loader.PRESETS_DIR / "llama-3.1-70b.json").read_text()))
     per_rank = []
     for rank in range(2):
         with torch.device("meta"):
