@@ -2,10 +2,11 @@
 
 from gearshift.logs import configure_default as _configure_logging
 from gearshift.request import RequestOutput, SamplingParams
+from gearshift.structured.params import StructuredOutput
 
 _configure_logging()
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "RequestOutput", "SamplingParams", "StructuredOutput"]
 __version__ = "0.1.0"
 
 

@@ -9,6 +9,12 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gearshift.structured.params import StructuredOutput
+
+if TYPE_CHECKING:
+    from gearshift.structured.matcher import RequestGrammar
 
 INT32_MAX = 2**31 - 1  # counts and token ids: what the engine stages as int32 / int64
 MAX_LOGPROBS = 20  # most alternatives per position a request may ask for (as OpenAI)
@@ -41,6 +47,8 @@ class SamplingParams:
     # likely per generated token; `prompt_logprobs` the same for every prompt token
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # the output must match this (a JSON schema, regex, grammar, ...): structured/
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or not 0 <= self.max_tokens <= INT32_MAX:
@@ -71,6 +79,9 @@ class SamplingParams:
             if n is not None and (not isinstance(n, int) or not 0 <= n <= MAX_LOGPROBS):
                 raise SamplingParamsError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], "
                                           f"got {n!r}")
+        so = self.structured_output
+        if so is not None and not isinstance(so, StructuredOutput):
+            raise SamplingParamsError(f"structured_output must be a StructuredOutput, got {so!r}")
 
     def _check_penalties(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
@@ -159,6 +170,9 @@ class Request:
     # the prompt tokens the cache served at its first admission (usage reporting)
     cache_node: object | None = None
     num_cached_tokens: int = 0
+    # engine (at arrival, from params.structured_output); the scheduler advances it over
+    # every committed token
+    grammar: RequestGrammar | None = None
 
     def __post_init__(self) -> None:
         p = self.params

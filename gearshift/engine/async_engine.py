@@ -6,14 +6,18 @@ Data flow:
     event loop (server)                         engine thread (owns Engine)
     -------------------                         ---------------------------
     add_request() --("add", ...)--> inbox --->  drain inbox: engine.add_request / abort_request
-    abort()       --("abort", id)-> inbox       engine.step() -> list[StepOutput]
-    _on_step() <--- call_soon_threadsafe ----   (+ a snapshot of running/waiting/KV counts)
-      OutputProcessor.process (detokenise, stop strings; off the engine thread)
+    abort()       --("abort", id)-> inbox       engine.step() -> list[StepOutput] --+
+                                                                                    |
+                                   output thread: OutputProcessor.process  <--------+
+                                   (detokenise, stop strings: off the loop and off
+                                   the engine's step loop)
+    _deliver() <--- call_soon_threadsafe --------+
       -> RequestStream queue (one per request) -> handler
       stop hit -> ("abort", id, "stop") -> inbox
 
-The Engine is not thread-safe: only the engine thread touches it. Everything else here runs
-on the event loop, so the streams and the OutputProcessor need no locks.
+The Engine is not thread-safe: only the engine thread touches it. The OutputProcessor is
+shared by the output thread and the event loop (add, final) under one lock; the streams
+live on the event loop only.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -117,6 +122,8 @@ class AsyncEngine:
         self.model_name: str = engine.model_name
         self.max_model_len: int = engine.max_model_len
         self.vocab_size: int = engine.vocab_size
+        # structured output's compiler: thread-safe, so the server's pool compiles with it
+        self.grammars = getattr(engine, "grammars", None)
         self.snapshot = EngineSnapshot()
         self.error: BaseException | None = None
         # called on the event loop once the engine thread has died (the server exits)
@@ -126,6 +133,9 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._outputs: queue.SimpleQueue = queue.SimpleQueue()  # step outputs to detokenise
+        self._output_thread: threading.Thread | None = None
+        self._proc_lock = threading.Lock()  # the OutputProcessor: output thread + event loop
         self._streams: dict[str, RequestStream] = {}
         # adds posted (event loop) / dropped unprocessed (event loop) / taken (engine thread):
         # with the snapshot's own count of taken adds, num_waiting never counts a request
@@ -143,6 +153,9 @@ class AsyncEngine:
         self._loop = asyncio.get_running_loop()
         self._publish_snapshot()
         self._thread = threading.Thread(target=self._run, name="gearshift-engine", daemon=True)
+        self._output_thread = threading.Thread(target=self._process_outputs,
+                                               name="gearshift-output", daemon=True)
+        self._output_thread.start()
         self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -151,6 +164,10 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        if self._output_thread is not None:
+            self._outputs.put(None)
+            self._output_thread.join(timeout)
+            self._output_thread = None
         self._fail_all(EngineDeadError("the engine is shutting down"))
 
     @property
@@ -191,7 +208,8 @@ class AsyncEngine:
         assert self._loop is not None
         stream = RequestStream(request_id, len(prompt_token_ids), queue or asyncio.Queue())
         accepted: asyncio.Future[None] = self._loop.create_future()
-        self.processor.add(request_id, prompt_token_ids, params)
+        with self._proc_lock:
+            self.processor.add(request_id, prompt_token_ids, params)
         self._streams[request_id] = stream
         self._adds_posted += 1
         self._post(("add", request_id, prompt_token_ids, params, accepted))
@@ -231,10 +249,11 @@ class AsyncEngine:
 
     def _forget(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is not None:
-            try:
-                self.processor.final(request_id)
-            except KeyError:
-                pass
+            with self._proc_lock:
+                try:
+                    self.processor.final(request_id)
+                except KeyError:
+                    pass
 
     def _on_added(self, fut: asyncio.Future, exc: BaseException | None) -> None:
         if fut.done():
@@ -244,28 +263,44 @@ class AsyncEngine:
         else:
             fut.set_exception(exc)
 
-    def _on_step(self, outputs: list) -> None:
-        for out in outputs:
-            stream = self._streams.get(out.request_id)
+    def _deliver(self, deltas: list) -> None:
+        """The output thread's deltas (or the exception processing one raised) into their
+        streams."""
+        for request_id, delta in deltas:
+            stream = self._streams.get(request_id)
             if stream is None:  # aborted or stopped on this side already
                 continue
-            try:
-                delta = self.processor.process(out)
-            except Exception as exc:  # a detokeniser bug must not kill the server
-                logger.exception("output processing failed for %s", out.request_id)
-                self._forget(out.request_id)
-                self._post(("abort", out.request_id, "abort"))
-                stream._put(StreamFailure(out.request_id, exc))
+            if isinstance(delta, BaseException):  # a detokeniser bug must not kill the server
+                self._forget(request_id)
+                self._post(("abort", request_id, "abort"))
+                stream._put(StreamFailure(request_id, delta))
                 continue
             if delta.error is not None:  # the engine failed this request alone
-                self._forget(out.request_id)
-                stream._put(StreamFailure(out.request_id, RequestFailedError(delta.error)))
+                self._forget(request_id)
+                stream._put(StreamFailure(request_id, RequestFailedError(delta.error)))
                 continue
             if delta.finished:
                 if delta.stop_hit:
-                    self._post(("abort", out.request_id, "stop"))
-                self._forget(out.request_id)
+                    self._post(("abort", request_id, "stop"))
+                self._forget(request_id)
             stream._put(delta, final=delta.finished)
+
+    # ------------------------------------------------------------ output thread
+
+    def _process_outputs(self) -> None:
+        while (outputs := self._outputs.get()) is not None:
+            deltas = []
+            for out in outputs:
+                with self._proc_lock:
+                    if out.request_id not in self.processor:  # finished on the loop's side
+                        continue
+                    try:
+                        deltas.append((out.request_id, self.processor.process(out)))
+                    except Exception as exc:  # noqa: BLE001 - reported to that request only
+                        logger.exception("output processing failed for %s", out.request_id)
+                        deltas.append((out.request_id, exc))
+            if deltas:
+                self._call_loop(self._deliver, deltas)
 
     def _on_engine_error(self, exc: BaseException) -> None:
         self.error = exc
@@ -300,7 +335,7 @@ class AsyncEngine:
                     outputs = engine.step(emit=self._emit_early)
                     self._publish_snapshot()
                     if outputs:
-                        self._call_loop(self._on_step, outputs)
+                        self._outputs.put(outputs)
                     elif time.perf_counter() - started < 1e-3:
                         # Nothing could run (e.g. every request waits for KV slots): do not
                         # spin; a new request or an abort wakes us at once.
@@ -315,7 +350,7 @@ class AsyncEngine:
     def _emit_early(self, outputs: list) -> None:
         """Outputs a step hands out before it ends (a prefill's first token ahead of the
         VERIFY step that follows it)."""
-        self._call_loop(self._on_step, outputs)
+        self._outputs.put(outputs)
 
     def _drain_inbox(self) -> None:
         engine = self.engine

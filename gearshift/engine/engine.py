@@ -41,6 +41,7 @@ from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
 from gearshift.scheduler.plan import RequestFault, StepPlan, StepResult
 from gearshift.scheduler.prefix_cache import PrefixCache
 from gearshift.scheduler.scheduler import Scheduler, StepOutput
+from gearshift.structured.compiler import GrammarCompiler
 
 log = logging.getLogger("gearshift.engine")
 
@@ -68,6 +69,9 @@ class Engine:
         self.runner = ModelRunner(config, self.model_config, path, tp)
         self.max_model_len = self.runner.max_model_len
         self.eos_token_ids = eos_token_ids(self.model_config, path, self.tokenizer)
+        # structured output: thread-safe (the server compiles requests' grammars off its loop)
+        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
+                                        self.eos_token_ids)
         self.slots = SlotPool(self.runner.num_slots,
                               PrefixCache() if config.enable_prefix_caching else None)
         self.rows = ReqRowPool(config.max_num_seqs)
@@ -135,12 +139,14 @@ class Engine:
                 f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the maximum "
                 f"context length {self.max_model_len}"
             )
+        so = params.structured_output  # an invalid one: StructuredOutputError names the field
+        grammar = self.grammars.grammar(so) if so is not None else None
         seed = params.seed
         if seed is None:
             seed = int(torch.randint(0, 2**31, (1,), generator=self._seed_rng))
         self.scheduler.add(Request(
             request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
-            sampling_seed=_mix_seed(seed), eos_token_ids=self.eos_token_ids,
+            sampling_seed=_mix_seed(seed), eos_token_ids=self.eos_token_ids, grammar=grammar,
         ))
 
     def abort_request(self, request_id: str, reason: str = "abort") -> None:
@@ -194,11 +200,30 @@ class Engine:
             return self._commit_pending()
         if plan.mode is ForwardMode.VERIFY:
             return self._verify(plan, time.perf_counter() - t0)
+        if self.pending is not None and any(
+                r.grammar is not None and r.num_pending > (p >= 0)
+                for r, p in zip(plan.reqs, plan.placeholders)):
+            return self._commit_first(plan, t0)
+        return self._plain(plan, t0)
+
+    def _commit_first(self, plan: StepPlan, t0: float) -> list[StepOutput]:
+        """Grammar masks need the token in flight: commit its step first (as before a VERIFY
+        step); its finished requests keep their rows and slots until this step launched."""
+        self.scheduler.hold_releases()
+        try:
+            return self._plain(plan, t0, self._commit_pending())
+        finally:
+            self.scheduler.release_held()
+
+    def _plain(self, plan: StepPlan, t0: float, early: list[StepOutput] | None = None
+               ) -> list[StepOutput]:
+        """A DECODE / EXTEND step; `early`: outputs of the pending step committed already."""
+        early = early or []
         try:
             batch = self.builder.prepare(plan, self.runner.padding(plan))  # the graph's shape
         except RequestFault as fault:  # the step never ran: plan again without that request
             self.scheduler.unbook(plan)
-            return [self._fail(fault)]
+            return early + [self._fail(fault)]
         fb = batch.forward
         if any(r.num_pending > (p >= 0) for r, p in zip(plan.reqs, plan.placeholders)):
             fb.input_ids = self.feed.resolve_ids(fb.input_ids)  # earlier steps' tokens
@@ -217,7 +242,7 @@ class Engine:
         host, copied = self.feed.publish(plan.token_tag, tokens)
         if self._draft_follows():  # on the device (placeholders resolved there)
             self.spec.after_plain(plan, aux)
-        outputs = self._commit_pending()
+        outputs = early + self._commit_pending()
         self.pending = PendingStep(plan, batch.slots, host, copied, events,
                                    batch.sampling.logprobs)
         self._account(plan, outputs, t0, self._read_device_ms, timed=False)

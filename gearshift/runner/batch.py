@@ -27,6 +27,8 @@ from gearshift.runner.penalties import penalty_batch, stage_penalties
 from gearshift.runner.sampler import SamplingBatch
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
 from gearshift.scheduler.plan import RequestFault, StepPlan
+from gearshift.structured.mask import GrammarBatch
+from gearshift.structured.matcher import step_masks
 
 ALIGN_BYTES = 16  # staged parts start at multiples of this (Triton's pointer specialisation)
 
@@ -53,6 +55,10 @@ class Stager:
     def add_floats(self, name: str, values: list[float]) -> None:
         self.parts.append((name, torch.float32, values))
 
+    def add_tensor(self, name: str, values: torch.Tensor) -> None:
+        """A host tensor's elements, flattened (its dtype kept)."""
+        self.parts.append((name, values.dtype, values))
+
     def to_device(self) -> dict[str, torch.Tensor]:
         """One copy; every part starts 16-byte aligned. Triton specialises a kernel on
         whether each pointer is 16-byte aligned, so parts at offsets that depend on the
@@ -64,9 +70,12 @@ class Stager:
         spans = []
         for name, dtype, vals in self.parts:
             # array.array converts a list in one C loop; torch.tensor(list) is ~10x slower
-            a = array(self._CODES[dtype], vals)
-            spans.append((name, dtype, len(buf), len(vals)))
-            buf += a.tobytes()
+            if isinstance(vals, torch.Tensor):
+                raw, n = vals.contiguous().numpy().tobytes(), vals.numel()
+            else:
+                raw, n = array(self._CODES[dtype], vals).tobytes(), len(vals)
+            spans.append((name, dtype, len(buf), n))
+            buf += raw
             buf += bytes(-len(buf) % ALIGN_BYTES)
         t = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
         if self.pin:
@@ -205,8 +214,10 @@ def stage_extras(st: Stager, plan: StepPlan, flags: tuple[bool, bool], pad: int,
     return None
 
 
-def sampling_batch(d: dict[str, torch.Tensor], reqs: list[Request], planned=None) -> SamplingBatch:
+def sampling_batch(d: dict[str, torch.Tensor], reqs: list[Request], planned=None,
+                   masks: torch.Tensor | None = None) -> SamplingBatch:
     params = [r.params for r in reqs]
+    grammar = None if masks is None else GrammarBatch(d["grammar"].view(masks.shape))
     return SamplingBatch(
         temperatures=d["temperatures"], top_p=d["top_p"], top_k=d["top_k"], seeds=d["seeds"],
         steps=d["steps"],
@@ -214,7 +225,7 @@ def sampling_batch(d: dict[str, torch.Tensor], reqs: list[Request], planned=None
         any_greedy=any(p.temperature == 0.0 for p in params),
         need_top_k=any(p.top_k > 0 for p in params),
         need_top_p=any(p.top_p < 1.0 for p in params),
-        penalties=penalty_batch(d, reqs), logprobs=logprob_plan(d, planned),
+        penalties=penalty_batch(d, reqs), logprobs=logprob_plan(d, planned), grammar=grammar,
     )
 
 
@@ -243,11 +254,17 @@ class BatchBuilder:
         before anything is allocated: a failure there raises RequestFault for it alone."""
         verify = plan.mode is ForwardMode.VERIFY
         tokens = []  # plain: the step's input ids per request; VERIFY: the pending token
+        constrained = False  # some request samples under a grammar
         for req, n, prefix in zip(plan.reqs, plan.extend_lens, plan.prefix_lens):
             try:
                 tokens.append(req.token_slice(prefix, prefix + (1 if verify else n)))
             except Exception as e:  # noqa: BLE001 - this request's fault, not the step's
                 raise RequestFault(req, e) from e
+            constrained = constrained or req.grammar is not None
+        # the next token's masks (VERIFY: the pending position's, for the draft's first level)
+        pad = (padding.rows - plan.batch_size) if padding is not None \
+            and plan.mode is ForwardMode.DECODE else 0
+        masks = step_masks(plan.reqs, plan.sample, pad) if constrained else None
         fresh = [req.req_pool_index < 0 for req in plan.reqs]  # a row given out now
         cached = []  # new rows whose first tokens a prefix-cache hit already holds
         for req, prefix in zip(plan.reqs, plan.prefix_lens):
@@ -262,17 +279,8 @@ class BatchBuilder:
         for req, s, n in zip(plan.reqs, slots, nodes):
             req.slots.extend(s[:n])
         if verify:
-            return self._verify(plan, slots, [t[0] for t in tokens], fresh)
-        return self._plain(plan, slots, padding, [t for ts in tokens for t in ts], fresh)
-
-    def _record_cached(self, cached: list[tuple[int, list[int]]]) -> None:
-        """req_to_token rows of requests that start after a cached prefix: its slots."""
-        st = Stager(self.device)
-        st.add_ints("rows", [row for row, s in cached for _ in s])
-        st.add_ints("pos", [p for _, s in cached for p in range(len(s))])
-        st.add_int32("slots", [x for _, s in cached for x in s])
-        d = st.to_device()
-        self.kv.req_to_token[d["rows"], d["pos"]] = d["slots"]
+            return self._verify(plan, slots, [t[0] for t in tokens], fresh, masks)
+        return self._plain(plan, slots, padding, [t for ts in tokens for t in ts], fresh, masks)
 
     def _record_cached(self, cached: list[tuple[int, list[int]]]) -> None:
         """req_to_token rows of requests that start after a cached prefix: its slots."""
@@ -284,7 +292,7 @@ class BatchBuilder:
         self.kv.req_to_token[d["rows"], d["pos"]] = d["slots"]
 
     def _plain(self, plan: StepPlan, slots: list[list[int]], padding: Padding | None,
-               input_ids: list[int], fresh: list[bool]) -> StepBatch:
+               input_ids: list[int], fresh: list[bool], masks: torch.Tensor | None) -> StepBatch:
         bs = plan.batch_size
         rows, prefix, extend, input_ids, out_loc = pad_batch(
             plan.mode, [r.req_pool_index for r in plan.reqs], plan.prefix_lens, plan.extend_lens,
@@ -298,16 +306,18 @@ class BatchBuilder:
         pad = len(rows) - bs if plan.mode is ForwardMode.DECODE else 0
         flags = stage_sampling(st, plan.reqs, pad, steps)
         planned = stage_extras(st, plan, flags, pad, fresh)
+        if masks is not None:
+            st.add_tensor("grammar", masks)
         d = st.to_device()
         fb = forward_batch(d, plan.mode, bs, prefix, extend, self.kv)
         if padding is not None and plan.mode is ForwardMode.EXTEND:
             fb.max_extend_len = padding.tokens  # the grid bound: a constant of the graph shape
         assert fb.mode is ForwardMode.EXTEND or fb.num_tokens == fb.padded_batch_size, \
             "DECODE must carry one token per row"
-        return StepBatch(slots, sampling_batch(d, plan.reqs, planned), forward=fb)
+        return StepBatch(slots, sampling_batch(d, plan.reqs, planned, masks), forward=fb)
 
     def _verify(self, plan: StepPlan, slots: list[list[int]], roots: list[int],
-                fresh: list[bool]) -> StepBatch:
+                fresh: list[bool], masks: torch.Tensor | None) -> StepBatch:
         """The inputs every stage of a VERIFY step reads, staged in one copy. The pending
         token (`roots`) is usually the last sampled one, or the last prompt token when a
         chunked prefill ended with a 1-token chunk."""
@@ -324,8 +334,10 @@ class BatchBuilder:
                                    for x in s[:n] + [0] * (n_max - n)])
         planned = stage_extras(st, plan, stage_sampling(st, reqs, 0), 0, fresh)
         assert planned is None or not planned[2], "prompt logprobs ride in plain steps only"
+        if masks is not None:
+            st.add_tensor("grammar", masks)
         d = st.to_device()
-        return StepBatch(slots, sampling_batch(d, reqs, planned), staged=d)
+        return StepBatch(slots, sampling_batch(d, reqs, planned, masks), staged=d)
 
     def extend_batch(self, mode: ForwardMode, reqs: list[Request], prefix: list[int],
                      extend: list[int], input_ids: list[int], pad: int = 0) -> ForwardBatch:

@@ -256,15 +256,17 @@ class ModelRunner:
         return tokens, aux
 
     def sample_tokens(self, logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
-        """logits [B, V] -> tokens [B]: penalties (only where requests use them), sampling,
-        then the sampled tokens counted for the penalties and their logprobs taken from the
-        raw logits."""
+        """logits [B, V] -> tokens [B]: penalties and grammar masks (only where requests use
+        them), sampling, then the sampled tokens counted for the penalties and their
+        logprobs taken from the raw logits."""
         pb, lp, raw, counts = sb.penalties, sb.logprobs, logits, None
         if pb is not None:
             if pb.use_counts:
                 counts = self.token_counts()
                 counts.reset(pb)
             logits = pb.apply(logits, counts, None, sb.steps)
+        if sb.grammar is not None:  # after the penalties (the grammar wins over min_tokens)
+            logits = sb.grammar.apply(logits, banned=pb is not None and pb.banned is not None)
         tokens = sample(logits, sb)
         if counts is not None:
             counts.record(pb.rows, tokens, pb.record)

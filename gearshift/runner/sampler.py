@@ -44,6 +44,7 @@ from gearshift.kernels.counter_rng import (  # noqa: F401 (the sampler's names f
 )
 from gearshift.runner.logprobs import LogprobPlan
 from gearshift.runner.penalties import PenaltyBatch
+from gearshift.structured.mask import GrammarBatch
 
 
 @dataclass(slots=True)
@@ -61,6 +62,9 @@ class SamplingBatch:
     penalties: PenaltyBatch | None = None
     # requests that want logprobs (runner/logprobs.py); None: no request does
     logprobs: LogprobPlan | None = None
+    # allowed-token bitmasks of grammar-constrained rows (structured/mask.py); None: no
+    # request in the step has a grammar
+    grammar: GrammarBatch | None = None
 
 
 def top_k_top_p_drop(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

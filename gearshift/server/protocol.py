@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gearshift.server.openai_fields import drop_neutral
+from gearshift.structured.params import MAX_CHOICES
 
 MAX_N = 64  # most choices (n x prompts) one request may ask for
 MAX_STOP = 16  # most stop strings
@@ -50,6 +51,36 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Strict):
+    name: str = Field("response", max_length=256)  # a label, as in OpenAI's API
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's response_format (chat; an extension in completions, as in vLLM)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_for_json_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError("type 'json_schema' needs json_schema.schema")
+        return self
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's structured_outputs extension: exactly one constraint (serving checks it)."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")  # a JSON schema
+    regex: str | None = None
+    choice: list[str] | None = Field(None, max_length=MAX_CHOICES)
+    grammar: str | None = None  # EBNF (xgrammar's GBNF-style syntax, a `root` rule)
+    json_object: bool | None = None
+
+
 class _SamplingFields(_Strict):
     """Fields shared by completions and chat completions."""
 
@@ -72,6 +103,8 @@ class _SamplingFields(_Strict):
     logit_bias: dict[str, float] | None = None  # token id -> bias, clamped to [-100, 100]
     repetition_penalty: float = Field(1.0, gt=0.0, le=100.0)  # extension (HF semantics)
     min_tokens: int = Field(0, ge=0, le=INT32_MAX)  # extension: EOS and stop ids masked until then
+    response_format: ResponseFormat | None = None  # completions: an extension
+    structured_outputs: StructuredOutputs | None = None  # extension (vLLM's convention)
 
     @field_validator("stop")
     @classmethod
@@ -198,7 +231,6 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True  # extension
     safety_identifier: str | None = None  # an end-user id for the provider's abuse checks, as user
 
@@ -213,13 +245,6 @@ class ChatCompletionRequest(_SamplingFields):
     def _no_tools(cls, v: list | None) -> list | None:
         if v:
             raise ValueError("tools are not supported")
-        return v
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, v: dict | None) -> dict | None:
-        if v is not None and v.get("type", "text") != "text":
-            raise ValueError("only response_format {'type': 'text'} is supported")
         return v
 
     @property

@@ -33,6 +33,8 @@ from gearshift.server.protocol import (
     PromptTokensDetails,
     Usage,
 )
+from gearshift.server.structured import structured_output
+from gearshift.structured.params import StructuredOutput, StructuredOutputError
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
@@ -95,6 +97,8 @@ class Generation:
             if isinstance(err, EngineDeadError):
                 raise APIError(503, str(err), code="engine_unavailable")
             if isinstance(err, SamplingParamsError):  # a token id beyond the vocabulary
+                raise APIError(400, str(err), code="invalid_value")
+            if isinstance(err, StructuredOutputError):  # checked before: a fallback
                 raise APIError(400, str(err), code="invalid_value")
             if isinstance(err, ValueError):  # PromptError, SamplingParamsError
                 raise APIError(400, str(err), param="prompt", code="invalid_prompt")
@@ -188,6 +192,11 @@ class Offload:
         async with self.slots:
             return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
+    async def always(self, fn, *args):
+        """fn(*args) in the pool, whatever its input's size (grammar compilation)."""
+        async with self.slots:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
@@ -271,10 +280,11 @@ def check_vocab(engine: AsyncEngine, req: CompletionRequest | ChatCompletionRequ
 
 
 def sampling_params(
-    req: CompletionRequest | ChatCompletionRequest, max_tokens: int, choice: int
+    req: CompletionRequest | ChatCompletionRequest, max_tokens: int, choice: int,
+    structured: StructuredOutput | None = None,
 ) -> SamplingParams:
     """Params of one choice: with a seed, choice i samples with seed + i (wrapping within
-    64 bits)."""
+    64 bits); `structured`: the request's checked constraint."""
     kwargs: dict[str, Any] = dict(
         max_tokens=max_tokens,
         temperature=req.temperature,
@@ -289,6 +299,7 @@ def sampling_params(
         repetition_penalty=req.repetition_penalty,
         min_tokens=req.min_tokens,
         logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
+        structured_output=structured,
         **logprob_fields(req),
     )
     if req.speculative is not None and "speculative" in _SAMPLING_FIELDS:
@@ -321,8 +332,9 @@ async def prepare_completion(engine: AsyncEngine, metrics: ServerMetrics, offloa
     prompts = [await offload.run(len(p) if isinstance(p, str) else 0, tokenize_prompt, engine, p)
                for p in req.prompts]
     max_tokens = [check_context(engine, len(p), req.max_tokens) for p in prompts]
+    structured = await structured_output(engine, offload, req)
     params = [
-        sampling_params(req, max_tokens[i // req.n], i % req.n)
+        sampling_params(req, max_tokens[i // req.n], i % req.n, structured)
         for i in range(len(prompts) * req.n)
     ]
     echo = [echo_text(engine, p) for p in req.prompts] if req.echo else None
@@ -336,5 +348,6 @@ async def prepare_chat(engine: AsyncEngine, metrics: ServerMetrics, offload: Off
     size = sum(len(m.text()) for m in req.messages)
     prompt = await offload.run(size, chat_prompt, engine, req)
     max_tokens = check_context(engine, len(prompt), req.max_new_tokens)
-    params = [sampling_params(req, max_tokens, i) for i in range(req.n)]
+    structured = await structured_output(engine, offload, req)
+    params = [sampling_params(req, max_tokens, i, structured) for i in range(req.n)]
     return Generation(engine, metrics, [prompt], params, req.n)

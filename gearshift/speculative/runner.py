@@ -3,6 +3,7 @@
     VERIFY plan -> BatchBuilder.prepare (node + scratch slots, staged inputs)
       -> run(): draft catch-up -> proposer.propose -> DraftTree [B, N]        (device)
                 -> target VERIFY over the valid nodes (verify_batch.py)        (device)
+                -> penalties, grammar masks per node (verify_logits / _grammar.py)
                 -> verification: accepted path + bonus per request             (device)
                 -> before_sync() (the policy's next plan) -> one host sync
                 -> StepResult (tokens, accepted node indices)
@@ -24,6 +25,7 @@ from gearshift.runner.batch import BatchBuilder, StepBatch
 from gearshift.runner.model_runner import ModelRunner
 from gearshift.scheduler.plan import Speculation, StepPlan, StepResult
 from gearshift.speculative import verify_batch as vb
+from gearshift.speculative import verify_grammar as vg
 from gearshift.speculative import verify_logits as vl
 from gearshift.speculative.acceptance import Acceptance, age
 from gearshift.speculative.draft_follow import DraftFollower
@@ -135,6 +137,8 @@ class SpecRunner:
         ctx = ProposeContext(reqs, ks, depth, topk, n_max, d["roots"], d["prefix"], prefix,
                              d["rows"], d["scratch"].view(b, s_max), sb, counts)
         tree, nodes_override = self.proposer.propose(ctx)
+        # grammars need the drafts on the host: copied now, walked while the target runs
+        on_host = vg.TreeOnHost(tree) if sb.grammar is not None else None
         n_tree = tree.num_nodes  # a tree is smaller than its budget when K was capped
         n_nodes = nodes_override or [min(len(s), n_tree) if k else 1
                                      for s, k in zip(node_slots, ks)]
@@ -160,6 +164,10 @@ class SpecRunner:
         if pb is not None:  # verification sees what a plain step would sample from
             logits_t = vl.penalise(pb, counts, logits_t, tree, flat, vl.node_rows(flat, node_tok),
                                    sb.steps, depth)
+        if on_host is not None:
+            masks = vg.node_masks(reqs, on_host, n_nodes, n_tree, self.runner.device)
+            logits_t = vg.constrain(logits_t, masks, flat, vl.node_rows(flat, node_tok),
+                                    banned=pb is not None and pb.banned is not None)
         # the tree path's accepted slots go to req_to_token on the device (a chain verified
         # as an extend recorded its nodes' slots while building the batch)
         record = None if slots_bn is None else (d["rows"], d["prefix"], slots_bn)

@@ -174,10 +174,10 @@ def test_a_fault_in_the_engine_loop_ends_the_server(tiny_llama_dir, tmp_path):
         from gearshift.server.cli import serve
         engine = Engine(build_engine_config({str(tiny_llama_dir)!r}, **{OPTIONS!r}))
         step = engine.step
-        def faulty():
+        def faulty(emit=None):
             if engine.step_stats.counts["steps"] >= 3:
                 raise RuntimeError("injected engine-loop fault")
-            return step()
+            return step(emit)
         engine.step = faulty
         sys.exit(serve(AsyncEngine(engine), host="127.0.0.1", port=int(sys.argv[1])))
     """))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from gearshift.engine.engine import PromptError
 from gearshift.request import SamplingParams, TokenLogprob
 from gearshift.scheduler.scheduler import StepOutput
+from gearshift.structured.compiler import GrammarCompiler
 
 STORY = "Once upon a time, the fox said héllo to the wörld ✓ and ran away. "
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
@@ -119,6 +120,8 @@ class FakeEngine:
                  step_delay: float = 0.0, tokens_per_step: int = 1, eos_after: int | None = None,
                  model_name: str = "fake-model") -> None:
         self.tokenizer = byte_tokenizer()
+        # checks structured-output requests as the engine does (the text is not constrained)
+        self.grammars = GrammarCompiler(self.tokenizer, VOCAB_SIZE, (EOS_ID,))
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.vocab_size = VOCAB_SIZE

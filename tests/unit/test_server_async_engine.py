@@ -38,9 +38,9 @@ def test_generate_many_and_engine_thread_only():
     callers: set[int] = set()
     original_step = fake.step
 
-    def step():
+    def step(emit=None):
         callers.add(threading.get_ident())
-        return original_step()
+        return original_step(emit)
 
     fake.step = step
 

@@ -43,7 +43,7 @@ CHAT_WORKS = {
     "user": "someone", "safety_identifier": "someone",
     "parallel_tool_calls": False,  # no tools can be sent, so there is nothing to parallelise
     "frequency_penalty": 0.5, "logit_bias": {"5": 10}, "logprobs": True,
-    "presence_penalty": 0.5, "top_logprobs": 3,
+    "presence_penalty": 0.5, "top_logprobs": 3, "response_format": {"type": "json_object"},
 }
 CHAT_REFUSED = {
     "audio": {"voice": "alloy", "format": "wav"},
@@ -53,7 +53,7 @@ CHAT_REFUSED = {
     "prediction": {"type": "content", "content": "x"},
     "prompt_cache_key": "k", "prompt_cache_options": {"mode": "explicit"},
     "prompt_cache_retention": "24h", "reasoning_effort": "high",
-    "response_format": {"type": "json_object"}, "service_tier": "flex", "store": True,
+    "service_tier": "flex", "store": True,
     "tool_choice": {"type": "function", "function": {"name": "f"}},
     "tools": [{"type": "function", "function": {"name": "f"}}],
     "verbosity": "low", "web_search_options": {"search_context_size": "low"},

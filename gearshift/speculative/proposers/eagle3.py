@@ -78,8 +78,8 @@ class Eagle3Proposer(Proposer):
         b = ctx.roots.shape[0]
         runner = getattr(self, "runner", None)
         graphs = runner.shape_graphs if runner is not None else None
-        if ctx.sampling.penalties is not None:  # penalised proposals run eagerly, unpadded
-            graphs = None
+        if ctx.sampling.penalties is not None or ctx.sampling.grammar is not None:
+            graphs = None  # penalised or constrained proposals run eagerly, unpadded
         # graphed: pad the batch to a decode graph size (dummy row 0, prefix 0, slot 0), so
         # batch sizes share graphs instead of each capturing its own while requests finish
         pad = runner.decode_pad(b) - b if graphs is not None else 0

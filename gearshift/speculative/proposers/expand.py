@@ -13,7 +13,8 @@ higher than their descendants, so the selection is ancestor-closed).
 Requests with penalties (runner/penalties.py) get them on the draft's logits too, each beam
 with the drafts on its own path counted, as the target will apply them at that node: the
 drafts then follow the distribution that verification accepts from (losslessness comes
-from verification alone; this is for acceptance). Such expansions run eagerly.
+from verification alone; this is for acceptance). Requests with a grammar propose their
+first level under its mask. Such expansions run eagerly.
 
 Data flow: SpecRunner -> Proposer.propose -> expand(...) -> DraftTree. No host sync;
 with CUDA graphs the whole expansion (all depths, selection, ancestor masks) is one graph
@@ -32,6 +33,7 @@ from gearshift.runner.penalties import TokenCounts
 from gearshift.runner.sampler import SamplingBatch, apply_top_k_top_p, seeded_uniform
 from gearshift.speculative.tree import DraftTree, ancestor_mask
 from gearshift.speculative.verify import SALT_DRAFT
+from gearshift.structured.mask import constrain, draft_blocked
 
 # (token ids [R] in target vocab, hidden [R, H] | None, ForwardBatch) -> (logits [R, Vd], hidden)
 StepFn = Callable[[torch.Tensor, torch.Tensor | None, ForwardBatch],
@@ -73,6 +75,10 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
     sampling = w == 1 and not sb.all_greedy
     cand_tok, cand_score, cand_parent, qs = [], [], [], []
     pen = sb.penalties
+    # grammars: the first level proposes under the pending position's mask (deeper levels
+    # would need each beam's matcher on the host; verification alone keeps them valid)
+    first_blocked = None if sb.grammar is None else draft_blocked(
+        sb.grammar.bitmask, target_vocab, to_target, x.first_logits.shape[-1])  # [B, Vd]
 
     def choose(logits: torch.Tensor, depth_index: int, path: torch.Tensor | None):
         """[B, W, Vd] -> (tokens [B, W*topk or W], logp, parent beam [.]) for one depth;
@@ -80,6 +86,8 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
         if pen is not None:
             logits = _penalised(logits, path, depth_index, pen, x.counts, sb.steps, to_target,
                                 target_vocab)
+        if first_blocked is not None and depth_index == 0:  # logits [B, 1, Vd]
+            logits = constrain(logits[:, 0], first_blocked, pen is not None)[:, None, :]
         logp = torch.log_softmax(logits.float(), dim=-1)
         if w > 1:
             top = logp.topk(w, dim=-1)  # [B, W, w]
@@ -255,7 +263,7 @@ def graphed_expand(graphs, name: str, x: ExpandInputs, first, step: StepFn, sb: 
 
     inputs = {"roots": x.roots, "prefix": x.prefix_lens, "rows": x.rows, "scratch": x.scratch,
               **({"base": base} if base is not None else {}), **{f: getattr(sb, f) for f in fields}}
-    if graphs is None or sb.penalties is not None:  # penalised proposals run eagerly
+    if graphs is None or sb.penalties is not None or sb.grammar is not None:  # eager
         return fn(inputs)
     key = (name, "expand", x.roots.shape[0], x.depth, x.topk, x.num_nodes, x.scratch.shape[1],
            x.base_scratch.shape[1], sb.all_greedy, sb.any_greedy, sb.need_top_k, sb.need_top_p)
