@@ -47,8 +47,14 @@ class LeaderEngine(Engine):
     def add_request(self, request_id: str, prompt_token_ids: list[int], params) -> None:
         self._check_ranks()
         super().add_request(request_id, prompt_token_ids, params)
-        # as it arrived: by the next message this step may have admitted it
-        self._events.append(("add", pickle.dumps(self.scheduler.waiting[-1])))
+        # as it arrived (by the next message this step may have admitted it), without its
+        # grammar matcher: each rank compiles its own from the params
+        req = self.scheduler.waiting[-1]
+        grammar, req.grammar = req.grammar, None
+        try:
+            self._events.append(("add", pickle.dumps(req)))
+        finally:
+            req.grammar = grammar
 
     def abort_request(self, request_id: str, reason: str = "abort") -> None:
         super().abort_request(request_id, reason)
@@ -101,6 +107,11 @@ class LeaderEngine(Engine):
             self._raise_rank_failure(e)
             self.group.fail(f"rank 0 stopped inside prefill_logits ({type(e).__name__})")
             raise
+
+    def memory_stats(self) -> dict:
+        k = self.runner.kv.k  # [layers, slots + 1, this rank's KV heads, head_dim]
+        return {**super().memory_stats(), "tensor_parallel_size": self.group.size,
+                "kv_heads_per_rank": k.shape[2], "kv_cache_bytes_per_rank": 2 * k.nbytes}
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the other ranks (after the message in hand) and release the groups."""
@@ -156,7 +167,10 @@ class FollowerEngine(Engine):
     def _apply(self, event: tuple) -> None:
         kind = event[0]
         if kind == "add":
-            self.scheduler.add(pickle.loads(event[1]))
+            req = pickle.loads(event[1])
+            if req.params.structured_output is not None:
+                req.grammar = self.grammars.grammar(req.params.structured_output)
+            self.scheduler.add(req)
         elif kind == "abort":
             self.abort_request(event[1], event[2])
         elif kind == "reset_prefix_cache":

@@ -16,7 +16,6 @@ Not thread-safe: one thread calls add_request, abort_request and step.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from gearshift.engine.gc_control import freeze_heap
 from gearshift.engine.logprob_outputs import attach as attach_logprobs
 from gearshift.engine.overlap import PendingStep, TokenFeed
 from gearshift.engine.stats import StepStats, spec_stats
-from gearshift.engine.tokenizer import load_engine_tokenizer
+from gearshift.engine.tokenizer import eos_token_ids, load_engine_tokenizer
 from gearshift.forward_batch import ForwardMode
 from gearshift.models.default import DEFAULT_MODEL_DIR
 from gearshift.models.loader import resolve_model_config
@@ -53,9 +52,7 @@ class PromptError(ValueError):
 
 
 class Engine:
-    # whether this engine plans its own steps: a tensor-parallel follower rank replays rank
-    # 0's (distributed/engine.py), warm-up included
-    leads = True
+    leads = True  # plans its own steps (a tensor-parallel follower replays rank 0's)
 
     def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
         self.config = config
@@ -358,11 +355,8 @@ class Engine:
         return {"queries_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else 0.0}
 
     def memory_stats(self) -> dict:
-        k = self.runner.kv.k  # [layers, slots + 1, this rank's KV heads, head_dim]
         return {"kv_slots_total": self.slots.total, "kv_slots_free": self.slots.num_free,
-                "kv_slots_cached": self.slots.num_cached,
-                "tensor_parallel_size": self.config.tensor_parallel_size,
-                "kv_heads_per_rank": k.shape[2], "kv_cache_bytes_per_rank": 2 * k.nbytes}
+                "kv_slots_cached": self.slots.num_cached}
 
     def stats(self) -> dict:
         out = dict(self.step_stats.counts, preemptions=self.scheduler.num_preemptions,
@@ -399,13 +393,3 @@ def _mix_seed(seed: int) -> int:
     """Any integer seed -> 32 bits, deterministically (the sampler hashes it further)."""
     return (seed ^ (seed >> 32) ^ (seed >> 64)) & 0xFFFFFFFF
 
-
-def eos_token_ids(cfg, path: Path | None, tokenizer) -> tuple[int, ...]:
-    ids = set(cfg.eos_token_ids)
-    gen = path / "generation_config.json" if path else None
-    if gen is not None and gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return tuple(sorted(ids))

@@ -1,8 +1,8 @@
 """Tensor parallelism on a CPU (gloo, 2 ranks, fp32): greedy outputs at TP=2 equal TP=1 for
 tiny Llama, Qwen2 and Qwen3 checkpoints (one with fewer KV heads than ranks, one with tied
 embeddings), EAGLE-3 chains and trees and a draft model's trees at TP=2 equal plain TP=1,
-the random policy keeps every rank on rank 0's plan over many steps, and the start-up
-checks name what is wrong.
+the random policy keeps every rank on rank 0's plan over many steps, structured output
+holds, and the start-up checks name what is wrong.
 
 Data flow (tests only): LLM(tensor_parallel_size=2) -> rank 0 here, rank 1 a worker process
 -> outputs compared with a one-process engine's.
@@ -10,6 +10,7 @@ Data flow (tests only): LLM(tensor_parallel_size=2) -> rank 0 here, rank 1 a wor
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 
 import pytest
@@ -18,7 +19,7 @@ from checkpoints import assert_idle_invariant, make_tiny_checkpoint, random_prom
 from conftest import CPU_ENGINE_DEFAULTS
 from eagle3_checkpoints import make_eagle3_checkpoint
 
-from gearshift import LLM, SamplingParams
+from gearshift import LLM, SamplingParams, StructuredOutput
 from gearshift.config import ConfigError
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -126,3 +127,20 @@ def test_start_up_checks_name_the_problem(tiny_llama_dir):
         with pytest.raises(ConfigError, match=r"tensor_parallel_size 2 needs GPUs cuda:0\.\.cuda:1"):
             LLM(str(tiny_llama_dir), tensor_parallel_size=2,
                 **{**CPU_ENGINE_DEFAULTS, "device": "cuda", "attention_backend": "triton"})
+
+
+def test_structured_output_at_tp2(make_llm, tiny_llama_dir, head_dir):
+    """Grammar matchers do not travel: each rank compiles its own from the params, and
+    their masks agree (greedy output equals TP=1's, speculating)."""
+    so = StructuredOutput(json={"type": "object", "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 99},
+        "role": {"enum": ["admin", "user"]}}, "required": ["id", "role"],
+        "additionalProperties": False})
+    params = SamplingParams(max_tokens=64, temperature=0.0, structured_output=so)
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(PROMPTS[:4], params,
+                                                                  use_tqdm=False)]
+    with tp_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head_dir),
+                spec_policy="always", num_draft_tokens=3) as llm:
+        outs = llm.generate(PROMPTS[:4], params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == ref
+    assert all(set(json.loads(o.text)) == {"id", "role"} for o in outs)
