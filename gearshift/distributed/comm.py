@@ -31,7 +31,13 @@ def _gloo(store, rank: int, size: int, timeout: timedelta, local: bool) -> dist.
     # ranks started by the engine talk over loopback whatever the host name resolves to
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1") if local
                      else dist.ProcessGroupGloo.create_default_device()]
-    return dist.ProcessGroupGloo(store, rank, size, opts)
+    return _numbered(dist.ProcessGroupGloo(store, rank, size, opts))
+
+
+def _numbered(pg):
+    """As torch.distributed builds its own groups: the ranks agree on a sequence number."""
+    pg._set_sequence_number_for_group()
+    return pg
 
 
 class DeviceComm:
@@ -45,7 +51,7 @@ class DeviceComm:
             opts = dist.ProcessGroupNCCL.Options()
             opts.is_high_priority_stream = False
             opts._timeout = timeout
-            self.pg = dist.ProcessGroupNCCL(store, rank, size, opts)
+            self.pg = _numbered(dist.ProcessGroupNCCL(store, rank, size, opts))
         else:
             self.pg = _gloo(store, rank, size, timeout, local)
         # connect now: a communicator must exist before CUDA graphs capture its collectives
