@@ -156,6 +156,9 @@ class EngineConfig:
     # the kernels), else RMSNorm alone + cuBLAS with the add in addmm_ (CUDA GPUs with TMA
     # only; models/llama.py)
     fuse_norms: bool = True
+    # ranks splitting the model (models/parallel.py), one process and device each; rank 0
+    # plans every step for all of them (distributed/)
+    tensor_parallel_size: int = 1
     gc_freeze: bool | None = None  # gc.freeze() the start-up heap (engine/gc_control.py); None: on CUDA
     seed: int = 0
     cpu_threads: int | None = None  # CPU runs; None: runner/startup_checks.default_cpu_threads
@@ -192,6 +195,8 @@ class EngineConfig:
             raise ConfigError("extend_graph_max_tokens must be >= 0 (0 = no EXTEND graphs)")
         if not 0.0 < self.kv_memory_fraction < 1.0:
             raise ConfigError("kv_memory_fraction must be in (0, 1)")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError("tensor_parallel_size must be >= 1")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ConfigError("cpu_threads must be >= 1")
         if self.served_model_name is not None and not self.served_model_name.strip():

@@ -35,6 +35,9 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
     g.add_argument("--allow-long-max-model-len", action="store_true",
                    help="accept --max-model-len past the model's max_position_embeddings "
                         "(positions it was never trained on: outputs may degrade)")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+                   help="split the model over N GPUs (one process each; default 1); under "
+                        "torchrun, its WORLD_SIZE")
     g.add_argument("--tokenizer", help="tokenizer directory (default: the model directory's)")
     g.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="the engine's kv_memory_fraction: the share of the GPU memory left "
@@ -97,7 +100,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         kw["allow_long_max_model_len"] = True
     if getattr(args, "gpu_memory_utilization", None) is not None:
         kw["kv_memory_fraction"] = args.gpu_memory_utilization
-    for name in ("tokenizer", "cpu_threads", "served_model_name", "chat_template"):
+    for name in ("tokenizer", "cpu_threads", "served_model_name", "chat_template",
+                 "tensor_parallel_size"):
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
     for name in ("speculative_algorithm", "draft_model", "num_draft_tokens", "draft_topk",

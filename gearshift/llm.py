@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from gearshift.config import ConfigError, EngineConfig
-from gearshift.engine.engine import Engine, PromptError
+from gearshift.distributed import create_engine
+from gearshift.engine.engine import PromptError
 from gearshift.engine.output_processor import OutputProcessor
 from gearshift.engine.tokenizer import read_chat_template, render_chat
 from gearshift.request import RequestOutput, SamplingParams
@@ -64,7 +65,7 @@ class LLM:
                  kv_cache_tokens: int | None = None, seed: int = 0, **engine_options) -> None:
         config = build_engine_config(model, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
                                      kv_cache_tokens=kv_cache_tokens, seed=seed, **engine_options)
-        self.engine = Engine(config)
+        self.engine = create_engine(config)  # tensor_parallel_size > 1: rank 0's engine
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 

@@ -23,6 +23,7 @@ def environment(llm) -> dict:
         "attention_backend": cfg.attention_backend, "cuda_graphs": cfg.use_cuda_graphs,
         "overlap_schedule": cfg.overlap_schedule,
         "norms_in_gemms": llm.engine.runner.model.norms_folded,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
         "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
         "kv_slots": llm.engine.memory_stats()["kv_slots_total"],
         "model_shape": {"layers": mc.num_layers, "hidden": mc.hidden_size, "heads": mc.num_heads,

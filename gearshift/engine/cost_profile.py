@@ -3,7 +3,9 @@
 On CUDA, for a grid of batch sizes: K = 0 replays the captured decode graph of that size;
 K > 0 replays the EXTEND graph over bs*(K+1) tokens (what a chain's verification costs;
 eager forward where no graph fits), adds the draft's steps and a host-work prior. Online
-observations of real steps replace these quickly. On CPU: a roofline prior, refined online.
+observations of real steps replace these quickly. On CPU, and under tensor parallelism
+(where a rank cannot replay a graph alone: its collectives wait for the other ranks), a
+roofline prior, refined online (and by the speculation warm-up's measured steps).
 
 Data flow: Engine.__init__ -> build_cost_model(runner, ...) -> GoodputPolicy.
 """
@@ -50,6 +52,11 @@ def build_cost_model(runner, num_draft_tokens: int, max_num_seqs: int, draft_fra
     if runner.device.type != "cuda":
         return CostModel.roofline(params * elem, 2.0 * params, kv_per_token, num_draft_tokens,
                                   sizes, bandwidth=2e10, flops=1e11, overhead_ms=2.0,
+                                  draft_frac=draft_frac, tree_nodes=tree_nodes)
+    if runner.tp is not None:  # timing graphs here would need every rank replaying them too:
+        # a prior from this rank's share of the weights; the warm-up then measures real steps
+        return CostModel.roofline(params * elem, 2.0 * params, kv_per_token, num_draft_tokens,
+                                  sizes, bandwidth=4.2e12, flops=7e14, overhead_ms=0.5,
                                   draft_frac=draft_frac, tree_nodes=tree_nodes)
     model = CostModel()
     cache: dict[int, float] = {}

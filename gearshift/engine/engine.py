@@ -16,7 +16,6 @@ Not thread-safe: one thread calls add_request, abort_request and step.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -29,10 +28,11 @@ from gearshift.engine.gc_control import freeze_heap
 from gearshift.engine.logprob_outputs import attach as attach_logprobs
 from gearshift.engine.overlap import PendingStep, TokenFeed
 from gearshift.engine.stats import StepStats, spec_stats
-from gearshift.engine.tokenizer import load_engine_tokenizer
+from gearshift.engine.tokenizer import eos_token_ids, load_engine_tokenizer
 from gearshift.forward_batch import ForwardMode
 from gearshift.models.default import DEFAULT_MODEL_DIR
 from gearshift.models.loader import resolve_model_config
+from gearshift.models.parallel import TensorParallel
 from gearshift.request import Request, SamplingParams, SamplingParamsError
 from gearshift.runner.batch import BatchBuilder
 from gearshift.runner.model_runner import ModelRunner
@@ -52,7 +52,9 @@ class PromptError(ValueError):
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    leads = True  # plans its own steps (a tensor-parallel follower replays rank 0's)
+
+    def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
         self.config = config
         self.model_config, path = resolve_model_config(config.model)
         self.model_name = Path(config.model).name if path else Path(config.model).stem
@@ -61,7 +63,7 @@ class Engine:
         self.model_name = config.served_model_name or self.model_name
         self.tokenizer = load_engine_tokenizer(config, path)
         torch.manual_seed(config.seed)
-        self.runner = ModelRunner(config, self.model_config, path)
+        self.runner = ModelRunner(config, self.model_config, path, tp)
         self.max_model_len = self.runner.max_model_len
         self.eos_token_ids = eos_token_ids(self.model_config, path, self.tokenizer)
         # structured output: thread-safe (the server compiles requests' grammars off its loop)
@@ -102,7 +104,7 @@ class Engine:
         self.step_stats = StepStats()
         self.measured_costs: dict | None = None  # {gear: [[bs, ms]]}: the warm-up's step times
         if (self.spec is not None and config.spec_warmup and config.spec_policy != "off"
-                and self.runner.shape_graphs is not None):
+                and self.runner.shape_graphs is not None and self.leads):
             from gearshift.engine.warmup import warm_up_speculation
 
             warm_up_speculation(self)  # sets measured_costs
@@ -181,9 +183,12 @@ class Engine:
         a VERIFY step first commits the step before it (a prefill's first token, say), those
         outputs go out at once rather than after the VERIFY step."""
         t0 = time.perf_counter()
-        plan = self.scheduler.schedule()
+        plan = self._schedule()
         self._emit = emit
         return plan.failed + self._run(plan, t0) if plan.failed else self._run(plan, t0)
+
+    def _schedule(self) -> StepPlan:
+        return self.scheduler.schedule()
 
     def _run(self, plan: StepPlan, t0: float) -> list[StepOutput]:
         if plan.mode is not ForwardMode.VERIFY or plan.is_empty:
@@ -388,13 +393,3 @@ def _mix_seed(seed: int) -> int:
     """Any integer seed -> 32 bits, deterministically (the sampler hashes it further)."""
     return (seed ^ (seed >> 32) ^ (seed >> 64)) & 0xFFFFFFFF
 
-
-def eos_token_ids(cfg, path: Path | None, tokenizer) -> tuple[int, ...]:
-    ids = set(cfg.eos_token_ids)
-    gen = path / "generation_config.json" if path else None
-    if gen is not None and gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return tuple(sorted(ids))

@@ -7,6 +7,7 @@ Data flow: Engine.__init__ -> load_engine_tokenizer(config, model dir) -> engine
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -98,3 +99,15 @@ def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
                                              chat_template=chat_template)
     except Exception as e:  # jinja2 errors, e.g. the template's raise_exception
         raise ChatTemplateError(f"the chat template rejected the messages: {e}") from None
+
+
+def eos_token_ids(cfg, path: Path | None, tokenizer) -> tuple[int, ...]:
+    """The model's end-of-sequence ids: config.json, generation_config.json, the tokenizer."""
+    ids = set(cfg.eos_token_ids)
+    gen = path / "generation_config.json" if path else None
+    if gen is not None and gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(ids))

@@ -129,6 +129,9 @@ class SkinnyChooser:
         self.skipped_in_capture = 0
         self._flush: torch.Tensor | None = None
         self._evict_ms: float | None = None
+        # tensor parallelism (distributed/comm.py): choice -> rank 0's choice. Ranks run some
+        # products replicated (the draft); the same kernel keeps their results bit-identical
+        self.agree = None
 
     def choose(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                kind: str = "plain") -> SkinnyConfig | str | None:
@@ -146,7 +149,8 @@ class SkinnyChooser:
         if torch.cuda.is_current_stream_capturing():
             self.skipped_in_capture += 1
             return None  # never time inside a capture; this graph keeps cuBLAS
-        self.table[key] = self._measure(key, weight, bias)
+        choice = self._measure(key, weight, bias)
+        self.table[key] = choice if self.agree is None else self.agree(choice)
         return self.table[key]
 
     def _measure(self, key: tuple, weight: torch.Tensor,

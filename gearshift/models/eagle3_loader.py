@@ -220,10 +220,13 @@ def _check_shared_embedding(embed: nn.Embedding | None, cfg: Eagle3Config,
             "EAGLE-3 checkpoint has no embed_tokens.weight and no target embedding was given"
         )
     want = (cfg.vocab_size, cfg.hidden_size)
-    if tuple(embed.weight.shape) != want:
+    # the whole table's shape: a tensor-parallel target holds its rows of it
+    # (models/parallel.VocabParallelEmbedding), and looks the others up through its ranks
+    shape = (embed.num_embeddings, embed.embedding_dim)
+    if shape != want:
         raise ConfigError(
             f"EAGLE-3 checkpoint has no embed_tokens.weight and the target's embedding has shape "
-            f"{tuple(embed.weight.shape)}, expected {want}"
+            f"{shape}, expected {want}"
         )
     if embed.weight.dtype != dtype:
         raise ConfigError(

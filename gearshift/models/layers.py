@@ -1,5 +1,6 @@
 """Shared building blocks of the decoder models: RMSNorm, rotary embedding, attention
-(q/k/v fused into one projection), gated MLP (gate/up fused).
+(q/k/v fused into one projection), gated MLP (gate/up fused); with a TensorParallel, each
+holds this rank's heads / intermediate channels and all-reduces its output (parallel.py).
 
 Data flow: models/llama.py composes these; Attention hands q/k/v and RotaryEmbedding's
 cos/sin tables to the attention backend chosen by the runner (`rope_store_attend`:
@@ -23,6 +24,7 @@ from gearshift.attention.base import AttentionBackend
 from gearshift.config import ModelConfig, RopeScaling
 from gearshift.forward_batch import ForwardBatch
 from gearshift.kernels import ops
+from gearshift.models.parallel import TensorParallel
 
 
 class RMSNorm(nn.Module):
@@ -86,11 +88,15 @@ class RotaryEmbedding(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, rope: RotaryEmbedding,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        if tp is not None:  # this rank's heads: qkv column-parallel, o_proj row-parallel
+            self.num_heads, self.num_kv_heads = tp.num_heads(cfg), tp.num_kv_heads(cfg)
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.tp = tp
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
@@ -102,7 +108,8 @@ class Attention(nn.Module):
                 attn: AttentionBackend) -> torch.Tensor:
         # x: [T, hidden]
         o = self.attend_qkv(positions, ops.linear(x, self.qkv_proj), fb, attn)
-        return ops.linear(o, self.o_proj)
+        out = ops.linear(o, self.o_proj)
+        return out if self.tp is None else self.tp.all_reduce(out)  # partial sums per rank
 
     def attend_qkv(self, positions: torch.Tensor, qkv: torch.Tensor, fb: ForwardBatch,
                    attn: AttentionBackend) -> torch.Tensor:
@@ -121,23 +128,28 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, tp: TensorParallel | None = None) -> None:
         super().__init__()
-        self.intermediate = intermediate
+        if tp is not None:  # this rank's share: gate_up column-parallel, down row-parallel
+            intermediate //= tp.size
+        self.intermediate, self.tp = intermediate, tp
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(ops.gated_linear(x, self.gate_up_proj), self.down_proj)
+        out = ops.linear(ops.gated_linear(x, self.gate_up_proj), self.down_proj)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, rope: RotaryEmbedding,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_id, rope)
+        self.self_attn = Attention(cfg, layer_id, rope, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, tp)
+        self.tp = tp
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
                 fb: ForwardBatch, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,6 +171,14 @@ class DecoderLayer(nn.Module):
         each residual add inside the product before it, so no norm kernel runs between."""
         attn_mod, mlp = self.self_attn, self.mlp
         qkv = ops.rms_linear(r, attn_mod.qkv_proj, self.input_layernorm)
-        ops.linear_accumulate(attn_mod.attend_qkv(positions, qkv, fb, attn), attn_mod.o_proj, r)
+        self._accumulate(attn_mod.attend_qkv(positions, qkv, fb, attn), attn_mod.o_proj, r)
         act = ops.rms_linear(r, mlp.gate_up_proj, self.post_attention_layernorm, gated=True)
-        ops.linear_accumulate(act, mlp.down_proj, r)
+        self._accumulate(act, mlp.down_proj, r)
+
+    def _accumulate(self, x: torch.Tensor, layer: nn.Linear, r: torch.Tensor) -> None:
+        """r += layer(x); under tensor parallelism each rank's product is a partial sum,
+        all-reduced before the add (so no epilogue add inside the GEMM there)."""
+        if self.tp is None:
+            ops.linear_accumulate(x, layer, r)
+        else:
+            r.add_(self.tp.all_reduce(ops.linear(x, layer)))

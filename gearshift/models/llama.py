@@ -15,18 +15,27 @@ from gearshift.config import ModelConfig
 from gearshift.forward_batch import ForwardBatch
 from gearshift.kernels.ops import linear
 from gearshift.models.layers import DecoderLayer, RMSNorm, RotaryEmbedding
+from gearshift.models.parallel import TensorParallel, VocabParallelEmbedding
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.tp = tp  # None: the whole model; else this rank's part (models/parallel.py)
+        if tp is None:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        else:  # this rank's rows of the vocabulary; compute_logits gathers the rest
+            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         rope = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.rotary = rope
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rope) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rope, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden_size, self.embed_tokens.weight.shape[0], bias=False)
+        # the heads this rank attends with: its KV cache and attention workspaces hold these
+        self.num_heads = tp.num_heads(cfg) if tp else cfg.num_heads
+        self.num_kv_heads = tp.num_kv_heads(cfg) if tp else cfg.num_kv_heads
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.norms_folded = False  # fold_norms(): every step then takes DecoderLayer.forward_fused
@@ -83,6 +92,11 @@ class LlamaForCausalLM(nn.Module):
         # The product goes through ops.linear: on CUDA the skinny GEMM where it measured
         # faster than cuBLAS (the 8B's lm_head at 64 rows).
         x = self.norm(hidden)
+        if self.tp is not None:  # every rank gets the whole row: all sample the same token
+            logits = self.tp.gather_vocab(linear(x, self.lm_head), self.config.vocab_size)
+            if out is not None:
+                return out.copy_(logits)
+            return logits.float() if fp32 else logits
         if out is None:
             logits = linear(x, self.lm_head)
             return logits.float() if fp32 else logits

@@ -19,6 +19,7 @@ from gearshift.attention.base import KVCache, create_backend
 from gearshift.config import ConfigError, EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.models.loader import DTYPES, load_model
+from gearshift.models.parallel import TensorParallel
 from gearshift.runner.batch import Padding
 from gearshift.runner.graphs import (
     DecodeGraphRunner,
@@ -38,8 +39,10 @@ log = logging.getLogger("gearshift.runner")
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_cfg: ModelConfig, model_path) -> None:
+    def __init__(self, config: EngineConfig, model_cfg: ModelConfig, model_path,
+                 tp: TensorParallel | None = None) -> None:
         self.config = config
+        self.tp = tp  # this rank's part of a tensor-parallel model (None: the whole model)
         check_device(config)  # one clear line before anything loads
         self.device = torch.device(config.device)
         if self.device.type == "cpu":
@@ -54,7 +57,7 @@ class ModelRunner:
         max_pos = context_limit(config, model_cfg)
         self.max_positions = max_pos
         self.model = load_model(model_cfg, model_path, dtype=config.dtype, device=config.device,
-                                max_positions=max_pos, seed=config.seed)
+                                max_positions=max_pos, seed=config.seed, tp=tp)
         size = sum(p.numel() * p.element_size() for p in self.model.parameters())
         log.info("loaded %s weights (%.2f GiB) in %.1f s", "dummy" if model_path is None
                  else "the", size / 2**30, time.perf_counter() - t0)
@@ -65,7 +68,7 @@ class ModelRunner:
                 self.model.fold_norms()  # norms and residual adds inside small steps' GEMMs
         self.num_slots = self._kv_capacity(model_cfg, dtype)
         self.max_model_len = min(max_pos, self.num_slots)
-        self.kv = KVCache.allocate(model_cfg.num_layers, self.num_slots, model_cfg.num_kv_heads,
+        self.kv = KVCache.allocate(model_cfg.num_layers, self.num_slots, self.model.num_kv_heads,
                                    model_cfg.head_dim, config.max_num_seqs, self.max_model_len,
                                    dtype, self.device)
         self.attn = create_backend(config.attention_backend, self.kv, model_cfg.head_dim ** -0.5)
@@ -98,12 +101,13 @@ class ModelRunner:
                 from gearshift.kernels.extend import warmup_extend
 
                 warmup_extend(self.kv.k[0], self.kv.v[0], self.kv.req_to_token,
-                              self.model.config.num_heads)
+                              self.model.num_heads)
         if not (self.config.use_cuda_graphs and self.config.attention_backend == "triton"):
             return
         t0 = time.perf_counter()
         cfg = self.model.config
-        self.attn.reserve_decode_workspace(self.config.max_num_seqs, cfg.num_heads, cfg.head_dim)
+        self.attn.reserve_decode_workspace(self.config.max_num_seqs, self.model.num_heads,
+                                           cfg.head_dim)
         pool = None
         sizes = extend_token_buckets(self._extend_graph_limit())
         if sizes:  # the widest activations: captured first, later graphs reuse the memory
@@ -112,6 +116,8 @@ class ModelRunner:
             self.extend_graphs.capture()
             self.extend_sizes, pool = sizes, self.extend_graphs.pool
             times = self.extend_graphs.replay_ms()
+            if self.tp is not None:  # every rank pads a step alike: rank 0's timings decide
+                times = self.tp.comm.broadcast_object(times)
             self.extend_route = fastest_at_or_above(times)
             log.debug("extend graph replay ms %s; padded further: %s",
                      {s: round(ms, 2) for s, ms in times.items()},
@@ -140,9 +146,16 @@ class ModelRunner:
                    self.max_model_len)
 
     def _kv_capacity(self, cfg: ModelConfig, dtype: torch.dtype) -> int:
+        slots = self._kv_slots(cfg, dtype)
+        if self.tp is not None:  # one slot pool plans for every rank: the smallest fits all
+            slots = self.tp.comm.min_int(slots)
+        return slots
+
+    def _kv_slots(self, cfg: ModelConfig, dtype: torch.dtype) -> int:
         if self.config.kv_cache_tokens is not None:
             return self.config.kv_cache_tokens
-        per_token = KVCache.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+        per_token = KVCache.bytes_per_token(cfg.num_layers, self.model.num_kv_heads, cfg.head_dim,
+                                            dtype)
         if self.config.speculative_algorithm == "eagle3":  # its KV layer + stored features
             per_token += KVCache.bytes_per_token(1, cfg.num_kv_heads, cfg.head_dim, dtype) \
                 + cfg.hidden_size * dtype.itemsize  # (a head as wide as the target, as usual)

@@ -45,8 +45,8 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gearshift.distributed import create_engine
     from gearshift.engine.async_engine import AsyncEngine
-    from gearshift.engine.engine import Engine
     from gearshift.engine_args import engine_kwargs
     from gearshift.llm import build_engine_config
     from gearshift.server.background import check_port_free
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                     args.host)
     config = build_engine_config(**engine_kwargs(args))
     check_port_free(args.host, args.port)  # before the model loads, not minutes later
-    engine = Engine(config)
+    engine = create_engine(config)
     print(f"gearshift: serving {engine.model_name!r} (context {engine.max_model_len} tokens) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     return serve(AsyncEngine(engine), host=args.host, port=args.port,

@@ -78,6 +78,11 @@ class ServerMetrics:
             "gearshift_prefix_cache_hit_rate", "Prefix-cache hits / queries (tokens) so far",
             registry=r)
         self._cache_seen = (0, 0)
+        self.tp_size = Gauge("gearshift_tensor_parallel_size",
+                             "Ranks (GPUs) the model is split over", registry=r)
+        self.kv_bytes_per_rank = Gauge(
+            "gearshift_kv_cache_bytes_per_rank",
+            "KV cache bytes of each rank (its KV heads over every slot)", registry=r)
         self.engine_stats = Gauge(
             "gearshift_engine_stat", "Engine counters (Engine.stats()) by name", ["name"],
             registry=r,
@@ -106,6 +111,8 @@ class ServerMetrics:
         self.kv_free.set(mem.get("kv_slots_free", 0))
         self.kv_total.set(mem.get("kv_slots_total", 0))
         self.kv_cached.set(mem.get("kv_slots_cached", 0))
+        self.tp_size.set(mem.get("tensor_parallel_size", 1))
+        self.kv_bytes_per_rank.set(mem.get("kv_cache_bytes_per_rank", 0))
         cache = snapshot.stats.get("prefix_cache") or {}
         if cache:  # the engine's running totals, as counter increments
             q, h = cache["queries_tokens"], cache["hit_tokens"]

@@ -103,7 +103,7 @@ class SpecRunner:
         if self.runner.shape_graphs is None:
             return False
         rows = self.runner.decode_pad(b)
-        return rows * self.runner.model.config.num_kv_heads < self.split_k_verify_below
+        return rows * self.runner.model.num_kv_heads < self.split_k_verify_below  # this rank's
 
     # ------------------------------------------------------------------ plain steps
     def after_plain(self, plan: StepPlan, aux: torch.Tensor | None) -> None:

@@ -19,6 +19,7 @@ PRESETS_DIR = Path(gearshift_config.__file__).resolve().parent / "presets"
 # name: (architecture, layers, hidden, heads, kv_heads, head_dim, vocab, intermediate, tied)
 EXPECTED = {
     "llama-3.1-8b": ("llama", 32, 4096, 32, 8, 128, 128256, 14336, False),
+    "llama-3.1-70b": ("llama", 80, 8192, 64, 8, 128, 128256, 28672, False),
     "llama-3.2-1b": ("llama", 16, 2048, 32, 8, 64, 128256, 8192, True),
     "qwen2.5-7b": ("qwen2", 28, 3584, 28, 4, 128, 152064, 18944, False),
     "qwen3-8b": ("qwen3", 36, 4096, 32, 8, 128, 151936, 12288, False),
@@ -27,6 +28,7 @@ EXPECTED = {
 # Parameter counts as published on the Hub model cards / safetensors metadata.
 EXPECTED_PARAMS = {
     "llama-3.1-8b": 8_030_261_248,
+    "llama-3.1-70b": 70_553_706_496,
     "llama-3.2-1b": 1_235_814_400,
     "qwen2.5-7b": 7_615_616_512,
     "qwen3-8b": 8_190_735_360,
