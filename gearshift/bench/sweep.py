@@ -112,7 +112,7 @@ def sweep(engine, policies: dict, prompts: list[list[int]], args, bar, done=None
             for name in order:
                 engine.set_policy(policies[name])
                 parts[name].append(run_point(engine, prompts[i * n:(i + 1) * n], c,
-                                             args.output_len))
+                                             args.output_len, args.temperature))
                 bar.update(1 / args.passes)
         for name in names:
             results[name].append(merge_passes(parts[name]))
@@ -129,7 +129,7 @@ def settle(engine, policies: dict, names: list[str], prompts: list[list[int]], c
     for _ in range(args.settle):
         for name in names:
             engine.set_policy(policies[name])
-            run_point(engine, prompts, c, args.output_len)
+            run_point(engine, prompts, c, args.output_len, args.temperature)
 
 
 def run(args) -> int:
@@ -200,6 +200,18 @@ def _policy_list(text: str) -> list[str]:
     return names
 
 
+def _non_negative(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, not {text!r}")
+    return value
+
+
 def _at_least_one(text: str) -> int:
     import argparse
 
@@ -230,6 +242,8 @@ def add_args(p) -> None:
                    help="untimed passes of every policy at the first concurrency, first")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--temperature", type=_non_negative, default=0.0,
+                   help="sampling temperature of every request (0: greedy)")
     p.add_argument("--policies", type=_policy_list, default=[*CHAIN_POLICIES, "tree"],
                    help="comma-separated subset of: " + ", ".join([*CHAIN_POLICIES, "tree"]))
     p.add_argument("--tree-topk", type=int, default=4,

@@ -48,7 +48,8 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, params_of, o
             on_step(outs)
 
 
-def warm_up(engine, prompts: list[list[int]], concurrency: int, steps: int = 12) -> None:
+def warm_up(engine, prompts: list[list[int]], concurrency: int, steps: int = 12,
+            temperature: float = 0.0) -> None:
     """Untimed: a short closed loop like the timed run's, so what this policy meets at this
     concurrency first (VERIFY / DRAFT graphs captured on first use, kernels specialised for
     new sizes) happens before the timed run, for every policy: c requests and a quarter
@@ -56,13 +57,15 @@ def warm_up(engine, prompts: list[list[int]], concurrency: int, steps: int = 12)
     decoding ones, as in the timed run."""
     n = min(len(prompts), concurrency + max(1, concurrency // 4))
     closed_loop(engine, prompts[:n], concurrency,
-                lambda i: SamplingParams(max_tokens=steps - 4 + i % 8, temperature=0.0,
-                                         ignore_eos=True))
+                lambda i: SamplingParams(max_tokens=steps - 4 + i % 8,
+                                         temperature=temperature, ignore_eos=True))
 
 
-def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: int) -> dict:
-    warm_up(engine, prompts, concurrency)
-    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: int,
+              temperature: float = 0.0) -> dict:
+    warm_up(engine, prompts, concurrency, temperature=temperature)
+    # sampled runs: the sampler (and a VERIFY step's acceptance) as a sampling user meets it
+    params = SamplingParams(max_tokens=output_len, temperature=temperature, ignore_eos=True)
     policy = engine.policy
     before = dict(engine.spec.stats) if engine.spec else {}
     keys_before = set(graph_keys(engine))

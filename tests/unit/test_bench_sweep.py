@@ -95,10 +95,32 @@ def test_sweep_policies_subset(tmp_path, capsys):
     assert main([*base, "--policies", "goodput,off"]) == 0
     assert list(json.loads(out.read_text())["results"]) == ["goodput", "off"]
     for bad, message in ((["--policies", "goodput,fastest"], "unknown policy fastest"),
-                         (["--passes", "0"], "expected an integer >= 1")):
+                         (["--passes", "0"], "expected an integer >= 1"),
+                         (["--temperature", "-1"], "must be a number >= 0")):
         with pytest.raises(SystemExit) as e:
             main([*base, *bad])
         assert e.value.code != 0 and message in capsys.readouterr().err
+
+def test_sweep_samples_at_its_temperature(tmp_path, monkeypatch):
+    """--temperature reaches every request of the sweep, its warm-ups included."""
+    from gearshift.bench import sweep_point
+
+    seen, loop = [], sweep_point.closed_loop
+
+    def recording(engine, prompts, concurrency, params_of, on_step=None):
+        seen.extend(params_of(i).temperature for i in range(len(prompts)))
+        return loop(engine, prompts, concurrency, params_of, on_step)
+
+    monkeypatch.setattr(sweep_point, "closed_loop", recording)
+    target = make_tiny_checkpoint(tmp_path / "t", "llama")
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    assert main(["bench", "sweep", "--model", str(target), "--draft-model", str(head),
+                 "--device", "cpu", "--concurrency", "2", "--input-len", "6", "--output-len",
+                 "4", "--min-requests", "2", "--policies", "goodput,off", "--temperature",
+                 "0.8", "--output-json", str(tmp_path / "s.json"), "--output-png",
+                 str(tmp_path / "s.png")]) == 0
+    assert seen and set(seen) == {0.8}
+
 
 def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
     """Each concurrency runs every policy once per pass (pass 2 in reverse order, on the next
@@ -110,7 +132,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
 
     calls = []
 
-    def fake_point(engine, prompts, c, output_len):
+    def fake_point(engine, prompts, c, output_len, temperature):
         calls.append((engine.policy, c, tuple(p[0] for p in prompts)))
         tpot = [1.0] * len(prompts)
         return {"concurrency": c, "requests": len(prompts), "output_tokens": 10 * len(prompts),
@@ -129,7 +151,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
     engine = SimpleNamespace(policy=None)
     engine.set_policy = lambda policy: setattr(engine, "policy", policy)
     args = SimpleNamespace(concurrency=[1, 4], rounds=1, passes=2, min_requests=2, output_len=8,
-                           settle=1)
+                           settle=1, temperature=0.0)
     bar = SimpleNamespace(update=lambda n: None)
     prompts = [[i] for i in range(8)]
     res = sw.sweep(engine, {"a": "A", "b": "B", "c": "C"}, prompts, args, bar)
