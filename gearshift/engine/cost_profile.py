@@ -19,7 +19,6 @@ import torch
 from gearshift.forward_batch import ForwardMode
 from gearshift.policy.cost import CostModel
 from gearshift.runner.batch import Stager, forward_batch, stage_forward
-from gearshift.runner.graphs import replay_ms
 
 
 def profile_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -91,7 +90,7 @@ def _time_plain(runner, bs: int) -> float:
     else an eager forward."""
     graphs = runner.graphs
     if graphs is not None and graphs.padded_size(bs) in graphs.graphs:
-        return _time_graph(graphs.graphs[graphs.padded_size(bs)])
+        return graphs.time_ms(graphs.padded_size(bs))
     return _time_tokens(runner, bs)
 
 
@@ -101,10 +100,5 @@ def _time_verify(runner, tokens: int) -> float:
     graphs = getattr(runner, "extend_graphs", None)
     size = runner.extend_pad(tokens) if graphs is not None else None
     if size is not None and size in graphs.graphs:
-        return _time_graph(graphs.graphs[size])
+        return graphs.time_ms(size)
     return _time_tokens(runner, tokens)
-
-
-def _time_graph(graph, repeats: int = 5) -> float:
-    """Device ms of one replay (the graphs' static inputs point at the dummy row / slot)."""
-    return replay_ms(graph, repeats)

@@ -42,6 +42,15 @@ class _StaticBuffers:
                    torch.ones(max_bs, dtype=torch.int32, device=device), z(torch.int32),
                    torch.ones(max_bs, dtype=torch.int32, device=device), ar, ar.to(torch.int32))
 
+    def dummy_batch(self, bs: int) -> ForwardBatch:
+        """The capture layout: every row is the dummy request (row 0, slot 0, one token), so
+        a replay on it writes no real request's or cached prefix's KV."""
+        for buf in (self.input_ids, self.positions, self.out_cache_loc, self.req_pool_indices,
+                    self.prefix_lens):
+            buf[:bs].zero_()
+        self.seq_lens[:bs].fill_(1)
+        return self.batch(bs)
+
     def batch(self, bs: int) -> ForwardBatch:
         return ForwardBatch(
             mode=ForwardMode.DECODE, batch_size=bs, padded_batch_size=bs, num_tokens=bs,
@@ -141,7 +150,13 @@ class DecodeGraphRunner:
 
     def capture(self) -> None:
         self.graphs, self.outputs, self.pool = capture_graphs(
-            self.sizes, self.buf.batch, self.forward_logits, self.pool)
+            self.sizes, self.buf.dummy_batch, self.forward_logits, self.pool)
+
+    def time_ms(self, bs: int, repeats: int = 5) -> float:
+        """Device ms of one replay of the `bs` graph on the capture layout (the static
+        inputs hold the last real step's until then)."""
+        self.buf.dummy_batch(bs)
+        return replay_ms(self.graphs[bs], repeats)
 
     def replay(self, fb: ForwardBatch):
         bs = fb.padded_batch_size
@@ -229,13 +244,15 @@ class ExtendGraphRunner:
             self.sizes, self.buf.capture_batch, self.forward_logits, self.pool)
 
     def replay_ms(self, repeats: int = 5) -> dict[int, float]:
-        """Device ms of one replay of each captured graph on its capture batch (the dummy
-        request's tokens: its KV goes to slot 0 only)."""
-        times = {}
-        for size, graph in self.graphs.items():
-            self.buf.capture_batch(size)
-            times[size] = replay_ms(graph, repeats)
-        return times
+        """Device ms of one replay of each captured graph (see time_ms)."""
+        return {size: self.time_ms(size, repeats) for size in self.graphs}
+
+    def time_ms(self, size: int, repeats: int = 5) -> float:
+        """Device ms of one replay of the `size` graph on its capture batch (the dummy
+        request's tokens: its KV goes to slot 0 only). The static inputs hold the last real
+        step's until then: logits rows past `size`, slots of live or cached KV."""
+        self.buf.capture_batch(size)
+        return replay_ms(self.graphs[size], repeats)
 
     def replay(self, fb: ForwardBatch):
         t = fb.num_tokens

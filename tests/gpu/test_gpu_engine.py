@@ -106,6 +106,30 @@ def test_goodput_cost_profile_replays_the_captured_graphs(tiny_llama_dir, tmp_pa
     assert len(out[0].token_ids) == 8
 
 
+def test_cost_profile_after_real_steps_keeps_the_kv(tiny_llama_dir, tmp_path):
+    """Timed again after real steps (as `bench sweep` builds goodput after its warm-up), the
+    graphs replay on their capture layout, not the last step's inputs: no gather past a
+    smaller graph's rows, and a cached prefix's KV is untouched (a hit gives the same text)."""
+    from eagle3_checkpoints import make_eagle3_checkpoint
+
+    from gearshift.engine.cost_profile import build_cost_model
+
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = LLM(str(tiny_llama_dir), device="cuda", dtype="float32", attention_backend="triton",
+              max_num_seqs=16, kv_cache_tokens=4096, max_num_batched_tokens=256,
+              speculative_algorithm="eagle3", draft_model=str(head), num_draft_tokens=3)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = [list(range(3, 3 + n)) for n in (200, 150, 9)]
+    first = [o.token_ids for o in llm.generate(prompts, params)]
+    kv = llm.engine.runner.kv
+    k, v = kv.k.clone(), kv.v.clone()
+    build_cost_model(llm.engine.runner, 3, 16, 0.1)
+    torch.cuda.synchronize()
+    # slot 0 is the dummy request's: only it may change
+    assert torch.equal(kv.k[:, 1:], k[:, 1:]) and torch.equal(kv.v[:, 1:], v[:, 1:])
+    assert [o.token_ids for o in llm.generate(prompts, params)] == first
+
+
 def test_goodput_engine_warms_up_every_shape_before_serving(tiny_llama_dir, tmp_path):
     """With CUDA graphs, a goodput engine runs every (decode graph size, K) step at start-up:
     measured costs for each K, no graph captured while serving a mixed load afterwards,
