@@ -80,7 +80,9 @@ def top_k_top_p_drop(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
         drop |= rank >= k
     if need_top_p:
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass of strictly better tokens
-        drop |= before >= top_p[:, None]
+        # rows at top_p = 1 keep everything: a cumulative sum rounding up to 1 must not drop
+        # their rarest tokens only when another row of the batch asks for top-p
+        drop |= (before >= top_p[:, None]) & (top_p < 1.0)[:, None]
     drop[:, 0] = False  # always keep the most likely token
     return torch.zeros_like(drop).scatter_(-1, order, drop)
 
