@@ -137,7 +137,7 @@ class Request:
     request_id: str  # engine
     prompt_token_ids: list[int]  # engine
     params: SamplingParams  # engine
-    sampling_seed: int  # engine: params.seed, or one drawn at arrival
+    sampling_seed: int  # engine: params.seed (or one drawn at arrival) mixed to 32 bits
     eos_token_ids: tuple[int, ...] = ()  # engine
     # scheduler: committed tokens, and placeholders -(tag + index + 1) for tokens still
     # being sampled (engine/overlap.py) until their step commits
@@ -222,6 +222,9 @@ class RequestOutput:
     # per prompt token, None for the first (params.prompt_logprobs set)
     prompt_logprobs: list[TokenLogprob | None] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # the seed it sampled with (params.seed, or the one drawn at arrival): generating
+    # again with SamplingParams(seed=this) gives the same text
+    seed: int | None = None
 
 
 @dataclass(slots=True)
