@@ -141,7 +141,8 @@ class Engine:
         seed = params.seed if params.seed is not None else draw_seed(self._seed_rng)
         self.scheduler.add(Request(
             request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
-            sampling_seed=mix_seed(seed), eos_token_ids=self.eos_token_ids, grammar=grammar))
+            sampling_seed=mix_seed(seed), eos_token_ids=self.eos_token_ids, grammar=grammar,
+            coupled=(params.spec_sampling or self.config.spec_sampling) == "coupled"))
         return seed
 
     def abort_request(self, request_id: str, reason: str = "abort") -> None:

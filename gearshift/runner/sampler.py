@@ -65,6 +65,10 @@ class SamplingBatch:
     # allowed-token bitmasks of grammar-constrained rows (structured/mask.py); None: no
     # request in the step has a grammar
     grammar: GrammarBatch | None = None
+    # VERIFY steps: the sampled requests whose speculation is coupled to this race
+    # (speculative/coupled.py), set by BatchBuilder; None: no request's is
+    coupled: torch.Tensor | None = None  # [B] bool
+    all_coupled: bool = False  # host: every sampled request's is (no rejection sampling)
 
 
 def top_k_top_p_drop(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -104,11 +108,12 @@ def top_k_top_p_filter(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
 
 
 def race_scores(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor,
-                steps: torch.Tensor) -> torch.Tensor:
+                steps: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
     """[B, V] float32 whose row argmax is the row's token (the reference of the kernel's
-    per-token score): logit for greedy rows, logit / T - log(-log(u)) for the others."""
+    per-token score): logit for greedy rows, logit / T - log(-log(u)) for the others.
+    cols [V]: the token id of each column (seeded_uniform); None: column i is token i."""
     x = logits.float()  # [B, V]
-    u = seeded_uniform(seeds, steps, x.shape[-1])  # [B, V]
+    u = seeded_uniform(seeds, steps, x.shape[-1], cols)  # [B, V]
     temps = temperatures.clamp_min(MIN_TEMPERATURE)[:, None]  # [B, 1]
     scores = x / temps - torch.log(-torch.log(u))
     return torch.where(temperatures[:, None] == 0, x, scores)
