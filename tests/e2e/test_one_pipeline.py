@@ -135,7 +135,7 @@ def _calls(path: Path, attr: str) -> list[str]:
 def test_one_commit_entry_point_and_allocation_only_in_the_batch_builder():
     from gearshift.scheduler.scheduler import Scheduler
 
-    public = [n for n in vars(Scheduler) if not n.startswith("_") and callable(vars(Scheduler)[n])]
+    public = [n for n in dir(Scheduler) if not n.startswith("_") and callable(getattr(Scheduler, n))]
     assert [n for n in public if "commit" in n or "resolve" in n or "advance" in n] == ["commit"]
     allocators = {str(p.relative_to(GEARSHIFT)) for p in GEARSHIFT.rglob("*.py")
                   for call in _calls(p, "alloc") if "slots" in call}
