@@ -281,6 +281,6 @@ def graphed_expand(graphs, name: str, x: ExpandInputs, first, step: StepFn, sb: 
     if graphs is None or sb.penalties is not None or sb.grammar is not None:  # eager
         return fn(inputs)
     key = (name, "expand", x.roots.shape[0], x.depth, x.topk, x.num_nodes, x.scratch.shape[1],
-           x.base_scratch.shape[1], sb.all_greedy, sb.any_greedy, sb.need_top_k, sb.need_top_p,
-           couples, sb.all_coupled)
+           x.base_scratch.shape[1], couples, sb.all_coupled, sb.all_greedy, sb.any_greedy,
+           sb.need_top_k, sb.need_top_p)
     return graphs.run(key, fn, inputs)
