@@ -172,6 +172,10 @@ class EngineConfig:
     draft_topk: int = 1  # 1 = chain; > 1 = tree expanding the top-k per step
     num_verify_tokens: int | None = None  # tree budget incl. the root; None: K + 1 for chains
     spec_policy: str = "goodput"  # goodput | always | off | threshold | threshold-vllm | random
+    # how speculation verifies sampled tokens (a request's SamplingParams.spec_sampling wins):
+    # "rejection" keeps the target's distribution; "coupled" also keeps the text: a seeded
+    # request gets exactly what plain decoding with that seed gives (speculative/coupled.py)
+    spec_sampling: str = "rejection"
     spec_warmup: bool = True  # CUDA graphs: run every (batch, K) step shape at start-up (graphs, costs)
     ngram_min: int = 1  # n-gram lookup: shortest suffix to match
     ngram_max: int = 4  # longest suffix to match
@@ -201,6 +205,8 @@ class EngineConfig:
             raise ConfigError("cpu_threads must be >= 1")
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ConfigError("served_model_name must not be empty")
+        if self.spec_sampling not in ("coupled", "rejection"):
+            raise ConfigError(f"spec_sampling must be coupled or rejection, not {self.spec_sampling!r}")
         self._validate_spec()
 
     def _validate_spec(self) -> None:

@@ -71,6 +71,10 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
                    help="tree budget incl. the root (default: from the depth and width)")
     s.add_argument("--spec-policy",
                    help="goodput (default) | always | off | threshold | threshold-vllm | random")
+    s.add_argument("--spec-sampling", choices=["coupled", "rejection"],
+                   help="how sampled tokens are verified: rejection (default; the target's "
+                        "distribution) or coupled (also the text plain decoding gives for the "
+                        "request's seed); a request's spec_sampling field wins")
     s.add_argument("--no-spec-warmup", action="store_true",
                    help="skip the start-up run of every (batch, K) step shape (graphs + costs)")
 
@@ -105,7 +109,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
     for name in ("speculative_algorithm", "draft_model", "num_draft_tokens", "draft_topk",
-                 "num_verify_tokens", "spec_policy"):
+                 "num_verify_tokens", "spec_policy", "spec_sampling"):
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
     if kw.get("draft_model") and "speculative_algorithm" not in kw:

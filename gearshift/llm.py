@@ -86,8 +86,7 @@ class LLM:
         for prompt, p in zip(prompts, params):
             ids = self._encode(prompt)
             rid = f"gen-{next(self._ids)}"
-            self.engine.add_request(rid, ids, p)
-            proc.add(rid, ids, p)
+            proc.add(rid, ids, p, seed=self.engine.add_request(rid, ids, p))
             order.append(rid)
         results: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(order), desc="Processed prompts", unit="prompt", disable=not use_tqdm,

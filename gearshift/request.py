@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 INT32_MAX = 2**31 - 1  # counts and token ids: what the engine stages as int32 / int64
 MAX_LOGPROBS = 20  # most alternatives per position a request may ask for (as OpenAI)
 LOGIT_BIAS_LIMIT = 100.0  # logit_bias values are clamped to [-100, 100] (as OpenAI)
+SPEC_SAMPLING = ("coupled", "rejection")  # how speculation verifies sampled tokens
 
 
 class SamplingParamsError(ValueError):
@@ -49,6 +50,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # the output must match this (a JSON schema, regex, grammar, ...): structured/
     structured_output: StructuredOutput | None = None
+    # how speculation verifies this request's sampled tokens: "coupled" (the text plain
+    # decoding with its seed gives), "rejection" (its distribution); None: the engine's
+    spec_sampling: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or not 0 <= self.max_tokens <= INT32_MAX:
@@ -79,6 +83,9 @@ class SamplingParams:
             if n is not None and (not isinstance(n, int) or not 0 <= n <= MAX_LOGPROBS):
                 raise SamplingParamsError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], "
                                           f"got {n!r}")
+        if self.spec_sampling not in SPEC_SAMPLING + (None,):
+            raise SamplingParamsError(f"spec_sampling must be one of {', '.join(SPEC_SAMPLING)} "
+                                      f"or None, got {self.spec_sampling!r}")
         so = self.structured_output
         if so is not None and not isinstance(so, StructuredOutput):
             raise SamplingParamsError(f"structured_output must be a StructuredOutput, got {so!r}")
@@ -137,7 +144,7 @@ class Request:
     request_id: str  # engine
     prompt_token_ids: list[int]  # engine
     params: SamplingParams  # engine
-    sampling_seed: int  # engine: params.seed, or one drawn at arrival
+    sampling_seed: int  # engine: params.seed (or one drawn at arrival) mixed to 32 bits
     eos_token_ids: tuple[int, ...] = ()  # engine
     # scheduler: committed tokens, and placeholders -(tag + index + 1) for tokens still
     # being sampled (engine/overlap.py) until their step commits
@@ -173,6 +180,9 @@ class Request:
     # engine (at arrival, from params.structured_output); the scheduler advances it over
     # every committed token
     grammar: RequestGrammar | None = None
+    # engine (at arrival): speculation verifies it by coupling (params.spec_sampling, else
+    # the engine's spec_sampling)
+    coupled: bool = False
 
     def __post_init__(self) -> None:
         p = self.params
@@ -222,6 +232,9 @@ class RequestOutput:
     # per prompt token, None for the first (params.prompt_logprobs set)
     prompt_logprobs: list[TokenLogprob | None] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # the seed it sampled with (params.seed, or the one drawn at arrival): generating
+    # again with SamplingParams(seed=this) gives the same text
+    seed: int | None = None
 
 
 @dataclass(slots=True)

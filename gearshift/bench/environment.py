@@ -31,5 +31,6 @@ def environment(llm) -> dict:
                         "intermediate": mc.intermediate_size, "vocab": mc.vocab_size},
         "draft": ({"algorithm": cfg.speculative_algorithm, "model": cfg.draft_model,
                    "num_draft_tokens": cfg.num_draft_tokens, "draft_topk": cfg.draft_topk,
-                   "spec_policy": cfg.spec_policy} if llm.engine.spec is not None else None),
+                   "spec_policy": cfg.spec_policy, "spec_sampling": cfg.spec_sampling}
+                  if llm.engine.spec is not None else None),
     }

@@ -237,6 +237,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-tokens", type=int, default=16384)
     p.add_argument("--spec-policy", default=None, help="goodput | always | off | random | ...")
     p.add_argument("--speculative-algorithm", default=None, help="eagle3 | draft | ngram")
+    p.add_argument("--spec-sampling", default=None, choices=["coupled", "rejection"])
     p.add_argument("--draft-model", default=None)
     p.add_argument("--num-draft-tokens", type=int, default=None)
     p.add_argument("--num-requests", type=int, default=3000)
@@ -265,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
     from gearshift.server.background import BackgroundServer
 
     options = {k: getattr(args, k) for k in ("spec_policy", "speculative_algorithm",
-                                             "draft_model", "num_draft_tokens")
+                                             "draft_model", "num_draft_tokens", "spec_sampling")
                if getattr(args, k) is not None}
     config = build_engine_config(args.model, device=args.device, max_num_seqs=args.max_num_seqs,
                                  kv_cache_tokens=args.kv_cache_tokens, **options)

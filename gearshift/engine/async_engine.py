@@ -209,7 +209,7 @@ class AsyncEngine:
         stream = RequestStream(request_id, len(prompt_token_ids), queue or asyncio.Queue())
         accepted: asyncio.Future[None] = self._loop.create_future()
         with self._proc_lock:
-            self.processor.add(request_id, prompt_token_ids, params)
+            self.processor.add(request_id, prompt_token_ids, params, seed=params.seed)
         self._streams[request_id] = stream
         self._adds_posted += 1
         self._post(("add", request_id, prompt_token_ids, params, accepted))

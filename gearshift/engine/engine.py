@@ -27,6 +27,7 @@ from gearshift.engine.cost_feedback import CostFeedback
 from gearshift.engine.gc_control import freeze_heap
 from gearshift.engine.logprob_outputs import attach as attach_logprobs
 from gearshift.engine.overlap import PendingStep, TokenFeed
+from gearshift.engine.seeds import draw_seed, mix_seed
 from gearshift.engine.stats import StepStats, spec_stats
 from gearshift.engine.tokenizer import eos_token_ids, load_engine_tokenizer
 from gearshift.forward_batch import ForwardMode
@@ -115,7 +116,8 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams) -> None:
+                    params: SamplingParams) -> int:
+        """Queue a request; -> the seed it samples with (params.seed, or one drawn now)."""
         n = len(prompt_token_ids)
         if n == 0:
             raise PromptError("the prompt is empty")
@@ -138,13 +140,12 @@ class Engine:
             )
         so = params.structured_output  # an invalid one: StructuredOutputError names the field
         grammar = self.grammars.grammar(so) if so is not None else None
-        seed = params.seed
-        if seed is None:
-            seed = int(torch.randint(0, 2**31, (1,), generator=self._seed_rng))
+        seed = params.seed if params.seed is not None else draw_seed(self._seed_rng)
         self.scheduler.add(Request(
             request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
-            sampling_seed=_mix_seed(seed), eos_token_ids=self.eos_token_ids, grammar=grammar,
-        ))
+            sampling_seed=mix_seed(seed), eos_token_ids=self.eos_token_ids, grammar=grammar,
+            coupled=(params.spec_sampling or self.config.spec_sampling) == "coupled"))
+        return seed
 
     def abort_request(self, request_id: str, reason: str = "abort") -> None:
         self.scheduler.abort(request_id, reason)
@@ -388,8 +389,4 @@ def _tokens(plan: StepPlan, sampled: list[int]) -> list[list[int]]:
     """A plain step's tokens per request: its sample where the plan samples."""
     return [[tok] if smp else [] for smp, tok in zip(plan.sample, sampled)]
 
-
-def _mix_seed(seed: int) -> int:
-    """Any integer seed -> 32 bits, deterministically (the sampler hashes it further)."""
-    return (seed ^ (seed >> 32) ^ (seed >> 64)) & 0xFFFFFFFF
 

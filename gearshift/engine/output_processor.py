@@ -46,6 +46,7 @@ class _State:
     logprobs: list | None = None  # TokenLogprob per token of token_ids
     prompt_logprobs: list | None = None
     cached_tokens: int = 0  # prompt tokens the prefix cache served
+    seed: int | None = None  # what the engine sampled with (add's caller reports it)
 
 
 class OutputProcessor:
@@ -53,8 +54,9 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._states: dict[str, _State] = {}
 
-    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        self._states[request_id] = _State(list(prompt_token_ids), params)
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+            seed: int | None = None) -> None:
+        self._states[request_id] = _State(list(prompt_token_ids), params, seed=seed)
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._states
@@ -98,7 +100,7 @@ class OutputProcessor:
         spec = SpecCounts(*st.spec) if st.spec is not None else None
         return RequestOutput(request_id, st.prompt_token_ids, st.token_ids, st.text,
                              st.finish_reason, st.finished, spec, st.logprobs, st.prompt_logprobs,
-                             st.cached_tokens)
+                             st.cached_tokens, st.seed)
 
     def abort(self, request_id: str) -> None:
         self._states.pop(request_id, None)

@@ -47,6 +47,8 @@ def spec_stats(engine) -> dict:
     last = engine.last_step
     return {
         "algorithm": engine.config.speculative_algorithm, "policy": engine.config.spec_policy,
+        # how sampled tokens are verified by default (requests may choose their own)
+        "sampling": engine.config.spec_sampling,
         "steps_by_k": {int(k.split(".")[1]): v for k, v in s.items() if k.startswith("steps_by_k.")},
         # request-steps that verified chains / draft trees (the plan's tree width)
         "chain_steps": s["chain_steps"], "tree_steps": s["tree_steps"],

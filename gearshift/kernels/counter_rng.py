@@ -24,11 +24,13 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
-def seeded_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+def seeded_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int,
+                   cols: torch.Tensor | None = None) -> torch.Tensor:
     """[B] seeds in [0, 2**32), [B] steps -> [B, vocab] float32 uniforms in (0, 1),
     deterministic: (hash + 0.5) / 2**32 rounded to float32, capped at U_MAX (the 128 of
-    2**32 hashes that would round to 1.0)."""
+    2**32 hashes that would round to 1.0). cols [vocab]: the token id of each column (a
+    draft vocabulary draws the target's numbers for its tokens); None: column i is token i."""
     key = hash32(seeds ^ hash32((steps + STEP_OFFSET) & _M32))  # [B]
-    ids = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
+    ids = torch.arange(vocab, device=seeds.device, dtype=torch.int64) if cols is None else cols
     x = hash32(key[:, None] ^ hash32(ids)[None, :])  # [B, vocab]
     return (x.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32).clamp_max_(U_MAX)

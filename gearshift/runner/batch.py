@@ -336,8 +336,15 @@ class BatchBuilder:
         assert planned is None or not planned[2], "prompt logprobs ride in plain steps only"
         if masks is not None:
             st.add_tensor("grammar", masks)
+        couples = [r.coupled and r.params.temperature > 0 for r in reqs]
+        if any(couples):
+            st.add_ints("coupled", [int(c) for c in couples])
         d = st.to_device()
-        return StepBatch(slots, sampling_batch(d, reqs, planned, masks), staged=d)
+        sb = sampling_batch(d, reqs, planned, masks)
+        if any(couples):  # speculative/coupled.py
+            sb.coupled = d["coupled"] != 0
+            sb.all_coupled = all(c or r.params.temperature == 0 for c, r in zip(couples, reqs))
+        return StepBatch(slots, sb, staged=d)
 
     def extend_batch(self, mode: ForwardMode, reqs: list[Request], prefix: list[int],
                      extend: list[int], input_ids: list[int], pad: int = 0) -> ForwardBatch:

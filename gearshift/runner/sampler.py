@@ -65,6 +65,10 @@ class SamplingBatch:
     # allowed-token bitmasks of grammar-constrained rows (structured/mask.py); None: no
     # request in the step has a grammar
     grammar: GrammarBatch | None = None
+    # VERIFY steps: the sampled requests whose speculation is coupled to this race
+    # (speculative/coupled.py), set by BatchBuilder; None: no request's is
+    coupled: torch.Tensor | None = None  # [B] bool
+    all_coupled: bool = False  # host: every sampled request's is (no rejection sampling)
 
 
 def top_k_top_p_drop(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -80,7 +84,9 @@ def top_k_top_p_drop(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
         drop |= rank >= k
     if need_top_p:
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass of strictly better tokens
-        drop |= before >= top_p[:, None]
+        # rows at top_p = 1 keep everything: a cumulative sum rounding up to 1 must not drop
+        # their rarest tokens only when another row of the batch asks for top-p
+        drop |= (before >= top_p[:, None]) & (top_p < 1.0)[:, None]
     drop[:, 0] = False  # always keep the most likely token
     return torch.zeros_like(drop).scatter_(-1, order, drop)
 
@@ -102,11 +108,12 @@ def top_k_top_p_filter(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
 
 
 def race_scores(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor,
-                steps: torch.Tensor) -> torch.Tensor:
+                steps: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
     """[B, V] float32 whose row argmax is the row's token (the reference of the kernel's
-    per-token score): logit for greedy rows, logit / T - log(-log(u)) for the others."""
+    per-token score): logit for greedy rows, logit / T - log(-log(u)) for the others.
+    cols [V]: the token id of each column (seeded_uniform); None: column i is token i."""
     x = logits.float()  # [B, V]
-    u = seeded_uniform(seeds, steps, x.shape[-1])  # [B, V]
+    u = seeded_uniform(seeds, steps, x.shape[-1], cols)  # [B, V]
     temps = temperatures.clamp_min(MIN_TEMPERATURE)[:, None]  # [B, 1]
     scores = x / temps - torch.log(-torch.log(u))
     return torch.where(temperatures[:, None] == 0, x, scores)

@@ -46,7 +46,13 @@ from gearshift.server.protocol import (
     ModelCard,
     ModelList,
 )
-from gearshift.server.serving import Generation, Offload, prepare_chat, prepare_completion
+from gearshift.server.serving import (
+    SEED_HEADER,
+    Generation,
+    Offload,
+    prepare_chat,
+    prepare_completion,
+)
 from gearshift.server.utility import add_utility_routes
 
 DEFAULT_MAX_WAITING = 512
@@ -227,11 +233,12 @@ async def _run(request: Request, gen: Generation, stream: bool, include_usage: b
     await gen.submit()
     watcher = asyncio.create_task(_watch_disconnect(request, gen.abort))
     model = request.app.state.engine.model_name
+    seed = {SEED_HEADER: str(gen.seed)}  # replays the response (body field `seed` too)
     if stream:
         return StreamingResponse(
             _sse(gen, watcher, chunks(gen, model, include_usage)),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **seed},
         )
     try:
         async for _ in gen.events():
@@ -243,7 +250,7 @@ async def _run(request: Request, gen: Generation, stream: bool, include_usage: b
     finally:
         watcher.cancel()
         gen.abort()
-    return JSONResponse(response(gen, model).model_dump())
+    return JSONResponse(response(gen, model).model_dump(), headers=seed)
 
 
 async def _sse(gen: Generation, watcher: asyncio.Task, events: AsyncIterator[dict]
@@ -317,7 +324,7 @@ def _completion_response(gen: Generation, model: str) -> CompletionResponse:
     token_text = TokenText(gen.engine.tokenizer)
     return CompletionResponse(
         id=f"cmpl-{gen.request_id}", created=gen.created, model=model, usage=gen.usage(),
-        choices=[CompletionChoice(
+        seed=gen.seed, choices=[CompletionChoice(
             index=c.index, text=(gen.echo[c.prompt_index] if gen.echo else "") + c.text,
             logprobs=completion_choice_logprobs(gen, c, token_text),
             finish_reason=c.finish_reason) for c in gen.choices],
@@ -328,7 +335,7 @@ def _chat_response(gen: Generation, model: str) -> ChatCompletionResponse:
     token_text = TokenText(gen.engine.tokenizer)
     return ChatCompletionResponse(
         id=f"chatcmpl-{gen.request_id}", created=gen.created, model=model, usage=gen.usage(),
-        choices=[ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
+        seed=gen.seed, choices=[ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
                             logprobs=chat_choice_logprobs(gen, c, token_text),
                             finish_reason=c.finish_reason) for c in gen.choices],
     )

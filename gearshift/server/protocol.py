@@ -95,6 +95,8 @@ class _SamplingFields(_Strict):
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False  # extension
     speculative: bool | None = None  # extension; False opts this request out of speculation
+    # extension: how speculation verifies sampled tokens; "coupled" keeps a seed's plain text
+    spec_sampling: Literal["coupled", "rejection"] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -290,6 +292,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    seed: int | None = None  # extension: the request's seed, given or drawn (serving.py)
 
 
 class AssistantMessage(BaseModel):
@@ -326,6 +329,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+    seed: int | None = None  # extension: the request's seed, given or drawn (serving.py)
 
 
 class ChatDelta(BaseModel):

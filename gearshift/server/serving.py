@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from gearshift.engine.async_engine import (
     RequestFailedError,
     StreamFailure,
 )
+from gearshift.engine.seeds import SEED_BOUND
 from gearshift.request import SamplingParams, SamplingParamsError
 from gearshift.server.errors import APIError
 from gearshift.server.metrics import ServerMetrics
@@ -37,6 +39,7 @@ from gearshift.server.structured import structured_output
 from gearshift.structured.params import StructuredOutput, StructuredOutputError
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+SEED_HEADER = "x-gearshift-seed"  # every completion's response: the seed that replays it
 
 
 @dataclass(slots=True)
@@ -67,6 +70,7 @@ class Generation:
     prompts: list[list[int]]  # token ids per prompt
     params: list[SamplingParams]  # per choice
     n: int
+    seed: int  # the request's (given or drawn): choice i of each prompt samples with seed + i
     echo: list[str] | None = None  # completions with echo: the text of each prompt
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     arrival: float = field(default_factory=time.monotonic)
@@ -279,18 +283,23 @@ def check_vocab(engine: AsyncEngine, req: CompletionRequest | ChatCompletionRequ
                        param="stop_token_ids", code="invalid_value")
 
 
+def request_seed(req: CompletionRequest | ChatCompletionRequest) -> int:
+    """The request's seed, or a fresh one: reported with the response, it replays it."""
+    return req.seed if req.seed is not None else secrets.randbelow(SEED_BOUND)
+
+
 def sampling_params(
-    req: CompletionRequest | ChatCompletionRequest, max_tokens: int, choice: int,
+    req: CompletionRequest | ChatCompletionRequest, max_tokens: int, choice: int, seed: int,
     structured: StructuredOutput | None = None,
 ) -> SamplingParams:
-    """Params of one choice: with a seed, choice i samples with seed + i (wrapping within
-    64 bits); `structured`: the request's checked constraint."""
+    """Params of one choice: choice i samples with seed + i (wrapping within 64 bits);
+    `structured`: the request's checked constraint."""
     kwargs: dict[str, Any] = dict(
         max_tokens=max_tokens,
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=-1 if req.top_k in (0, -1) else req.top_k,
-        seed=None if req.seed is None else (req.seed + choice + 2**63) % 2**64 - 2**63,
+        seed=(seed + choice + 2**63) % 2**64 - 2**63,
         stop=list(req.stop) if req.stop else None,
         stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos,
@@ -302,8 +311,9 @@ def sampling_params(
         structured_output=structured,
         **logprob_fields(req),
     )
-    if req.speculative is not None and "speculative" in _SAMPLING_FIELDS:
-        kwargs["speculative"] = req.speculative
+    for name in ("speculative", "spec_sampling"):
+        if getattr(req, name) is not None and name in _SAMPLING_FIELDS:
+            kwargs[name] = getattr(req, name)
     try:
         return SamplingParams(**kwargs)
     except SamplingParamsError as e:
@@ -333,12 +343,13 @@ async def prepare_completion(engine: AsyncEngine, metrics: ServerMetrics, offloa
                for p in req.prompts]
     max_tokens = [check_context(engine, len(p), req.max_tokens) for p in prompts]
     structured = await structured_output(engine, offload, req)
+    seed = request_seed(req)
     params = [
-        sampling_params(req, max_tokens[i // req.n], i % req.n, structured)
+        sampling_params(req, max_tokens[i // req.n], i % req.n, seed, structured)
         for i in range(len(prompts) * req.n)
     ]
     echo = [echo_text(engine, p) for p in req.prompts] if req.echo else None
-    return Generation(engine, metrics, prompts, params, req.n, echo)
+    return Generation(engine, metrics, prompts, params, req.n, seed, echo)
 
 
 async def prepare_chat(engine: AsyncEngine, metrics: ServerMetrics, offload: Offload,
@@ -349,5 +360,6 @@ async def prepare_chat(engine: AsyncEngine, metrics: ServerMetrics, offload: Off
     prompt = await offload.run(size, chat_prompt, engine, req)
     max_tokens = check_context(engine, len(prompt), req.max_new_tokens)
     structured = await structured_output(engine, offload, req)
-    params = [sampling_params(req, max_tokens, i, structured) for i in range(req.n)]
-    return Generation(engine, metrics, [prompt], params, req.n)
+    seed = request_seed(req)
+    params = [sampling_params(req, max_tokens, i, seed, structured) for i in range(req.n)]
+    return Generation(engine, metrics, [prompt], params, req.n, seed)

@@ -4,7 +4,8 @@
       -> run(): draft catch-up -> proposer.propose -> DraftTree [B, N]        (device)
                 -> target VERIFY over the valid nodes (verify_batch.py)        (device)
                 -> penalties, grammar masks per node (verify_logits / _grammar.py)
-                -> verification: accepted path + bonus per request             (device)
+                -> verification: accepted path + bonus per request (rejection
+                   sampling, or coupled to the plain sampler: coupled.py)      (device)
                 -> before_sync() (the policy's next plan) -> one host sync
                 -> StepResult (tokens, accepted node indices)
       -> Scheduler.commit (keep the path's slots, free the rest)
@@ -24,6 +25,7 @@ from gearshift.config import EngineConfig
 from gearshift.runner.batch import BatchBuilder, StepBatch
 from gearshift.runner.model_runner import ModelRunner
 from gearshift.scheduler.plan import Speculation, StepPlan, StepResult
+from gearshift.speculative import coupled
 from gearshift.speculative import verify_batch as vb
 from gearshift.speculative import verify_grammar as vg
 from gearshift.speculative import verify_logits as vl
@@ -171,8 +173,10 @@ class SpecRunner:
         # the tree path's accepted slots go to req_to_token on the device (a chain verified
         # as an extend recorded its nodes' slots while building the batch)
         record = None if slots_bn is None else (d["rows"], d["prefix"], slots_bn)
-        if sb.all_greedy:
-            packed = vb.greedy_verify(self.runner, tree, logits_t, flat, node_tok, d["k"], depth,
+        if sb.all_greedy or sb.all_coupled:  # accept while the draft is the target's token
+            target = logits_t.argmax(-1) if sb.all_greedy else coupled.row_targets(
+                logits_t, vl.node_rows(flat, node_tok), flat, tree, sb)
+            packed = vb.greedy_verify(self.runner, tree, target, flat, node_tok, d["k"], depth,
                                       record, graphed=key is not None,
                                       per_row=vb.uniform(n_nodes))
         else:

@@ -12,6 +12,8 @@ Greedy rows use one-hot target distributions, which turns both schemes below int
     if none is accepted, emit a sample of the residual. This is sampling from p by
     sequential tests, hence exactly lossless (SpecInfer-style multi-draft, target-only).
 Randomness is counter-based (runner/sampler.py): (request seed ^ salt, output index).
+Requests that couple skip both: they verify against the plain sampler's own token at each
+node (speculative/coupled.py), which keeps their seeded text too.
 
 Data flow: SpecRunner.run: target VERIFY logits [B, N, V] + DraftTree -> VerifyResult ->
 host (one sync) -> StepResult -> Scheduler.commit.
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from gearshift.runner.sampler import SamplingBatch, apply_top_k_top_p, seeded_uniform
+from gearshift.speculative import coupled
 from gearshift.speculative.tree import DraftTree, children_mask
 
 SALT_ACCEPT = 0x5EED0001
@@ -66,10 +69,36 @@ def _sample(p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.
 
 def verify(tree: DraftTree, valid: torch.Tensor, logits: torch.Tensor, sb: SamplingBatch,
            max_depth: int, max_children: int) -> VerifyResult:
-    """tree nodes [B, N]; valid [B, N] bool; logits [B, N, V] float32 (target at each node)."""
+    """tree nodes [B, N]; valid [B, N] bool; logits [B, N, V] float32 (target at each node).
+    Requests that couple (sb.coupled) verify by speculative/coupled.py, the others by the
+    schemes above."""
     if sb.all_greedy:
         return verify_greedy(tree, valid, logits, max_depth)
-    return verify_sampled(tree, valid, logits, sb, max_depth, max_children)
+    if sb.all_coupled:
+        return verify_coupled(tree, valid, logits, sb, max_depth)
+    res = verify_sampled(tree, valid, logits, sb, max_depth, max_children)
+    if sb.coupled is not None:
+        res = _merge(sb, verify_coupled(tree, valid, logits, sb, max_depth), res)
+    return res
+
+
+def verify_coupled(tree: DraftTree, valid: torch.Tensor, logits: torch.Tensor,
+                   sb: SamplingBatch, max_depth: int) -> VerifyResult:
+    """Greedy verification against the token plain decoding samples at each node (its race
+    at output index steps + depth): the emitted text is plain decoding's."""
+    b, n, v = logits.shape
+    req = torch.arange(b, device=logits.device).repeat_interleave(n)
+    target = coupled.node_tokens(logits.view(b * n, v), req, tree.depths.reshape(-1), sb)
+    return verify_greedy_ids(tree, valid, target.view(b, n), max_depth)
+
+
+def _merge(sb: SamplingBatch, by_coupling: VerifyResult, other: VerifyResult) -> VerifyResult:
+    """Each request's result from its own scheme."""
+    chain = other.chain_accepted if other.chain_accepted is not None \
+        else torch.full_like(other.num_accepted, -1)
+    return VerifyResult(*(coupled.per_row(sb, x, y) for x, y in (
+        (by_coupling.num_accepted, other.num_accepted), (by_coupling.path, other.path),
+        (by_coupling.tokens, other.tokens), (by_coupling.chain_accepted, chain))))
 
 
 def verify_greedy(tree: DraftTree, valid: torch.Tensor, logits: torch.Tensor,

@@ -11,7 +11,7 @@ from its argmax, each laid out for a captured CUDA-graph shape where one exists.
              req_to_token on the device after verification (verify_device.record_paths)
 
 Data flow: SpecRunner.run -> chain_batch / tree_batch -> ModelRunner.forward_all ->
-greedy_verify (or verify.verify for sampled rows) -> packed result.
+greedy_verify (every row greedy or coupled; else verify.verify) -> packed result.
 """
 
 from __future__ import annotations
@@ -122,15 +122,16 @@ def tree_batch(runner: ModelRunner, tree: DraftTree, slots_bn: torch.Tensor,
     )
 
 
-def greedy_verify(runner: ModelRunner, tree: DraftTree, logits_t, flat, node_tok, k, depth: int,
+def greedy_verify(runner: ModelRunner, tree: DraftTree, target, flat, node_tok, k, depth: int,
                   record, graphed: bool, per_row: int) -> torch.Tensor:
-    """Greedy verification from the target's argmax (no [B, N, V] logits gathered) ->
-    packed [B, 2 * depth + 3]; one CUDA graph per shape after a graphed target forward,
+    """Greedy verification from the target's token at each row of its pass, target [T(+pad)]
+    (the argmax, or a coupled row's sample; no [B, N, V] logits gathered) -> packed
+    [B, 2 * depth + 3]; one CUDA graph per shape after a graphed target forward,
     its batch padded like the target's (a decode graph size), so that requests finishing
     mid-run meet graphs captured at start-up instead of capturing new ones."""
     b, n = tree.tokens.shape
-    inputs = {"target": logits_t.argmax(-1), "flat": flat, "k": k, "tokens": tree.tokens,
-              "parents": tree.parents, "depths": tree.depths}  # target: [T(+pad)]
+    inputs = {"target": target, "flat": flat, "k": k, "tokens": tree.tokens,
+              "parents": tree.parents, "depths": tree.depths}
     if node_tok is not None:
         inputs["node_tok"] = node_tok
     if record is not None:

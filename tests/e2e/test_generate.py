@@ -209,3 +209,12 @@ def test_sampler_reads_logits_in_the_model_dtype(tiny_llama_dir: Path, make_llm,
     seen.clear()
     want = [o.token_ids for o in make_llm(tiny_llama_dir, dtype="bfloat16").generate(ID_PROMPTS[:2], params)]
     assert set(seen) == {torch.float32} and got == want
+
+
+def test_unseeded_request_reports_the_seed_that_replays_it(llm) -> None:
+    drawn = llm.generate(ID_PROMPTS, [_sampled(None)] * len(ID_PROMPTS))
+    seeds = [o.seed for o in drawn]
+    assert all(isinstance(s, int) for s in seeds) and len(set(seeds)) == len(seeds)
+    again = llm.generate(ID_PROMPTS, [_sampled(s) for s in seeds])
+    assert [o.token_ids for o in again] == [o.token_ids for o in drawn]
+    assert [o.seed for o in again] == seeds

@@ -91,3 +91,28 @@ def test_sampled_chain_expansion_replays(make_llm, tiny_llama_dir, tmp_path):
     assert [len(o.token_ids) for o in outs] == [12, 12]
     sampled = [k for k in graphs.entries if k[:2] == ("eagle3", "expand") and not k[-4]]
     assert sampled and not any(k[0] == "verify-greedy" for k in graphs.entries)
+
+
+@pytest.mark.parametrize("spec,chain_as_extend", [
+    (dict(num_draft_tokens=3), False),
+    (dict(num_draft_tokens=3), True),
+    (dict(num_draft_tokens=3, draft_topk=3, num_verify_tokens=8), False),
+])
+def test_coupled_sampling_replays_and_keeps_the_seeded_text(make_llm, tiny_llama_dir, tmp_path,
+                                                            spec, chain_as_extend):
+    """Coupled requests (greedy ones beside them) verify in the greedy graphs, from the
+    plain sampler's token per node, and expand with the sampling fields as static inputs:
+    replayed, the text is plain decoding's."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = random_prompts([5, 17, 3, 30, 9], seed=4)
+    params = [SamplingParams(max_tokens=16, temperature=t, top_k=20, top_p=0.9, seed=i,
+                             ignore_eos=True) for i, t in enumerate([0.8, 1.0, 0.0, 1.3, 0.6])]
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
+    llm, graphs = _engine(make_llm, tiny_llama_dir, head, {**spec, "spec_sampling": "coupled"})
+    if chain_as_extend:
+        llm.engine.spec.split_k_verify_below = 0
+    assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+    expand = [k for k in graphs.entries if k[:2] == ("eagle3", "expand") and k[-6]]
+    greedy = [k for k in graphs.entries if k[0] == "verify-greedy"]
+    assert expand and greedy
+    assert max(graphs.replays[k] for k in expand + greedy) > 1

@@ -1,9 +1,11 @@
 """Sampling with speculation is lossless, end to end: a tiny target with a 16-token
 vocabulary and a draft model (the target with perturbed weights, acceptance ~0.7), chains
 (draft_topk=1, K=3) and trees (draft_topk=2, K=3, num_verify_tokens=5), temperature 1 and
-top-p 0.9. Every request has the same prompt, its own seed and max_tokens=5: token 1 comes
-from the prefill's plain sampler, the first decode step is a K=3 VERIFY for every request
-(asserted), later steps verify what max_tokens leaves (K=2, 1, 0).
+top-p 0.9, verified by rejection sampling or by coupling (spec_sampling="coupled": the
+plain sampler's token at every node). Every request has the same prompt, its own seed and
+max_tokens=5: token 1 comes from the prefill's plain sampler, the first decode step is a
+K=3 VERIFY for every request (asserted), later steps verify what max_tokens leaves (K=2,
+1, 0).
 
 The exact law of (t1, ..., t5) is computed with HF transformers on the same checkpoint by
 enumerating every continuation of the prompt (softmax of the logits, top-p applied as in
@@ -11,7 +13,7 @@ gearshift.runner.sampler.apply_top_k_top_p: a token is kept when the mass of str
 likely tokens is < top_p; then renormalised). Chi-square goodness-of-fit tests (cells with
 expected count < 5 pooled, exact chi-square tail) on: t1; t2 given the most common t1; the
 joint (t1, t2); and the marginals of t2..t5. Each test has a false-alarm rate of 1e-4, so
-the file's 4 x 7 tests have a family-wise false-alarm rate below 3e-3. Seeds are fixed, so
+the file's 6 x 7 tests have a family-wise false-alarm rate below 5e-3. Seeds are fixed, so
 the outcome is deterministic: the rate is the chance that a correct engine fails for this
 choice of seeds.
 
@@ -42,6 +44,9 @@ CONFIGS = {
     "chain-top_p0.9": (dict(draft_topk=1), 0.9),
     "tree-t1": (dict(draft_topk=2, num_verify_tokens=5), 1.0),
     "tree-top_p0.9": (dict(draft_topk=2, num_verify_tokens=5), 0.9),
+    # coupled verification (speculative/coupled.py): the plain sampler's tokens, hence its law
+    "coupled-chain-top_p0.9": (dict(draft_topk=1, spec_sampling="coupled"), 0.9),
+    "coupled-tree-t1": (dict(draft_topk=2, num_verify_tokens=5, spec_sampling="coupled"), 1.0),
 }
 
 

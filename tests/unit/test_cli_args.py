@@ -38,3 +38,8 @@ def test_engine_flags_reach_the_config() -> None:
     assert "spec_warmup" not in kw
     kw = engine_kwargs(p.parse_args(["--model", "m", "--no-spec-warmup"]))
     assert kw["spec_warmup"] is False
+    assert "spec_sampling" not in kw  # the engine's default
+    kw = engine_kwargs(p.parse_args(["--model", "m", "--spec-sampling", "coupled"]))
+    assert kw["spec_sampling"] == "coupled"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--model", "m", "--spec-sampling", "exact"])

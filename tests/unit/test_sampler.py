@@ -16,6 +16,7 @@ from gearshift.runner.sampler import (
     sample,
     sample_ref,
     seeded_uniform,
+    top_k_top_p_drop,
     top_k_top_p_filter,
 )
 
@@ -144,3 +145,12 @@ def test_low_precision_logits_and_dispatch():
                                                         sb.steps).argmax(-1))
     greedy = batch(8, temp=0.0)
     assert torch.equal(sample(logits.half(), greedy), logits.half().argmax(-1))
+
+
+def test_top_p_one_rows_never_depend_on_the_rest_of_the_batch():
+    """A row at top_p = 1 keeps every token, whether or not another row asks for top-p
+    (a cumulative sum rounding up to 1 must not cut its rarest tokens in one batch only)."""
+    probs = torch.softmax(torch.cat([torch.full((1, 1), 40.0), torch.zeros(1, 4095)], 1), -1)
+    probs = probs.expand(2, -1)
+    drop = top_k_top_p_drop(probs, torch.tensor([-1, -1]), torch.tensor([1.0, 0.5]), False, True)
+    assert not drop[0].any() and drop[1, 1:].all()

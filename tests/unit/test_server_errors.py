@@ -92,6 +92,8 @@ BAD_REQUESTS = [
      {"json": {"prompt": "x", "logit_bias": {"abc": 1}}}, 400, "logit_bias"),
     ("logit_bias value not a number", "POST", "/v1/completions",
      {"json": {"prompt": "x", "logit_bias": {"5": "big"}}}, 400, "logit_bias.5"),
+    ("spec_sampling unknown", "POST", "/v1/completions",
+     {"json": {"prompt": "x", "spec_sampling": "exact"}}, 400, "spec_sampling"),
     ("min_tokens negative", "POST", "/v1/completions",
      {"json": {"prompt": "x", "min_tokens": -1}}, 400, "min_tokens"),
     ("min_tokens above max_tokens", "POST", "/v1/completions",

@@ -98,7 +98,7 @@ class Eagle3Proposer(Proposer):
 
 def _pad_rows(pad: int, roots, prefix, rows, scratch, sb):
     """`pad` dummy requests after the real ones: token 0, prefix 0, row 0, scratch slot 0,
-    greedy sampling."""
+    greedy sampling (not coupled)."""
     if not pad:
         return roots, prefix, rows, scratch, sb
     from dataclasses import replace
@@ -107,5 +107,6 @@ def _pad_rows(pad: int, roots, prefix, rows, scratch, sb):
         return torch.cat([t, t.new_full((pad, *t.shape[1:]), value)])
 
     sb = replace(sb, temperatures=more(sb.temperatures, 0.0), top_p=more(sb.top_p, 1.0),
-                 top_k=more(sb.top_k, -1), seeds=more(sb.seeds, 0), steps=more(sb.steps, 0))
+                 top_k=more(sb.top_k, -1), seeds=more(sb.seeds, 0), steps=more(sb.steps, 0),
+                 coupled=None if sb.coupled is None else more(sb.coupled, False))
     return more(roots, 0), more(prefix, 0), more(rows, 0), more(scratch, 0), sb

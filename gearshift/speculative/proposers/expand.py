@@ -7,6 +7,8 @@ committed draft KV plus the beam's ancestors' scratch slots), then
     distribution q for sampling requests (q is kept for rejection sampling);
   * trees (topk > 1): every beam's top-k children become candidates scored by cumulative
     draft log-probability; the best topk candidates are the next beams (EAGLE-2 style).
+Requests that couple (speculative/coupled.py) take their chain's token, or rank their
+children, by the race with the target's numbers for that output index instead.
 Finally the best (num_verify_tokens - 1) candidates form the tree (ancestors always score
 higher than their descendants, so the selection is ancestor-closed).
 
@@ -31,6 +33,7 @@ import torch
 from gearshift.forward_batch import ForwardBatch, ForwardMode, TreeAttention
 from gearshift.runner.penalties import TokenCounts
 from gearshift.runner.sampler import SamplingBatch, apply_top_k_top_p, seeded_uniform
+from gearshift.speculative import coupled
 from gearshift.speculative.tree import DraftTree, ancestor_mask
 from gearshift.speculative.verify import SALT_DRAFT
 from gearshift.structured.mask import constrain, draft_blocked
@@ -72,7 +75,10 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
     b, k, w = x.roots.shape[0], x.depth, x.topk
     dev = x.roots.device
     to_t = (lambda ids: to_target[ids]) if to_target is not None else (lambda ids: ids)
-    sampling = w == 1 and not sb.all_greedy
+    # rejection-sampled chains draw from q (kept for verification); coupled requests race
+    # with the target's numbers (speculative/coupled.py)
+    sampling = w == 1 and not sb.all_greedy and not sb.all_coupled
+    couples = sb.coupled is not None and not sb.all_greedy
     cand_tok, cand_score, cand_parent, qs = [], [], [], []
     pen = sb.penalties
     # grammars: the first level proposes under the pending position's mask (deeper levels
@@ -89,8 +95,12 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
         if first_blocked is not None and depth_index == 0:  # logits [B, 1, Vd]
             logits = constrain(logits[:, 0], first_blocked, pen is not None)[:, None, :]
         logp = torch.log_softmax(logits.float(), dim=-1)
+        rank = logp
+        if couples:
+            race = coupled.draft_scores(logits, sb, depth_index, to_target)  # [B, W, Vd]
+            rank = coupled.per_row(sb, torch.log_softmax(race, dim=-1), logp)
         if w > 1:
-            top = logp.topk(w, dim=-1)  # [B, W, w]
+            top = rank.topk(w, dim=-1)  # [B, W, w]
             return top.indices.flatten(1), top.values.flatten(1), None
         ids = logits.argmax(-1)  # [B, 1]
         if sampling:
@@ -102,6 +112,8 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
             ids = torch.where(greedy, ids, drawn)
             onehot = torch.zeros_like(q).scatter_(-1, ids, 1.0)
             qs.append(torch.where(greedy, onehot, q))
+        if couples:
+            ids = coupled.per_row(sb, race.argmax(-1), ids)
         return ids, logp.gather(-1, ids[..., None])[..., 0], None
 
     # depth 1
@@ -247,8 +259,11 @@ def graphed_expand(graphs, name: str, x: ExpandInputs, first, step: StepFn, sb: 
     The host max prefix length is a shape constant of the graph (the graph-safe tree
     attention never reads it; the torch reference that does runs eagerly)."""
 
-    # static inputs: what the expansion reads (only sampled chains read the sampling fields)
-    fields = SAMPLING_FIELDS if x.topk == 1 and not sb.all_greedy else ()
+    # static inputs: what the expansion reads (sampled chains and coupled requests read
+    # the sampling fields)
+    couples = sb.coupled is not None and not sb.all_greedy
+    fields = SAMPLING_FIELDS if (x.topk == 1 or couples) and not sb.all_greedy else ()
+    fields += ("coupled",) if couples else ()
     base = x.base_scratch if x.base_scratch.shape[1] else None
 
     def fn(s):
@@ -266,5 +281,6 @@ def graphed_expand(graphs, name: str, x: ExpandInputs, first, step: StepFn, sb: 
     if graphs is None or sb.penalties is not None or sb.grammar is not None:  # eager
         return fn(inputs)
     key = (name, "expand", x.roots.shape[0], x.depth, x.topk, x.num_nodes, x.scratch.shape[1],
-           x.base_scratch.shape[1], sb.all_greedy, sb.any_greedy, sb.need_top_k, sb.need_top_p)
+           x.base_scratch.shape[1], couples, sb.all_coupled, sb.all_greedy, sb.any_greedy,
+           sb.need_top_k, sb.need_top_p)
     return graphs.run(key, fn, inputs)
