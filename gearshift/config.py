@@ -174,8 +174,9 @@ class EngineConfig:
     spec_policy: str = "goodput"  # goodput | always | off | threshold | threshold-vllm | random
     # how speculation verifies sampled tokens (a request's SamplingParams.spec_sampling wins):
     # "rejection" keeps the target's distribution; "coupled" also keeps the text: a seeded
-    # request gets exactly what plain decoding with that seed gives (speculative/coupled.py)
-    spec_sampling: str = "rejection"
+    # request gets exactly what plain decoding with that seed gives (speculative/coupled.py).
+    # Coupled is the default: on the H200 it ran no slower (docs/benchmarks.md)
+    spec_sampling: str = "coupled"
     spec_warmup: bool = True  # CUDA graphs: run every (batch, K) step shape at start-up (graphs, costs)
     ngram_min: int = 1  # n-gram lookup: shortest suffix to match
     ngram_max: int = 4  # longest suffix to match

@@ -72,9 +72,10 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
     s.add_argument("--spec-policy",
                    help="goodput (default) | always | off | threshold | threshold-vllm | random")
     s.add_argument("--spec-sampling", choices=["coupled", "rejection"],
-                   help="how sampled tokens are verified: rejection (default; the target's "
-                        "distribution) or coupled (also the text plain decoding gives for the "
-                        "request's seed); a request's spec_sampling field wins")
+                   help="how sampled tokens are verified: coupled (default; the text plain "
+                        "decoding gives for the request's seed, hence the target's "
+                        "distribution) or rejection (the target's distribution, other text); "
+                        "a request's spec_sampling field wins")
     s.add_argument("--no-spec-warmup", action="store_true",
                    help="skip the start-up run of every (batch, K) step shape (graphs + costs)")
 

@@ -84,7 +84,8 @@ def test_replayed_graphs_keep_greedy_output(make_llm, tiny_llama_dir, tmp_path, 
 
 def test_sampled_chain_expansion_replays(make_llm, tiny_llama_dir, tmp_path):
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
-    llm, graphs = _engine(make_llm, tiny_llama_dir, head, dict(num_draft_tokens=3))
+    llm, graphs = _engine(make_llm, tiny_llama_dir, head,
+                          dict(num_draft_tokens=3, spec_sampling="rejection"))
     params = SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=1,
                             ignore_eos=True)
     outs = llm.generate(random_prompts([6, 11], seed=2), params)

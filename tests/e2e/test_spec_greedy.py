@@ -174,7 +174,8 @@ def test_random_policy_on_a_tree_engine_samples_to_completion(make_llm, tiny_lla
     params = [SamplingParams(max_tokens=30, temperature=1.0, top_p=0.9, seed=i, ignore_eos=True)
               for i in range(len(prompts))]
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head_dir),
-                   num_draft_tokens=3, draft_topk=3, num_verify_tokens=8, spec_policy="random")
+                   num_draft_tokens=3, draft_topk=3, num_verify_tokens=8, spec_policy="random",
+                   spec_sampling="rejection")
     outs = llm.generate(prompts, params)
     assert all(len(o.token_ids) == 30 and o.finish_reason == "length" for o in outs)
     stats = llm.spec_stats()

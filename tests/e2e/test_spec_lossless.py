@@ -40,10 +40,11 @@ SEED_MUL = 0x9E3779B1
 SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
              num_attention_heads=2, num_key_value_heads=1, head_dim=16, with_tokenizer=False)
 CONFIGS = {
-    "chain-t1": (dict(draft_topk=1), 1.0),
-    "chain-top_p0.9": (dict(draft_topk=1), 0.9),
-    "tree-t1": (dict(draft_topk=2, num_verify_tokens=5), 1.0),
-    "tree-top_p0.9": (dict(draft_topk=2, num_verify_tokens=5), 0.9),
+    "chain-t1": (dict(draft_topk=1, spec_sampling="rejection"), 1.0),
+    "chain-top_p0.9": (dict(draft_topk=1, spec_sampling="rejection"), 0.9),
+    "tree-t1": (dict(draft_topk=2, num_verify_tokens=5, spec_sampling="rejection"), 1.0),
+    "tree-top_p0.9": (dict(draft_topk=2, num_verify_tokens=5, spec_sampling="rejection"),
+                      0.9),
     # coupled verification (speculative/coupled.py): the plain sampler's tokens, hence its law
     "coupled-chain-top_p0.9": (dict(draft_topk=1, spec_sampling="coupled"), 0.9),
     "coupled-tree-t1": (dict(draft_topk=2, num_verify_tokens=5, spec_sampling="coupled"), 1.0),

@@ -210,8 +210,8 @@ def small_pair(tmp_path_factory):
 def test_engine_verify_step_matches_reference(make_llm, small_pair, top_p):
     target_dir, draft_dir = small_pair
     llm = make_llm(target_dir, speculative_algorithm="draft", draft_model=str(draft_dir),
-                   num_draft_tokens=K, spec_policy="always", max_num_seqs=64,
-                   overlap_schedule=False)  # one step -> its own outputs
+                   num_draft_tokens=K, spec_policy="always", spec_sampling="rejection",
+                   max_num_seqs=64, overlap_schedule=False)  # one step -> its own outputs
     prompts = random_prompts([3 + i % 9 for i in range(40)], seed=12, vocab=16)
     seeds = [(i * 0x9E3779B1 + 17) % 2**32 for i in range(len(prompts))]
     for i, (ids, s) in enumerate(zip(prompts, seeds)):
