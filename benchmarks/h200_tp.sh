@@ -14,7 +14,7 @@
 # 8 of its 80 layers (one H200 cannot hold 141 GB), and the fault step is skipped.
 # H200_SMOKE=1 runs the steps on the CPU at toy sizes (gloo, TP=2): tests/unit/
 # test_benchmarks_h200_tp.py runs it so this cannot rot. COMMIT=<hash> names the commit
-# where the device's copy of the tree has no .git.
+# where the device's copy of the tree has no .git. The step machinery: benchmarks/steps.sh.
 #
 #   step        what                                                             cap
 #   pair        make-bench-model: the 8B-shaped bench target and its EAGLE-3 head  80 s
@@ -32,17 +32,11 @@
 #               server must exit non-zero within seconds, every stream end
 # Caps are guesses (no step has run on two GPUs yet): the first run should note the times.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-: "${OUT:?set OUT to the output folder}"
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+source "$(dirname "$0")/steps.sh"
 # NVLink multicast stays off on the lent machines (it can take the host's GPUs down)
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
-  TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-END=${END:-580}
-SMOKE=${H200_SMOKE:-0}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 TP=${TP:-2}
 STEPS=${STEPS:-pair decode_tp1 decode_tp offline_tp load_70b sweep_tp greedy_tp fault_tp}
-G=(python -m gearshift.cli)
 if [ "$TP" = 1 ]; then
   GT=(torchrun --standalone --nproc-per-node 1 -m gearshift.cli)
   PT=(torchrun --standalone --nproc-per-node 1)
@@ -54,20 +48,12 @@ TPF=(--tensor-parallel-size "$TP")
 touch "$OUT/steps.jsonl"
 
 if [ "$SMOKE" = 1 ]; then
-  PAIR=${PAIR:-$OUT/pair}
   SHAPE=$OUT/smoke_shape.json  # the default model widened to 4 heads: splits over 2 ranks
   BIG=$OUT/smoke_big.json      # 70B's layout in miniature: 8 heads, 8 KV heads
-  python - "$SHAPE" "$BIG" <<'PY'
-import json, sys
-from gearshift.models.default import default_target_dir
-cfg = json.loads((default_target_dir() / "config.json").read_text())
-cfg.update(hidden_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
-           intermediate_size=1024, num_hidden_layers=8)
-open(sys.argv[1], "w").write(json.dumps(cfg))
-cfg.update(hidden_size=512, num_attention_heads=8, num_key_value_heads=8, head_dim=64,
-           intermediate_size=1792, num_hidden_layers=2, tie_word_embeddings=False)
-open(sys.argv[2], "w").write(json.dumps(cfg))
-PY
+  widen_default "$SHAPE" '{"hidden_size": 512, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 128, "intermediate_size": 1024, "num_hidden_layers": 8}'
+  widen_default "$BIG" '{"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 8,
+    "head_dim": 64, "intermediate_size": 1792, "num_hidden_layers": 2, "tie_word_embeddings": false}'
   PAIR_ARGS=(--shape "$SHAPE" --device cpu)
   MODEL=(--preset "$SHAPE" --load-format dummy)
   BIG_MODEL=(--preset "$BIG" --load-format dummy)
@@ -79,8 +65,6 @@ PY
   FAULT=(--requests 4 --kill-after 1 --max-tokens 1900 -- "$PAIR/target" --device cpu
          --kv-cache-tokens 8192 --max-num-seqs 4)
 else
-  PAIR=${PAIR:-/tmp/gearshift_bench_pair}
-  PAIR_ARGS=(--shape llama-3.1-8b --device cuda --head-draft-vocab 32000)
   MODEL=(--preset llama-3.1-8b --load-format dummy)
   BIG_MODEL=(--preset llama-3.1-70b --load-format dummy)
   if [ "$TP" = 1 ]; then
@@ -101,60 +85,9 @@ PY
   FAULT=(-- "$PAIR/target" --device cuda)
 fi
 
-python - "$OUT" "$SMOKE" "$TP" "${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" <<'PY'
-import json, subprocess, sys
-from datetime import UTC, datetime
-out, smoke, tp, commit = sys.argv[1:]
-try:
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,power.limit,clocks.max.sm",
-                          "--format=csv,noheader"], capture_output=True, text=True,
-                         timeout=20).stdout.strip() or None
-except (OSError, subprocess.SubprocessError):
-    gpu = None
-json.dump({"commit": commit, "smoke": smoke == "1", "tensor_parallel_size": int(tp), "gpu": gpu,
-           "out": out, "started": datetime.now(UTC).isoformat(timespec="seconds")},
-          open(f"{out}/meta_tp.json", "w"), indent=1)
-PY
+write_meta "$OUT/meta_tp.json" tensor_parallel_size="$TP"
 
-FAILED=0
-note_step() {  # NAME EXIT SECONDS CAP CMD...: one JSON line in steps.jsonl
-  python - "$@" >> "$OUT/steps.jsonl" <<'PY'
-import json, shlex, sys
-name, rc, seconds, cap, *cmd = sys.argv[1:]
-print(json.dumps({"step": name, "exit": int(rc), "seconds": int(seconds), "timeout_s": int(cap),
-                  "command": shlex.join(cmd)}))
-PY
-}
-
-wanted() { [[ " $STEPS " == *" $1 "* ]]; }
-
-run_step() {  # NAME CAP CMD...: CMD under `timeout`, its output in $OUT/NAME.log
-  local name=$1 cap=$2 rc t0=$SECONDS
-  shift 2
-  wanted "$name" || return 0
-  (( cap > END - SECONDS )) && cap=$((END - SECONDS))
-  if (( cap < 5 )); then
-    rc=124
-    echo "[h200_tp] $name: no time left, skipped"
-  else
-    echo "[h200_tp] $(date -u +%T) $name: start (timeout ${cap} s)"
-    timeout -k 10 "$cap" "$@" > "$OUT/$name.log" 2>&1
-    rc=$?
-    tr '\r' '\n' < "$OUT/$name.log" | grep -v "it/s\]\|s/it\]\|^$" | tail -n 14
-    echo "[h200_tp] $name: exit $rc after $((SECONDS - t0)) s"
-  fi
-  note_step "$name" "$rc" "$((SECONDS - t0))" "$cap" "$@"
-  (( rc == 0 )) || FAILED=$((FAILED + 1))
-}
-
-PAIR_CMD=("${G[@]}" make-bench-model "${PAIR_ARGS[@]}" --out "$PAIR/target"
-          --head gearshift/default_model/eagle3 --head-out "$PAIR/head")
-if wanted pair && [ -f "$PAIR/target/config.json" ] && [ -f "$PAIR/head/config.json" ]; then
-  echo "[h200_tp] pair: $PAIR already holds the bench pair"
-  note_step pair 0 0 0 "${PAIR_CMD[@]}"
-else
-  run_step pair 80 "${PAIR_CMD[@]}"
-fi
+pair_step
 run_step decode_tp1 130 "${G[@]}" bench offline "${MODEL[@]}" "${DECODE[@]}" \
   --output-json "$OUT/decode_tp1.json"
 run_step decode_tp 130 "${GT[@]}" bench offline "${MODEL[@]}" "${DECODE[@]}" "${TPF[@]}" \

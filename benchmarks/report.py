@@ -3,8 +3,9 @@
     python benchmarks/report.py OUT [--output docs/benchmarks.md] [--commit HASH]
 
 Each figure comes with its device, date, commit, command, model shape and measured
-acceptance; the sweep's plot is copied beside the page (spec_sweep.png), and the CPU
-figures after the page's KEPT line stay as they are. Criteria:
+acceptance; the sweep's plot is copied beside the page (spec_sweep.png); the serving
+section (benchmarks/serve_report.py, between its markers) and the CPU figures after the
+page's KEPT line stay as they are. Criteria:
 goodput >= 0.97 x the best other policy at every concurrency and >= 1.8 x `off` at c = 1
 (gearshift/bench/sweep_report.py), and the spec tax: the decode step with a draft configured
 at spec_policy off over the step without a draft, <= 1.03 at every batch size.
@@ -37,6 +38,8 @@ TAX_LIMIT = 1.03  # decode step with an idle draft / without one
 PNG_NAME = "spec_sweep.png"
 # the page's figures from other machines (CPU runs) follow this line; a new page keeps them
 KEPT = "<!-- Figures below are measured on CPU, not by benchmarks/h200.sh: report.py keeps them. -->"
+# benchmarks/serve_report.py's section sits between these, just before KEPT; a new page keeps it
+SERVE_BEGIN, SERVE_END = "<!-- serve: begin -->", "<!-- serve: end -->"
 FILES = ("meta", "decode_plain", "decode_draft", "offline", "sweep")
 
 
@@ -284,9 +287,14 @@ def run_section(data: dict, out: Path) -> list[str]:
 
 
 def kept_tail(page: Path) -> str:
-    """The CPU figures of an existing page: from the KEPT line to its end ('' if none)."""
+    """What a new page keeps of the old: the serving section (its markers included) and the
+    CPU figures from the KEPT line to the end ('' if neither)."""
     text = page.read_text() if page.is_file() else ""
-    return text[text.index(KEPT):] if KEPT in text else ""
+    tail = text[text.index(KEPT):] if KEPT in text else ""
+    if SERVE_BEGIN in text and SERVE_END in text and SERVE_BEGIN not in tail:
+        block = text[text.index(SERVE_BEGIN):text.index(SERVE_END) + len(SERVE_END)]
+        return block + "\n\n" + tail if tail else block + "\n"
+    return tail
 
 
 def render(data: dict, out: Path, commit: str, png: str | None, tail: str = "") -> str:

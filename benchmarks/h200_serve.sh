@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# The serving figures of docs/benchmarks.md: `gearshift serve` driven by `gearshift bench serve`
+# (prefix cache on and off, speculation on and off, a request-rate sweep) against the engine's
+# closed loop, in one device call of at most 10 minutes on one H200. From the repository root:
+#
+#     OUT=out bash benchmarks/h200_serve.sh      # JSON, logs, server logs and PNGs under $OUT
+#     python benchmarks/serve_report.py out      # -> the page's serving section + serve_rates.png
+#
+# H200_SMOKE=1 runs the same steps on the CPU at toy sizes with h200.sh's smoke pair:
+# tests/unit/test_benchmarks_h200_serve.py runs it so this cannot rot. COMMIT, END and STEPS
+# as in h200.sh; PORT (default 8011) is the server's port.
+#
+#   step        what                                                                  cap
+#   pair        the 8B-shaped bench pair, as h200.sh (skipped when $PAIR holds it)     80 s
+#   engine      bench sweep, goodput vs off at c = 1, 4, 32, 128 in / 128 out: the    160 s
+#               closed-loop reference for the server's speculation gain
+#   prefix_off  serve without the prefix cache (start-up: ~40 s of graphs and       150 s up,
+#               speculation warm-up), multi-turn chats (32 x 4 turns under one      60 + 45 s
+#               1,024-word system prompt) at 2 requests/s, then all at once
+#   prefix_on   the same with the prefix cache on; the server stays up for served
+#   served      corpus prompts at c = 1, 4, 32 with and without speculation (30 s    30 s each,
+#               each), then the rate sweep 2..32/s and all at once, both ways       the rest
+# Every server is killed on exit (trap) and leaves its log in $OUT/serve_{off,on}.log.
+set -uo pipefail
+source "$(dirname "$0")/steps.sh"
+STEPS=${STEPS:-pair engine prefix_off prefix_on served}
+: > "$OUT/steps.jsonl"
+
+if [ "$SMOKE" = 1 ]; then
+  smoke_pair
+  # a free port, so that runs (tests) side by side do not meet
+  PORT=${PORT:-$(python -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0))
+print(s.getsockname()[1])")}
+  SERVER=(--max-num-seqs 8 --port "$PORT" --device cpu --kv-cache-tokens 8192)
+  ENGINE=(--concurrency 1,2 --policies goodput,off --rounds 1 --passes 1 --min-requests 2
+          --settle 0 --input-len 16 --output-len 8 --tree-topk 2 --tree-tokens 4)
+  MT=(--shared-prefix-len 32 --input-len 16 --output-len 8 --turns 2 --num-prompts 3
+      --concurrency 3)
+  LEN=(--input-len 16 --output-len 8)
+  POINTS="1:2 2:4"  # concurrency:prompts, at the engine sweep's concurrencies
+  WARMUP=1
+  RATES=(--concurrency 4 --num-prompts 3 --sweep-rates 8,inf)
+else
+  PORT=${PORT:-8011}
+  SERVER=(--max-num-seqs 64 --port "$PORT")
+  ENGINE=(--concurrency 1,4,32 --policies goodput,off --rounds 2 --passes 2 --min-requests 8
+          --input-len 128 --output-len 128)
+  MT=(--shared-prefix-len 1024 --input-len 128 --output-len 128 --turns 4 --num-prompts 32
+      --concurrency 32)
+  LEN=(--input-len 128 --output-len 128)
+  POINTS="1:8 4:16 32:64"
+  WARMUP=2
+  RATES=(--concurrency 64 --num-prompts 32 --sweep-rates 2,4,8,16,32,inf)
+fi
+URL=http://127.0.0.1:$PORT
+BENCH=("${G[@]}" bench serve --base-url "$URL")
+write_meta "$OUT/meta.json" port="$PORT"
+
+SERVER_PID=
+stop_server() {  # SIGTERM, then SIGKILL after 20 s: a hung server must not hold the port
+  [ -n "$SERVER_PID" ] || return 0
+  kill "$SERVER_PID" 2>/dev/null
+  for _ in $(seq 40); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.5; done
+  kill -9 "$SERVER_PID" 2>/dev/null
+  wait "$SERVER_PID" 2>/dev/null
+  SERVER_PID=
+}
+trap stop_server EXIT
+trap 'exit 143' TERM INT  # through the EXIT trap
+
+# start_server NAME CAP ARGS...: `gearshift serve` in the background, its log in $OUT/NAME.log,
+# until GET /health answers 200; a server that dies or stays down CAP s fails the step
+start_server() {
+  local name=$1 cap t0=$SECONDS rc=1
+  cap=$(cap_left "$2")
+  shift 2
+  local cmd=("${G[@]}" serve --model "$PAIR/target" --speculative-algorithm eagle3
+             --draft-model "$PAIR/head" "${SERVER[@]}" "$@")
+  echo "[$TAG] $(date -u +%T) $name: start (up within ${cap} s)"
+  "${cmd[@]}" > "$OUT/$name.log" 2>&1 &
+  SERVER_PID=$!
+  python - "$URL/health" "$cap" "$SERVER_PID" <<'PY' && rc=0
+import os, sys, time
+import httpx
+url, cap, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+end = time.monotonic() + cap
+while time.monotonic() < end:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit(1)  # the server exited
+    try:
+        if httpx.get(url, timeout=2).status_code == 200:
+            sys.exit(0)
+    except httpx.HTTPError:
+        pass
+    time.sleep(0.5)
+sys.exit(1)
+PY
+  note_step "$name" "$rc" "$((SECONDS - t0))" "$cap" "${cmd[@]}"
+  if (( rc == 0 )); then
+    echo "[$TAG] $name: up after $((SECONDS - t0)) s"
+    return 0
+  fi
+  echo "[$TAG] $name: not up after $((SECONDS - t0)) s; its log ends:"
+  tail -n 30 "$OUT/$name.log"
+  FAILED=$((FAILED + 1))
+  stop_server
+  return 1
+}
+
+# multi_turn MODE: the multi-turn chats at 2 requests/s, then all at once
+multi_turn() {
+  step "mt_$1_r2" 60 "${BENCH[@]}" --workload multi-turn --dataset random-words "${MT[@]}" \
+    --request-rate 2 --output-json "$OUT/mt_$1_r2.json"
+  step "mt_$1_inf" 45 "${BENCH[@]}" --workload multi-turn --dataset random-words "${MT[@]}" \
+    --output-json "$OUT/mt_$1_inf.json"
+}
+
+pair_step
+cp "$PAIR/target/config.json" "$OUT/target_config.json" 2>/dev/null  # the model shape, for the report
+run_step engine 160 "${G[@]}" bench sweep --model "$PAIR/target" --draft-model "$PAIR/head" \
+  "${ENGINE[@]}" --output-json "$OUT/engine_sweep.json" --output-png "$OUT/engine_sweep.png"
+if wanted prefix_off && start_server serve_off 150 --no-enable-prefix-caching; then
+  multi_turn off
+  stop_server
+fi
+if { wanted prefix_on || wanted served; } && start_server serve_on 150; then
+  wanted prefix_on && multi_turn on
+  if wanted served; then
+    for point in $POINTS; do
+      c=${point%:*} n=${point#*:}
+      for mode in spec nospec; do
+        flag=(); [ "$mode" = nospec ] && flag=(--no-speculative)
+        step "srv_c${c}_$mode" 30 "${BENCH[@]}" --dataset corpus "${LEN[@]}" --concurrency "$c" \
+          --num-prompts "$n" --warmup "$WARMUP" "${flag[@]}" --output-json "$OUT/srv_c${c}_$mode.json"
+      done
+    done
+    step rates $((END - SECONDS - 5)) "${BENCH[@]}" --dataset corpus "${LEN[@]}" "${RATES[@]}" \
+      --compare-speculative --output-json "$OUT/rates.json" --output-png "$OUT/rates.png"
+  fi
+  stop_server
+fi
+
+# a preview of the section from what came back (the page's: python benchmarks/serve_report.py OUT)
+python benchmarks/serve_report.py "$OUT" --page "$OUT/benchmarks.md" || FAILED=$((FAILED + 1))
+echo "[$TAG] done in $SECONDS s, $FAILED step(s) failed; section preview: $OUT/benchmarks.md"
+(( FAILED == 0 ))

@@ -1,0 +1,99 @@
+"""benchmarks/h200_serve.sh end to end in its CPU smoke mode (H200_SMOKE=1: h200.sh's smoke
+pair, a CPU server, toy sizes): the engine sweep, both servers' multi-turn runs, the served
+points and the rate sweep write their JSON; serve_report.py renders the section into a copy of
+the page, report.py keeps it when it rewrites the page, and a server that cannot start fails
+its step at once with its log's tail. So the script of the serving figures cannot rot.
+
+Data flow (tests only): bash benchmarks/h200_serve.sh (subprocess) -> OUT/* -> serve_report /
+report (subprocess) on a copy of docs/benchmarks.md -> assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "h200_serve.sh"
+BEGIN, END = "<!-- serve: begin -->", "<!-- serve: end -->"
+TITLE = "## Serving: prefix cache and speculation through the server (H200)"
+KEPT = "<!-- Figures below are measured on CPU"
+STEPS = ["pair", "engine", "serve_off", "mt_off_r2", "mt_off_inf", "serve_on", "mt_on_r2",
+         "mt_on_inf", "srv_c1_spec", "srv_c1_nospec", "srv_c2_spec", "srv_c2_nospec", "rates"]
+
+
+def _run(out: Path, cwd: Path, **env) -> subprocess.CompletedProcess:
+    env = {**os.environ, "H200_SMOKE": "1", "OUT": str(out), "OMP_NUM_THREADS": "1",
+           "COMMIT": "smoketest", **env}
+    return subprocess.run(["bash", str(SCRIPT)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=240)
+
+
+def _py(*args: str) -> None:
+    subprocess.run([sys.executable, *args], cwd=ROOT, check=True, capture_output=True,
+                   timeout=120)
+
+
+def test_smoke_run_writes_every_figure_and_the_section(tmp_path):
+    out = tmp_path / "out"
+    run = _run(out, tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == STEPS and all(s["exit"] == 0 for s in steps)
+    assert "--no-enable-prefix-caching" in steps[2]["command"]
+    assert "--no-enable-prefix-caching" not in steps[5]["command"]
+    for mode in ("off", "on"):
+        assert (out / f"serve_{mode}.log").stat().st_size > 0  # the server's log is kept
+        for rate in ("r2", "inf"):
+            mt = json.loads((out / f"mt_{mode}_{rate}.json").read_text())
+            assert mt["failed"] == 0 and mt["completed"] == 6 and mt["config"]["turns"] == 2
+            assert (mt["prefix_cache_hit_rate"] > 0.3) == (mode == "on")
+    for c in (1, 2):
+        spec = json.loads((out / f"srv_c{c}_spec.json").read_text())
+        plain = json.loads((out / f"srv_c{c}_nospec.json").read_text())
+        assert not spec["config"]["no_speculative"] and plain["config"]["no_speculative"]
+        assert spec["failed"] == plain["failed"] == 0 and spec["output_tok_per_s"] > 0
+    engine = json.loads((out / "engine_sweep.json").read_text())
+    assert set(engine["results"]) == {"goodput", "off"}
+    rates = json.loads((out / "rates.json").read_text())
+    assert set(rates["runs"]) == {"speculative", "plain"}
+    assert all(len(r) == len(rates["rates"]) == 2 for r in rates["runs"].values())
+    assert (out / "rates.png").stat().st_size > 0
+
+    # the section goes into a copy of the page just before the CPU figures, once
+    page = tmp_path / "docs" / "benchmarks.md"
+    page.parent.mkdir()
+    original = (ROOT / "docs" / "benchmarks.md").read_text()
+    if BEGIN in original:  # start from the page without its section
+        original = original[:original.index(BEGIN)] + original[original.index(KEPT):]
+    page.write_text(original)
+    for _ in range(2):  # a second render replaces the first in place
+        _py("benchmarks/serve_report.py", str(out), "--page", str(page))
+    text = page.read_text()
+    assert text.count(BEGIN) == 1 and text.index(END) < text.index(KEPT)
+    assert text.replace(text[text.index(BEGIN):text.index(KEPT)], "") == original
+    section = text[text.index(BEGIN):text.index(END)]
+    assert TITLE in section and "> **Smoke run**" in section and "commit: `smoketest`" in section
+    assert "| 2 | " in section and "(not run)" not in section and "Not measured" not in section
+    assert "vocabulary 8,192" in section and "`gearshift serve --model $P/target" in section
+    assert (page.parent / "serve_rates.png").is_file()
+
+    # report.py rewrites the page from an h200.sh run (here: none) and keeps the section
+    (tmp_path / "empty").mkdir()
+    _py("benchmarks/report.py", str(tmp_path / "empty"), "--output", str(page), "--commit", "x")
+    kept = page.read_text()
+    assert kept.count(BEGIN) == 1 and section in kept and kept.index(END) < kept.index(KEPT)
+    assert kept[kept.index(KEPT):] == original[original.index(KEPT):]
+
+
+def test_a_server_that_cannot_start_fails_its_step(tmp_path):
+    out = tmp_path / "out"
+    run = _run(out, tmp_path, STEPS="prefix_off", PAIR=str(tmp_path / "none"))
+    assert run.returncode != 0
+    assert "serve_off: not up after" in run.stdout and "none/target" in run.stdout  # log tail
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [(s["step"], s["exit"]) for s in steps] == [("serve_off", 1)]
+    assert "Not measured in this run" in (out / "benchmarks.md").read_text()
