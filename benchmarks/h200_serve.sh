@@ -14,16 +14,20 @@
 #   pair        the 8B-shaped bench pair, as h200.sh (skipped when $PAIR holds it)     80 s
 #   engine      bench sweep, goodput vs off at c = 1, 4, 32, 128 in / 128 out: the    160 s
 #               closed-loop reference for the server's speculation gain
+#   sampling    bench sweep of goodput at temperature 0.7 and 1.0, c = 1, 8, 64, with    150 s
+#               each spec_sampling (coupled, rejection; chains): what coupling costs     each
 #   prefix_off  serve without the prefix cache (start-up: ~40 s of graphs and       150 s up,
 #               speculation warm-up), multi-turn chats (32 x 4 turns under one      60 + 45 s
 #               1,024-word system prompt) at 2 requests/s, then all at once
 #   prefix_on   the same with the prefix cache on; the server stays up for served
 #   served      corpus prompts at c = 1, 4, 32 with and without speculation (30 s    30 s each,
 #               each), then the rate sweep 2..32/s and all at once, both ways       the rest
+# The steps take more than one call: STEPS="pair engine sampling" and then, on the still-warm
+# machine (same lease), STEPS="pair prefix_off prefix_on served".
 # Every server is killed on exit (trap) and leaves its log in $OUT/serve_{off,on}.log.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
-STEPS=${STEPS:-pair engine prefix_off prefix_on served}
+STEPS=${STEPS:-pair engine sampling prefix_off prefix_on served}
 : > "$OUT/steps.jsonl"
 
 if [ "$SMOKE" = 1 ]; then
@@ -40,6 +44,8 @@ print(s.getsockname()[1])")}
   POINTS="1:2 2:4"  # concurrency:prompts, at the engine sweep's concurrencies
   WARMUP=1
   RATES=(--concurrency 4 --num-prompts 3 --sweep-rates 8,inf)
+  SAMPLE=(--concurrency 1,2 --rounds 1 --passes 1 --min-requests 2 --settle 0 --input-len 16
+          --output-len 8)
 else
   PORT=${PORT:-8011}
   SERVER=(--max-num-seqs 64 --port "$PORT")
@@ -51,6 +57,8 @@ else
   POINTS="1:8 4:16 32:64"
   WARMUP=2
   RATES=(--concurrency 64 --num-prompts 32 --sweep-rates 2,4,8,16,32,inf)
+  SAMPLE=(--concurrency 1,8,64 --rounds 2 --passes 2 --min-requests 8 --input-len 128
+          --output-len 128)
 fi
 URL=http://127.0.0.1:$PORT
 BENCH=("${G[@]}" bench serve --base-url "$URL")
@@ -121,6 +129,16 @@ pair_step
 cp "$PAIR/target/config.json" "$OUT/target_config.json" 2>/dev/null  # the model shape, for the report
 run_step engine 160 "${G[@]}" bench sweep --model "$PAIR/target" --draft-model "$PAIR/head" \
   "${ENGINE[@]}" --output-json "$OUT/engine_sweep.json" --output-png "$OUT/engine_sweep.png"
+if wanted sampling; then
+  for t in 0.7 1.0; do
+    for mode in coupled rejection; do
+      step "samp_${t}_$mode" 150 "${G[@]}" bench sweep --model "$PAIR/target" \
+        --draft-model "$PAIR/head" "${SAMPLE[@]}" --policies goodput --tree-topk 1 \
+        --temperature "$t" --spec-sampling "$mode" --output-json "$OUT/samp_${t}_$mode.json" \
+        --output-png "$OUT/samp_${t}_$mode.png"
+    done
+  done
+fi
 if wanted prefix_off && start_server serve_off 150 --no-enable-prefix-caching; then
   multi_turn off
   stop_server
@@ -132,6 +150,9 @@ if { wanted prefix_on || wanted served; } && start_server serve_on 150; then
       c=${point%:*} n=${point#*:}
       for mode in spec nospec; do
         flag=(); [ "$mode" = nospec ] && flag=(--no-speculative)
+        # both modes meet the same prompts uncached: the second would find the first's KV
+        python -c "import httpx, sys; httpx.post(sys.argv[1]).raise_for_status()" \
+          "$URL/reset_prefix_cache" || FAILED=$((FAILED + 1))
         step "srv_c${c}_$mode" 30 "${BENCH[@]}" --dataset corpus "${LEN[@]}" --concurrency "$c" \
           --num-prompts "$n" --warmup "$WARMUP" "${flag[@]}" --output-json "$OUT/srv_c${c}_$mode.json"
       done

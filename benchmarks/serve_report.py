@@ -32,6 +32,7 @@ TTFT_CACHE, TOKS_CACHE = 0.5, 1.3  # prefix cache on / off: TTFT p50 at most, ou
 GAIN_RATIO = 0.95  # the server's speculation gain / the engine's, at least
 TTFT_SPEC, TTFT_SPEC_HIGH, HIGH_C = 1.10, 1.0, 32  # TTFT p50 spec / nospec, at most (from c 32)
 TPOT_RATE, TTFT99_RATE = 1.03, 1.10  # rate sweep, with speculation / without, at most
+COUPLED_COST = 0.97  # coupled / rejection output tok/s, at least, for coupled as the default
 
 
 def load(out: Path) -> dict:
@@ -99,8 +100,10 @@ def prefix_table(data: dict) -> list[str]:
                 lines.append(f"| {label} | {mode} | (not run) | | | | |")
         ttft = _x(on and on["ttft_ms"]["p50"], off and off["ttft_ms"]["p50"])
         toks = _x(on and on["output_tok_per_s"], off and off["output_tok_per_s"])
-        lines.append(f"| {label} | **on / off** | {_cell(ttft, TTFT_CACHE)} | | | "
-                     f"{_cell(toks, TOKS_CACHE, at_most=False)} | |")
+        # at a fixed rate the arrivals bound the throughput: its criterion is all at once's
+        toks_cell = (_cell(toks, TOKS_CACHE, at_most=False) if rate == "inf"
+                     else f"{toks:.2f}x" if toks else "(not run)")
+        lines.append(f"| {label} | **on / off** | {_cell(ttft, TTFT_CACHE)} | | | {toks_cell} | |")
     return lines + [""]
 
 
@@ -150,6 +153,41 @@ def rates_table(rates: dict) -> list[str]:
     return lines + [""]
 
 
+def sampling_lines(data: dict, commit: str) -> list[str]:
+    """Coupled against rejection verification of sampled requests, per temperature and c
+    (`commit`: the run's, where a sweep's environment does not name one)."""
+    temps = sorted({k.split("_")[1] for k in data if k.startswith("samp_")}, key=float)
+    if not temps:
+        return absent(data, "samp_0.7_coupled", "samp_0.7_coupled.json")
+    first = next(data[k] for k in data if k.startswith("samp_"))
+    a, env = first["args"], first["env"]
+    lines = [f"`bench sweep` of goodput (chains up to K = 4) with sampled requests, each "
+             f"`spec_sampling` on an engine of its own: {a['input_len']}-token corpus prompts, "
+             f"{a['output_len']} output tokens, {a['passes']} passes of c x {a['rounds']} "
+             f"requests. Device {env.get('device')}, {env.get('date', '')[:10]}, commit "
+             f"`{env.get('commit') or commit}`. Criterion for coupled as the default: "
+             f"coupled / rejection output tok/s >= {COUPLED_COST}. In brackets: accepted / "
+             "proposed drafts.", "",
+             "| temperature | c | coupled tok/s | rejection tok/s | coupled / rejection |",
+             "|---:|---:|---:|---:|---|"]
+    for t in temps:
+        pts = {m: {p["concurrency"]: p for p in data.get(f"samp_{t}_{m}", {})
+                   .get("results", {}).get("goodput", [])} for m in ("coupled", "rejection")}
+        for c in sorted(set(pts["coupled"]) | set(pts["rejection"])):
+            cp, rp = pts["coupled"].get(c), pts["rejection"].get(c)
+            ratio = _x(cp and cp["output_tok_per_s"], rp and rp["output_tok_per_s"])
+            lines.append(f"| {t} | {c} | {_toks(cp)} | {_toks(rp)} | "
+                         f"{_cell(ratio, COUPLED_COST, at_most=False)} |")
+    return lines + [""]
+
+
+def _toks(p: dict | None) -> str:
+    if not p:
+        return "(not run)"
+    acc = p.get("acceptance_rate")
+    return f"{p['output_tok_per_s']:,.0f}" + (f" ({acc:.2f})" if acc is not None else "")
+
+
 def _workload(r: dict | None, extra: str = "") -> str:
     if not r:
         return ""
@@ -184,15 +222,16 @@ def section(data: dict, out: Path, commit: str, device: str, date: str, model: s
                   f"turn, at most {c['concurrency']} in flight; each turn resends the whole chat. "
                   "Cache off: a server of its own with `--no-enable-prefix-caching`. Criteria, "
                   f"cache on / off: TTFT p50 <= {TTFT_CACHE}x, output tok/s >= {TOKS_CACHE}x "
-                  "(at 2 requests/s the arrivals bound the throughput).", ""]
+                  "all at once (at 2 requests/s the arrivals bound the throughput).", ""]
         lines += prefix_table(data)
     else:
         lines += absent(data, "mt_on_r2", "mt_on_r2.json")
     lines += ["### Speculation through the server against the closed loop", ""]
     if any(k.startswith("srv_c") for k in data):
         lines += ["On the cache-on server after the chats: at each concurrency c, the prompts "
-                  "with speculation, then the same prompts with `\"speculative\": false` (so the "
-                  "second run finds them in the prefix cache: see the hit rates). Engine gain: "
+                  "with speculation, then the same prompts with `\"speculative\": false`, the "
+                  "prefix cache cleared before each (where the hit rates differ, it was not: "
+                  "the second run found the first's prompts cached). Engine gain: "
                   "`bench sweep`'s goodput / off at the same c, closed loop, same lengths. "
                   + _workload(data.get("srv_c1_spec")), ""]
         lines += served_table(data)
@@ -200,6 +239,8 @@ def section(data: dict, out: Path, commit: str, device: str, date: str, model: s
             lines += absent(data, "engine", "engine_sweep.json")
     else:
         lines += absent(data, "srv_c1_spec", "srv_c1_spec.json")
+    lines += ["### Sampled speculation: coupled against rejection", ""]
+    lines += sampling_lines(data, commit)
     lines += ["### Request-rate sweep", ""]
     rates = data.get("rates")
     if rates:

@@ -21,7 +21,8 @@ SCRIPT = ROOT / "benchmarks" / "h200_serve.sh"
 BEGIN, END = "<!-- serve: begin -->", "<!-- serve: end -->"
 TITLE = "## Serving: prefix cache and speculation through the server (H200)"
 KEPT = "<!-- Figures below are measured on CPU"
-STEPS = ["pair", "engine", "serve_off", "mt_off_r2", "mt_off_inf", "serve_on", "mt_on_r2",
+SAMPLING = [f"samp_{t}_{m}" for t in ("0.7", "1.0") for m in ("coupled", "rejection")]
+STEPS = ["pair", "engine", *SAMPLING, "serve_off", "mt_off_r2", "mt_off_inf", "serve_on", "mt_on_r2",
          "mt_on_inf", "srv_c1_spec", "srv_c1_nospec", "srv_c2_spec", "srv_c2_nospec", "rates"]
 
 
@@ -43,8 +44,14 @@ def test_smoke_run_writes_every_figure_and_the_section(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == STEPS and all(s["exit"] == 0 for s in steps)
-    assert "--no-enable-prefix-caching" in steps[2]["command"]
-    assert "--no-enable-prefix-caching" not in steps[5]["command"]
+    by_name = {s["step"]: s for s in steps}
+    assert "--no-enable-prefix-caching" in by_name["serve_off"]["command"]
+    assert "--no-enable-prefix-caching" not in by_name["serve_on"]["command"]
+    for name in SAMPLING:  # each mode sampled, at its temperature, on an engine of its own
+        sweep = json.loads((out / f"{name}.json").read_text())
+        _, t, mode = name.split("_")
+        assert sweep["args"]["temperature"] == float(t) and sweep["args"]["spec_sampling"] == mode
+        assert sweep["env"]["draft"]["spec_sampling"] == mode
     for mode in ("off", "on"):
         assert (out / f"serve_{mode}.log").stat().st_size > 0  # the server's log is kept
         for rate in ("r2", "inf"):
@@ -78,6 +85,7 @@ def test_smoke_run_writes_every_figure_and_the_section(tmp_path):
     section = text[text.index(BEGIN):text.index(END)]
     assert TITLE in section and "> **Smoke run**" in section and "commit: `smoketest`" in section
     assert "| 2 | " in section and "(not run)" not in section and "Not measured" not in section
+    assert "coupled against rejection" in section and "| 1.0 | 2 | " in section
     assert "vocabulary 8,192" in section and "`gearshift serve --model $P/target" in section
     assert (page.parent / "serve_rates.png").is_file()
 
