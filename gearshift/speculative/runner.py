@@ -232,6 +232,7 @@ class SpecRunner:
             stage([reqs[i] for i in group], [prefix[i] for i in group],
                   [len(result.kept[i]) for i in group], aux,
                   [offsets[i] + j for i in group for j in result.kept[i]])
+        self.acceptance.record_step(plan.num_draft_tokens)
         for i, d in enumerate(plan.decoding):
             if d:
                 self.acceptance.record(reqs[i], plan.num_draft_tokens[i], plan.draft_topk,
