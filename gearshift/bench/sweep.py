@@ -2,7 +2,8 @@
 concurrency (1, 2, 4, ... 256) for each speculation policy, on one target + draft pair:
 
     off | always K=2 | always K=4 | tree | threshold (SGLang-like: off at >= 64)
-        | threshold-vllm (K=3 <= 64, K=1 <= 128, off above) | goodput (default)
+        | threshold-vllm (K=3 <= 64, K=1 <= 128, off above) | goodput (default: K per
+        request) | goodput-batch (one K per step; only when --policies names it)
 
 Concurrency c = at most c requests running: a pass is a closed loop over c * rounds requests
 (each of the c slots serves `rounds` (2) requests in turn; at least min_requests / passes),
@@ -36,6 +37,8 @@ from gearshift.engine.gc_control import freeze_heap
 log = logging.getLogger("gearshift.bench")
 
 CHAIN_POLICIES = ("goodput", "off", "always-2", "always-4", "threshold", "threshold-vllm")
+# beside the default set: goodput with one K per step, against goodput's K per request
+OPTIONAL_POLICIES = ("goodput-batch",)
 
 
 def make_prompts(tokenizer, vocab: int, n: int, input_len: int, seed: int) -> list[list[int]]:
@@ -80,7 +83,8 @@ def policy_object(name: str, engine, k_max: int):
 
     cost = build_cost_model(engine.runner, k_max, engine.config.max_num_seqs,
                             engine.spec.draft_frac, engine.spec.tree_nodes)
-    policy = GoodputPolicy(cost, k_max, pad=engine.runner.decode_pad)
+    policy = GoodputPolicy(cost, k_max, pad=engine.runner.decode_pad,
+                           per_request=name == "goodput")
     apply_measured(policy, engine.measured_costs)
     return policy
 
@@ -190,13 +194,13 @@ def _save(args, results: dict, env: dict) -> None:
 
 def _policy_list(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in (*CHAIN_POLICIES, "tree")]
+    unknown = [n for n in names if n not in (*CHAIN_POLICIES, *OPTIONAL_POLICIES, "tree")]
     if unknown or not names:
         import argparse
 
         raise argparse.ArgumentTypeError(
             f"unknown policy {', '.join(unknown) or '(none)'}; choose from "
-            + ", ".join([*CHAIN_POLICIES, "tree"]))
+            + ", ".join([*CHAIN_POLICIES, *OPTIONAL_POLICIES, "tree"]))
     return names
 
 
@@ -245,7 +249,8 @@ def add_args(p) -> None:
     p.add_argument("--temperature", type=_non_negative, default=0.0,
                    help="sampling temperature of every request (0: greedy)")
     p.add_argument("--policies", type=_policy_list, default=[*CHAIN_POLICIES, "tree"],
-                   help="comma-separated subset of: " + ", ".join([*CHAIN_POLICIES, "tree"]))
+                   help="comma-separated, of: " + ", ".join([*CHAIN_POLICIES, "tree"])
+                   + " (the default), " + ", ".join(OPTIONAL_POLICIES))
     p.add_argument("--tree-topk", type=int, default=4,
                    help="tree width of the engine (depth 4); 1 = chains only (no `tree` policy)")
     p.add_argument("--tree-tokens", type=int, default=16, help="nodes per draft tree")

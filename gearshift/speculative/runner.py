@@ -87,10 +87,14 @@ class SpecRunner:
 
     def gear(self, plan: StepPlan) -> int:
         """The cost model's key of a planned step: K for chains (0 = plain decode), the
-        draft depth + 1 for a tree step (policy/goodput.py)."""
+        draft depth + 1 for a tree step (policy/goodput.py). Chains of mixed K: the gear
+        nearest their mean K (it verifies about as many tokens: CostModel.predict_verified)."""
         if not plan.speculating:
             return 0
-        return self.num_draft_tokens + 1 if plan.draft_topk > 1 else max(plan.num_draft_tokens)
+        if plan.draft_topk > 1:
+            return self.num_draft_tokens + 1
+        ks = plan.num_draft_tokens
+        return max(1, min(round(sum(ks) / len(ks)), max(ks)))
 
     @property
     def stats(self):
