@@ -13,7 +13,8 @@ goodput picks among both. Policies are interleaved: for each c, pass 1 runs ever
 turn, pass 2 runs them in reverse order on the next prompts, so drift over the run (clocks,
 heap) falls on every policy alike; the first policy rotates from one c to the next. A point
 sums its passes, and `pass_tok_per_s` shows their spread. Prompts are held-out corpus
-windows (real acceptance) or synthetic ids. Prints a table, the markdown table with the
+windows (real acceptance) or synthetic ids; `--workload mixed` makes half of them greedy and
+half sampled at temperature 1.2 (acceptance differs per request). Prints a table, the markdown table with the
 criteria verdicts (sweep_report.py), writes JSON and a PNG plot.
 
 Data flow: args -> LLM engine -> per (c, pass, policy): Engine.set_policy, run_point
@@ -30,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gearshift.bench import require_extras
-from gearshift.bench.sweep_point import merge_passes, run_point
+from gearshift.bench.sweep_point import merge_passes, mixed_temperatures, run_point
 from gearshift.bench.sweep_report import markdown_table, plot, print_table, verdict_lines, verdicts
 from gearshift.engine.gc_control import freeze_heap
 
@@ -116,13 +117,21 @@ def sweep(engine, policies: dict, prompts: list[list[int]], args, bar, done=None
             for name in order:
                 engine.set_policy(policies[name])
                 parts[name].append(run_point(engine, prompts[i * n:(i + 1) * n], c,
-                                             args.output_len, args.temperature))
+                                             args.output_len, temperatures(args)))
                 bar.update(1 / args.passes)
         for name in names:
             results[name].append(merge_passes(parts[name]))
         if done is not None:
             done(results)  # partial results survive a time limit
     return results
+
+
+def temperatures(args):
+    """--workload uniform: every request at --temperature; mixed: --greedy-fraction of them
+    greedy, the others sampled at --sampled-temperature (per prompt index)."""
+    if getattr(args, "workload", "uniform") == "mixed":
+        return mixed_temperatures(args.greedy_fraction, args.sampled_temperature)
+    return args.temperature
 
 
 def settle(engine, policies: dict, names: list[str], prompts: list[list[int]], c: int,
@@ -133,7 +142,7 @@ def settle(engine, policies: dict, names: list[str], prompts: list[list[int]], c
     for _ in range(args.settle):
         for name in names:
             engine.set_policy(policies[name])
-            run_point(engine, prompts, c, args.output_len, args.temperature)
+            run_point(engine, prompts, c, args.output_len, temperatures(args))
 
 
 def run(args) -> int:
@@ -216,6 +225,15 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    import argparse
+
+    value = _non_negative(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], not {text!r}")
+    return value
+
+
 def _at_least_one(text: str) -> int:
     import argparse
 
@@ -248,6 +266,14 @@ def add_args(p) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--temperature", type=_non_negative, default=0.0,
                    help="sampling temperature of every request (0: greedy)")
+    p.add_argument("--workload", choices=["uniform", "mixed"], default="uniform",
+                   help="uniform: every request at --temperature; mixed: --greedy-fraction "
+                        "greedy, the rest sampled at --sampled-temperature (acceptance then "
+                        "differs per request)")
+    p.add_argument("--greedy-fraction", type=_fraction, default=0.5,
+                   help="mixed workload: share of greedy requests")
+    p.add_argument("--sampled-temperature", type=_non_negative, default=1.2,
+                   help="mixed workload: temperature of the sampled requests")
     p.add_argument("--policies", type=_policy_list, default=[*CHAIN_POLICIES, "tree"],
                    help="comma-separated, of: " + ", ".join([*CHAIN_POLICIES, "tree"])
                    + " (the default), " + ", ".join(OPTIONAL_POLICIES))
