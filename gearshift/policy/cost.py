@@ -105,16 +105,26 @@ class CostModel:
         the mean K = tokens / bs - 1 (linear between gears; below K = 1 the 1 -> 2 slope
         from K = 1 down, so a VERIFY step keeps its fixed price over a plain one), plus
         the draft steps the deepest request runs beyond that mean."""
+        return self.verified_pricer(bs, ctx_tokens, kmax, padded_bs)(tokens, depth)
+
+    def verified_pricer(self, bs: int, ctx_tokens: int, kmax: int,
+                        padded_bs: int | None = None):
+        """predict_verified for one batch as a function of (tokens, depth): the gears'
+        prices are looked up once (the allocation prices every prefix of its drafts)."""
         pbs = padded_bs or bs
-        mean = min(max(tokens / bs - 1.0, 0.0), float(kmax))
-        if mean == 0.0 and depth == 0:
-            return self.predict(0, pbs, ctx_tokens)
-        lo = min(max(int(mean), 1), max(kmax - 1, 1))
-        hi = min(lo + 1, kmax)
-        t_lo = self.predict(lo, pbs, ctx_tokens)
-        slope = self.predict(hi, pbs, ctx_tokens) - t_lo if hi > lo else 0.0
-        t = max(t_lo + (mean - lo) * slope, self.predict(0, pbs, ctx_tokens))
-        return t + self.draft_ms_per_depth * max(depth - mean, 0.0)
+        prices = [self.predict(k, pbs, ctx_tokens) for k in range(kmax + 1)]
+        per_depth = self.draft_ms_per_depth
+
+        def price(tokens: int, depth: int) -> float:
+            mean = min(max(tokens / bs - 1.0, 0.0), float(kmax))
+            if mean == 0.0 and depth == 0:
+                return prices[0]
+            lo = min(max(int(mean), 1), max(kmax - 1, 1))
+            hi = min(lo + 1, kmax)
+            slope = prices[hi] - prices[lo] if hi > lo else 0.0
+            t = max(prices[lo] + (mean - lo) * slope, prices[0])
+            return t + per_depth * max(depth - mean, 0.0)
+        return price
 
     def _batch_sizes(self, k: int, pts: list[list[float]]) -> list[float]:
         """The x column of K's curve, cached while the curve is the same list of the same

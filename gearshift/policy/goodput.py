@@ -152,10 +152,7 @@ class GoodputPolicy(Policy):
                   for r in reqs]
         limits = [kmax if self.eligible(r) else 0 for r in reqs]
         held = [self._held.get(r.request_id, 0) for r in reqs]
-
-        def step_ms(tokens: int, depth: int) -> float:
-            return self.cost.predict_verified(tokens, n, ctx, depth, kmax, padded_bs=bs)
-
+        step_ms = self.cost.verified_pricer(n, ctx, kmax, padded_bs=bs)
         ks = allocate(alphas, limits, step_ms, held, self.margin)
         self._held = {r.request_id: k for r, k in zip(reqs, ks)}
         return ks
