@@ -14,6 +14,7 @@ torch reference backend runs eagerly.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -293,28 +294,86 @@ class ShapeGraphs:
     """Lazily captured CUDA graphs for fixed-shape forwards other than DECODE (VERIFY over
     a uniform number of candidates per request, DRAFT steps). A key names the shape; the
     first call with a key warms up and captures `fn(static_inputs)`, later calls copy the
-    inputs into the static tensors and replay. All graphs share one memory pool."""
+    inputs into the static tensors and replay. All graphs share one memory pool.
+
+    A graph's outputs hold until its own key replays again, whatever replays in between:
+    a step reads the draft tree its expansion graph made after the target's VERIFY graph
+    ran. In the shared pool they would not: a graph captured later may be given memory
+    that an earlier capture's intermediates had, and the earlier graph's replay writes
+    those again (the pool is only safe for outputs read before the next replay of any
+    other graph). So what a body allocates and returns is copied, inside its graph, into
+    tensors of the key's own, outside the pool (`owned_outputs`); what it writes into
+    buffers that outlive the call (the target's shared logits, static inputs) comes back
+    as it is."""
 
     def __init__(self, pool=None) -> None:
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
-        self.entries: dict[tuple, tuple[torch.cuda.CUDAGraph, dict, object]] = {}
+        self.entries: dict[tuple, tuple[object, dict, object]] = {}
 
     @torch.inference_mode()
     def run(self, key: tuple, fn, inputs: dict[str, torch.Tensor]):
         entry = self.entries.get(key)
         if entry is None:
             static = {k: v.clone() for k, v in inputs.items()}
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    fn(static)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    out = fn(static)
-            torch.cuda.current_stream().wait_stream(stream)
+            owned = owned_outputs(*self._warm_up(fn, static))
+            graph, out = self._capture(lambda: into_owned(fn(static), owned))
             entry = self.entries[key] = (graph, static, out)
         graph, static, out = entry
         copy_into([static[k] for k in inputs], list(inputs.values()))
         graph.replay()
         return out
+
+    def _warm_up(self, fn, static: dict[str, torch.Tensor]) -> tuple[object, object]:
+        """Two eager calls on a side stream (kernels compiled and tuned outside the graph)
+        -> both results."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            results = fn(static), fn(static)
+        torch.cuda.current_stream().wait_stream(stream)
+        return results
+
+    def _capture(self, body) -> tuple[torch.cuda.CUDAGraph, object]:
+        """Capture `body()` into the shared pool -> (graph, its static outputs)."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                out = body()
+        torch.cuda.current_stream().wait_stream(stream)
+        return graph, out
+
+
+def map_tensors(fn, out, *others):
+    """fn(tensor, *the same leaf of `others`) over the tensors of a body's output (tuples,
+    lists, dicts, dataclasses such as DraftTree); anything else comes back as it is."""
+    if isinstance(out, torch.Tensor):
+        return fn(out, *others)
+    if isinstance(out, (tuple, list)):
+        items = [map_tensors(fn, *xs) for xs in zip(out, *others, strict=True)]
+        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
+    if isinstance(out, dict):
+        return {k: map_tensors(fn, v, *(o[k] for o in others)) for k, v in out.items()}
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        return dataclasses.replace(out, **{
+            f.name: map_tensors(fn, getattr(out, f.name), *(getattr(o, f.name) for o in others))
+            for f in dataclasses.fields(out) if f.init})
+    return out
+
+
+def owned_outputs(first, second):
+    """From two eager calls of a body: per output tensor, a tensor of its own to copy it
+    into (a tensor the call allocated: a different storage each call), or None (the same
+    storage both times: a buffer that outlives the call, returned as it is)."""
+    def own(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+        if a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr():
+            return None
+        return torch.empty_like(b)
+
+    return map_tensors(own, first, second)
+
+
+def into_owned(out, owned):
+    """A body's output with each tensor that has an owned one copied into it."""
+    return map_tensors(lambda t, o: t if o is None else o.copy_(t), out, owned)

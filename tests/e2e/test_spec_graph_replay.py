@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from checkpoints import random_prompts
-from eager_graphs import install
+from eager_graphs import SharedPoolGraphs, install
 from eagle3_checkpoints import make_eagle3_checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -122,3 +122,36 @@ def test_coupled_sampling_replays_and_keeps_the_seeded_text(make_llm, tiny_llama
     greedy = [k for k in graphs.entries if k[0] == "verify-greedy"]
     assert expand and greedy
     assert max(graphs.replays[k] for k in expand + greedy) > 1
+
+
+@pytest.mark.parametrize("chain_as_extend", [False, True])
+def test_sampled_chains_keep_their_drafts_past_the_target_graph(make_llm, chain_as_extend):
+    """A VERIFY step reads the draft tree of its expansion graph after the target's graph
+    has replayed. CUDA graphs sharing a pool may overwrite one another's outputs that way
+    (rejection sampling then gathered p and q at garbage token ids: a device-side assert
+    at c=64 on an H200); ShapeGraphs keeps every graph's outputs out of the pool. Over an
+    emulation of the shared pool, rejection-sampled chains of the shipped pair (a draft
+    vocabulary smaller than the target's, real acceptance) give the text they give when
+    no graph touches another's memory."""
+    from gearshift.bench.sweep import make_prompts
+    from gearshift.models.default import default_target_dir
+
+    kw = dict(speculative_algorithm="eagle3", num_draft_tokens=3, spec_policy="always",
+              spec_sampling="rejection")
+    own = lambda key: key[0] == "verify-greedy" or key[:2] == ("eagle3", "expand")  # noqa: E731
+    texts, stats = [], []
+    for overwrite in (False, True):
+        llm = make_llm(default_target_dir(), **kw)
+        graphs = install(llm, SharedPoolGraphs(lambda key: not own(key), overwrite))
+        if chain_as_extend:
+            llm.engine.spec.split_k_verify_below = 0
+        prompts = make_prompts(llm.tokenizer, llm.engine.model_config.vocab_size, 5, 24, 0)
+        params = [SamplingParams(max_tokens=10 + 3 * i, temperature=0.7, seed=i,
+                                 ignore_eos=True) for i in range(len(prompts))]
+        texts.append([o.token_ids for o in llm.generate(prompts, params)])
+        stats.append(llm.spec_stats())
+        expand = [k for k in graphs.entries if k[:2] == ("eagle3", "expand")]
+        assert expand and max(graphs.replays[k] for k in expand) > 1
+        assert any(k[0] == "target" for k in graphs.replays)  # between drafting and verifying
+    assert texts[1] == texts[0]
+    assert stats[1]["accepted"] == stats[0]["accepted"] > 0
