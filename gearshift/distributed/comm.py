@@ -34,6 +34,15 @@ def _gloo(store, rank: int, size: int, timeout: timedelta, local: bool) -> dist.
     return _numbered(dist.ProcessGroupGloo(store, rank, size, opts))
 
 
+def _abort(pg) -> None:
+    """Fail whatever waits on the group (a rank died while a step's collectives wait on it);
+    the group is unusable afterwards."""
+    try:
+        pg.abort()
+    except Exception:  # noqa: BLE001 - best effort: the engine raises either way
+        pass
+
+
 def _numbered(pg):
     """As torch.distributed builds its own groups: the ranks agree on a sequence number."""
     pg._set_sequence_number_for_group()
@@ -95,12 +104,7 @@ class DeviceComm:
         self.pg.broadcast([t], opts).wait()
 
     def abort(self) -> None:
-        """Fail whatever waits on the group (a rank died while a step's collectives wait on
-        it); the group is unusable afterwards."""
-        try:
-            self.pg.abort()
-        except Exception:  # noqa: BLE001 - best effort: the engine raises either way
-            pass
+        _abort(self.pg)
 
 
 class Channel:
@@ -140,7 +144,4 @@ class Channel:
         self.pg.broadcast([t], opts).wait()
 
     def abort(self) -> None:
-        try:
-            self.pg.abort()
-        except Exception:  # noqa: BLE001
-            pass
+        _abort(self.pg)

@@ -30,6 +30,7 @@ from gearshift.engine.overlap import PendingStep, TokenFeed
 from gearshift.engine.seeds import draw_seed, mix_seed
 from gearshift.engine.stats import StepStats, spec_stats
 from gearshift.engine.tokenizer import eos_token_ids, load_engine_tokenizer
+from gearshift.faults import RequestFault
 from gearshift.forward_batch import ForwardMode
 from gearshift.models.default import DEFAULT_MODEL_DIR
 from gearshift.models.loader import resolve_model_config
@@ -38,7 +39,7 @@ from gearshift.request import Request, SamplingParams, SamplingParamsError
 from gearshift.runner.batch import BatchBuilder
 from gearshift.runner.model_runner import ModelRunner
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
-from gearshift.scheduler.plan import RequestFault, StepPlan, StepResult
+from gearshift.scheduler.plan import StepPlan, StepResult
 from gearshift.scheduler.prefix_cache import PrefixCache
 from gearshift.scheduler.scheduler import Scheduler, StepOutput
 from gearshift.structured.compiler import GrammarCompiler

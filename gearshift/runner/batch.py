@@ -20,13 +20,14 @@ from dataclasses import dataclass
 import torch
 
 from gearshift.attention.base import KVCache
+from gearshift.faults import RequestFault
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.request import Request
 from gearshift.runner.logprobs import logprob_plan, plan_logprobs
 from gearshift.runner.penalties import penalty_batch, stage_penalties
 from gearshift.runner.sampler import SamplingBatch
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
-from gearshift.scheduler.plan import RequestFault, StepPlan
+from gearshift.scheduler.plan import StepPlan
 from gearshift.structured.mask import GrammarBatch
 from gearshift.structured.matcher import step_masks
 

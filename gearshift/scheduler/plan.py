@@ -115,11 +115,3 @@ class StepResult:
     # path); None: every node (plain steps, prefill chunks)
     kept: list[list[int]] | None = None
 
-
-class RequestFault(Exception):
-    """Processing one request of a step failed (raised with the request it concerns): the
-    engine fails that request alone and keeps serving the others."""
-
-    def __init__(self, req: Request, cause: BaseException) -> None:
-        super().__init__(f"request {req.request_id!r}: {type(cause).__name__}: {cause}")
-        self.req, self.cause = req, cause

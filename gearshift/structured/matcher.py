@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.scheduler.plan import RequestFault
+from gearshift.faults import RequestFault
 
 
 class GrammarViolation(ValueError):

@@ -8,48 +8,19 @@ loopback port -> openai client / httpx -> the served answers.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import httpx
 import openai
 import pytest
+from served_process import serve_process
 
-from gearshift.server.background import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
 
 @pytest.fixture(scope="module")
 def served(tiny_llama_dir):
-    port = free_port()
-    cmd = [sys.executable, "-m", "gearshift.cli", "serve", str(tiny_llama_dir), "--port",
-           str(port), "--device", "cpu", "--kv-cache-tokens", "2048", "--max-num-seqs", "4",
-           "--served-model-name", "org/tiny", "--chat-template", TEMPLATE, "--cpu-threads", "1"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.2)
-        yield base, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with serve_process(tiny_llama_dir, "--served-model-name", "org/tiny", "--chat-template",
+                       TEMPLATE, "--cpu-threads", "1") as served:
+        yield served
 
 
 def test_served_name_template_and_tokenize(served):

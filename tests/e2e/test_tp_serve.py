@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,39 +18,17 @@ import httpx
 import openai
 import pytest
 from conftest import CPU_ENGINE_DEFAULTS
+from served_process import serve_process
 
 from gearshift import LLM, SamplingParams
-from gearshift.server.background import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["Once upon a time", "The quick brown fox", "hello world"]
 
 
 @pytest.fixture(scope="module")
 def served(tiny_llama_dir):
-    port = free_port()
-    cmd = [sys.executable, "-m", "gearshift.cli", "serve", str(tiny_llama_dir), "--port",
-           str(port), "--device", "cpu", "--kv-cache-tokens", "2048", "--max-num-seqs", "4",
-           "-tp", "2", "--served-model-name", "tiny"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.2)
-        yield base, proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
+    with serve_process(tiny_llama_dir, "-tp", "2", "--served-model-name", "tiny") as served:
+        yield served
 
 
 def test_greedy_text_equals_one_process(served, tiny_llama_dir):
