@@ -166,6 +166,9 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             # which shapes a timed run captured (none, once the warm-ups cover what it meets)
             "graph_keys_captured": [[str(x) for x in k] for k in new_keys],
             **pauses.as_dict(),
+            # target VERIFY passes that ran without a graph (none, once warmed up)
+            "verify_eager_passes": (engine.stats()["graphs"].get("verify_eager", 0)
+                                    - steps_before["graphs"].get("verify_eager", 0)),
             **{f"{m}_steps": engine.stats()[f"{m}_steps"] - steps_before[f"{m}_steps"]
                for m in ("decode", "verify", "extend")}}
 
@@ -192,7 +195,7 @@ def merge_passes(parts: list[dict]) -> dict:
     for key in ("requests", "output_tokens", "elapsed_s", "proposed", "accepted", "gc_ms",
                 "graphs_captured", "decode_steps", "verify_steps", "extend_steps",
                 "request_steps_tree", "tree_accepted", "tree_top1_accepted", "gear_switches",
-                "unscored_plans", "catch_up_rows", "catch_up_ms"):
+                "unscored_plans", "catch_up_rows", "catch_up_ms", "verify_eager_passes"):
         out[key] = sum(p[key] for p in parts)
     out["output_tok_per_s"] = out["output_tokens"] / out["elapsed_s"]
     out["pass_tok_per_s"] = [round(p["output_tok_per_s"], 1) for p in parts]

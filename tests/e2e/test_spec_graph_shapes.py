@@ -244,6 +244,8 @@ def test_mixed_k_chains_verify_on_token_bucket_graphs(make_llm, tiny_llama_dir, 
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     assert llm.spec_stats()["mixed_k_steps"] > 0
     assert None not in keys  # no VERIFY pass ran eagerly
+    stats = llm.engine.runner.graph_stats()
+    assert stats["verify_eager"] == 0 and stats["verify_graphed"] == len(keys)
     mixed = [k for k in graphs.keys if k[:2] == ("target", "verify-mixed")]
     assert mixed and all(t % (rows - 1) == 0 and 2 <= t // (rows - 1) <= 5
                          for _, _, rows, t in mixed)

@@ -43,6 +43,7 @@ def test_sweep_cli_writes_every_point(tmp_path, capsys):
         assert [p["max_running"] for p in pts] == [1, 3]  # the closed loop filled c slots
         assert all(len(p["gc_collections"]) == 3 and p["gc_ms"] >= 0 for p in pts)
         assert all(p["graph_keys_captured"] == [] for p in pts)  # CPU: no graphs
+        assert all(p["verify_eager_passes"] >= p["verify_steps"] for p in pts)  # so all eager
         assert all(p["device_ms_median_by_mode"] == {} for p in pts)  # CPU: no CUDA events
         for p in pts:  # per pass: the longest steps, longest first; compiles (none on CPU)
             assert len(p["slowest_steps"]) == 2 and all(len(s) <= 5 for s in p["slowest_steps"])
@@ -170,7 +171,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
                 "proposed": 4, "accepted": 1, "graphs_captured": 0, "decode_steps": 1,
                 "verify_steps": 2, "extend_steps": 3, "request_steps_by_k": {2: 1},
                 "request_steps_tree": 1, "tree_accepted": 3, "tree_top1_accepted": 2,
-                "catch_up_rows": 7, "catch_up_ms": 0.25,
+                "catch_up_rows": 7, "catch_up_ms": 0.25, "verify_eager_passes": 0,
                 "device_ms_median_by_mode": {"verify": 2.0 + c},
                 "verify_s_by_gear": {"4": [0.5, 2]},
                 "gear_switches": 0, "unscored_plans": 3,
