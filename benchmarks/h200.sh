@@ -3,6 +3,7 @@
 # call of at most 10 minutes on one H200. From the repository root:
 #
 #     OUT=out bash benchmarks/h200.sh        # JSON, logs and the sweep's PNG under $OUT
+#     OUT=out STEPS="pair mixed" bash benchmarks/h200.sh   # a second call: the mixed workload
 #     python benchmarks/report.py out        # -> docs/benchmarks.md + docs/spec_sweep.png
 #
 # H200_SMOKE=1 runs the same steps on the CPU at toy sizes (a widened copy of the embedded
@@ -24,12 +25,14 @@
 #                 (warm compile cache; no speculation warm-up at policy off)
 #   offline       256 prompts x 512 in / 256 out, <= 64 running, step budget   30 s   70 s
 #                 512: ~10 s start-up, ~9 s timed run
-#   sweep         7 policies at c = 1, 8, 64, 256, 2 rounds x 2 passes        240 s  the rest
+#   sweep         8 policies at c = 1, 8, 64, 256, 2 rounds x 2 passes        270 s  the rest
 #                 (>= 8 requests a point): ~75 s start-up (load 16 GB, graphs,   (>= 220 s)
 #                 speculation warm-up at 256 sequences), ~10 s settling at
 #                 c = 1, ~35 s of untimed warm-ups before the points, ~125 s timed
 #   total                                                                   ~440 s  580 s
-# The sweep saves after each concurrency, so a cut sweep keeps its first points.
+#   mixed         (its own call) the same policies on --workload mixed: half   330 s  the rest
+#                 greedy, half sampled at T 1.2, at c = 1, 8, 32, 64, 256
+# The sweeps save after each concurrency, so a cut sweep keeps its first points.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 STEPS=${STEPS:-pair decode_plain decode_draft offline sweep}
@@ -42,13 +45,18 @@ if [ "$SMOKE" = 1 ]; then
   OFFLINE=(--max-num-seqs 4 --num-prompts 6 --input-len 16 --output-len 8 --max-num-batched-tokens 32)
   SWEEP=(--concurrency 1,2 --rounds 1 --passes 2 --min-requests 2 --settle 0 --input-len 8
          --output-len 6 --tree-topk 2 --tree-tokens 4)
+  MIXED=(--concurrency 1,2 --rounds 1 --passes 2 --min-requests 2 --settle 0 --input-len 8
+         --output-len 6 --tree-topk 2 --tree-tokens 4)
 else
   MODEL=(--preset llama-3.1-8b --load-format dummy)
   DECODE=(--batch-sizes 1,32,128 --input-len 1024 --output-len 128)
   OFFLINE=(--max-num-seqs 64 --num-prompts 256 --input-len 512 --output-len 256
            --max-num-batched-tokens 512)
   SWEEP=(--concurrency 1,8,64,256 --rounds 2 --passes 2 --min-requests 8)
+  MIXED=(--concurrency 1,8,32,64,256 --rounds 2 --passes 2 --min-requests 8)
 fi
+# every batch-wide policy beside per-request goodput, the batch-wide goodput included
+POLICIES=(--policies goodput,goodput-batch,off,always-2,always-4,threshold,threshold-vllm,tree)
 
 write_meta "$OUT/meta.json"
 
@@ -61,8 +69,11 @@ run_step decode_draft 80 "${G[@]}" bench offline "${MODEL[@]}" "${DECODE[@]}" \
 run_step offline 70 "${G[@]}" bench offline "${MODEL[@]}" "${OFFLINE[@]}" \
   --output-json "$OUT/offline.json"
 run_step sweep $((END - SECONDS)) "${G[@]}" bench sweep --model "$PAIR/target" \
-  --draft-model "$PAIR/head" "${SWEEP[@]}" \
+  --draft-model "$PAIR/head" "${SWEEP[@]}" "${POLICIES[@]}" \
   --output-json "$OUT/sweep.json" --output-png "$OUT/sweep.png"
+run_step mixed $((END - SECONDS)) "${G[@]}" bench sweep --model "$PAIR/target" \
+  --draft-model "$PAIR/head" "${MIXED[@]}" "${POLICIES[@]}" --workload mixed \
+  --output-json "$OUT/mixed.json" --output-png "$OUT/mixed.png"
 
 # a preview of the page from what came back (the real one: python benchmarks/report.py OUT)
 python benchmarks/report.py "$OUT" --output "$OUT/benchmarks.md" || FAILED=$((FAILED + 1))

@@ -70,7 +70,8 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
     s.add_argument("--num-verify-tokens", type=int,
                    help="tree budget incl. the root (default: from the depth and width)")
     s.add_argument("--spec-policy",
-                   help="goodput (default) | always | off | threshold | threshold-vllm | random")
+                   help="goodput (default: K per request) | goodput-batch (one K per step) | "
+                        "always | off | threshold | threshold-vllm | random")
     s.add_argument("--spec-sampling", choices=["coupled", "rejection"],
                    help="how sampled tokens are verified: coupled (default; the text plain "
                         "decoding gives for the request's seed, hence the target's "

@@ -159,6 +159,9 @@ class Request:
     arrival_index: int = 0  # scheduler: FIFO order; preemption takes the newest
     spec_proposed: int = 0  # speculative runner: draft tokens sent to verification
     spec_accepted: int = 0  # speculative runner: of which the target accepted
+    # scheduler (planning): decode steps planned with K > 0, and how many at each K (0 too)
+    spec_verify_steps: int = 0
+    spec_k_hist: dict[int, int] = field(default_factory=dict)
     spec_alpha_num: float = 0.0  # speculative runner: EMA of accepted drafts
     spec_alpha_den: float = 0.0  # speculative runner: EMA of accepted drafts + rejections
     draft_rows: int = 0  # speculative runner: rows the draft has computed (scheduler resets)
@@ -251,3 +254,5 @@ class TokenLogprob:
 class SpecCounts:
     proposed: int  # draft tokens verified for this request
     accepted: int  # draft tokens the target accepted
+    verify_steps: int = 0  # decode steps that verified drafts for it (K > 0)
+    k_hist: dict[int, int] = field(default_factory=dict)  # decode steps by the K it was given

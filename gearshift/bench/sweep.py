@@ -2,7 +2,8 @@
 concurrency (1, 2, 4, ... 256) for each speculation policy, on one target + draft pair:
 
     off | always K=2 | always K=4 | tree | threshold (SGLang-like: off at >= 64)
-        | threshold-vllm (K=3 <= 64, K=1 <= 128, off above) | goodput (default)
+        | threshold-vllm (K=3 <= 64, K=1 <= 128, off above) | goodput (default: K per
+        request) | goodput-batch (one K per step; only when --policies names it)
 
 Concurrency c = at most c requests running: a pass is a closed loop over c * rounds requests
 (each of the c slots serves `rounds` (2) requests in turn; at least min_requests / passes),
@@ -12,7 +13,8 @@ goodput picks among both. Policies are interleaved: for each c, pass 1 runs ever
 turn, pass 2 runs them in reverse order on the next prompts, so drift over the run (clocks,
 heap) falls on every policy alike; the first policy rotates from one c to the next. A point
 sums its passes, and `pass_tok_per_s` shows their spread. Prompts are held-out corpus
-windows (real acceptance) or synthetic ids. Prints a table, the markdown table with the
+windows (real acceptance) or synthetic ids; `--workload mixed` makes half of them greedy and
+half sampled at temperature 1.2 (acceptance differs per request). Prints a table, the markdown table with the
 criteria verdicts (sweep_report.py), writes JSON and a PNG plot.
 
 Data flow: args -> LLM engine -> per (c, pass, policy): Engine.set_policy, run_point
@@ -29,13 +31,15 @@ import torch
 from tqdm.auto import tqdm
 
 from gearshift.bench import require_extras
-from gearshift.bench.sweep_point import merge_passes, run_point
+from gearshift.bench.sweep_point import merge_passes, mixed_temperatures, run_point
 from gearshift.bench.sweep_report import markdown_table, plot, print_table, verdict_lines, verdicts
 from gearshift.engine.gc_control import freeze_heap
 
 log = logging.getLogger("gearshift.bench")
 
 CHAIN_POLICIES = ("goodput", "off", "always-2", "always-4", "threshold", "threshold-vllm")
+# beside the default set: goodput with one K per step, against goodput's K per request
+OPTIONAL_POLICIES = ("goodput-batch",)
 
 
 def make_prompts(tokenizer, vocab: int, n: int, input_len: int, seed: int) -> list[list[int]]:
@@ -80,7 +84,8 @@ def policy_object(name: str, engine, k_max: int):
 
     cost = build_cost_model(engine.runner, k_max, engine.config.max_num_seqs,
                             engine.spec.draft_frac, engine.spec.tree_nodes)
-    policy = GoodputPolicy(cost, k_max, pad=engine.runner.decode_pad)
+    policy = GoodputPolicy(cost, k_max, pad=engine.runner.decode_pad,
+                           per_request=name == "goodput")
     apply_measured(policy, engine.measured_costs)
     return policy
 
@@ -112,13 +117,21 @@ def sweep(engine, policies: dict, prompts: list[list[int]], args, bar, done=None
             for name in order:
                 engine.set_policy(policies[name])
                 parts[name].append(run_point(engine, prompts[i * n:(i + 1) * n], c,
-                                             args.output_len, args.temperature))
+                                             args.output_len, temperatures(args)))
                 bar.update(1 / args.passes)
         for name in names:
             results[name].append(merge_passes(parts[name]))
         if done is not None:
             done(results)  # partial results survive a time limit
     return results
+
+
+def temperatures(args):
+    """--workload uniform: every request at --temperature; mixed: --greedy-fraction of them
+    greedy, the others sampled at --sampled-temperature (per prompt index)."""
+    if getattr(args, "workload", "uniform") == "mixed":
+        return mixed_temperatures(args.greedy_fraction, args.sampled_temperature)
+    return args.temperature
 
 
 def settle(engine, policies: dict, names: list[str], prompts: list[list[int]], c: int,
@@ -129,7 +142,7 @@ def settle(engine, policies: dict, names: list[str], prompts: list[list[int]], c
     for _ in range(args.settle):
         for name in names:
             engine.set_policy(policies[name])
-            run_point(engine, prompts, c, args.output_len, args.temperature)
+            run_point(engine, prompts, c, args.output_len, temperatures(args))
 
 
 def run(args) -> int:
@@ -190,13 +203,13 @@ def _save(args, results: dict, env: dict) -> None:
 
 def _policy_list(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in (*CHAIN_POLICIES, "tree")]
+    unknown = [n for n in names if n not in (*CHAIN_POLICIES, *OPTIONAL_POLICIES, "tree")]
     if unknown or not names:
         import argparse
 
         raise argparse.ArgumentTypeError(
             f"unknown policy {', '.join(unknown) or '(none)'}; choose from "
-            + ", ".join([*CHAIN_POLICIES, "tree"]))
+            + ", ".join([*CHAIN_POLICIES, *OPTIONAL_POLICIES, "tree"]))
     return names
 
 
@@ -209,6 +222,15 @@ def _non_negative(text: str) -> float:
         value = -1.0
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be a number >= 0, not {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    import argparse
+
+    value = _non_negative(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], not {text!r}")
     return value
 
 
@@ -244,8 +266,17 @@ def add_args(p) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--temperature", type=_non_negative, default=0.0,
                    help="sampling temperature of every request (0: greedy)")
+    p.add_argument("--workload", choices=["uniform", "mixed"], default="uniform",
+                   help="uniform: every request at --temperature; mixed: --greedy-fraction "
+                        "greedy, the rest sampled at --sampled-temperature (acceptance then "
+                        "differs per request)")
+    p.add_argument("--greedy-fraction", type=_fraction, default=0.5,
+                   help="mixed workload: share of greedy requests")
+    p.add_argument("--sampled-temperature", type=_non_negative, default=1.2,
+                   help="mixed workload: temperature of the sampled requests")
     p.add_argument("--policies", type=_policy_list, default=[*CHAIN_POLICIES, "tree"],
-                   help="comma-separated subset of: " + ", ".join([*CHAIN_POLICIES, "tree"]))
+                   help="comma-separated, of: " + ", ".join([*CHAIN_POLICIES, "tree"])
+                   + " (the default), " + ", ".join(OPTIONAL_POLICIES))
     p.add_argument("--tree-topk", type=int, default=4,
                    help="tree width of the engine (depth 4); 1 = chains only (no `tree` policy)")
     p.add_argument("--tree-tokens", type=int, default=16, help="nodes per draft tree")

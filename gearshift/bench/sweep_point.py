@@ -48,8 +48,22 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, params_of, o
             on_step(outs)
 
 
+def temperature_of(temperature, i: int) -> float:
+    """Prompt i's temperature: one for all (a number), or per prompt (a callable)."""
+    return temperature(i) if callable(temperature) else temperature
+
+
+def mixed_temperatures(greedy_fraction: float, sampled: float):
+    """The mixed workload: prompt i is greedy or sampled at `sampled`, interleaved so that
+    every stretch of the closed loop holds `greedy_fraction` greedy requests."""
+    def of(i: int) -> float:
+        greedy = int((i + 1) * greedy_fraction) > int(i * greedy_fraction)
+        return 0.0 if greedy else sampled
+    return of
+
+
 def warm_up(engine, prompts: list[list[int]], concurrency: int, steps: int = 12,
-            temperature: float = 0.0) -> None:
+            temperature=0.0) -> None:
     """Untimed: a short closed loop like the timed run's, so what this policy meets at this
     concurrency first (VERIFY / DRAFT graphs captured on first use, kernels specialised for
     new sizes) happens before the timed run, for every policy: c requests and a quarter
@@ -58,14 +72,17 @@ def warm_up(engine, prompts: list[list[int]], concurrency: int, steps: int = 12,
     n = min(len(prompts), concurrency + max(1, concurrency // 4))
     closed_loop(engine, prompts[:n], concurrency,
                 lambda i: SamplingParams(max_tokens=steps - 4 + i % 8,
-                                         temperature=temperature, ignore_eos=True))
+                                         temperature=temperature_of(temperature, i),
+                                         ignore_eos=True))
 
 
 def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: int,
-              temperature: float = 0.0) -> dict:
+              temperature=0.0) -> dict:
+    """`temperature`: of every request, or per prompt index (mixed_temperatures)."""
     warm_up(engine, prompts, concurrency, temperature=temperature)
     # sampled runs: the sampler (and a VERIFY step's acceptance) as a sampling user meets it
-    params = SamplingParams(max_tokens=output_len, temperature=temperature, ignore_eos=True)
+    params = [SamplingParams(max_tokens=output_len, temperature=temperature_of(temperature, i),
+                             ignore_eos=True) for i in range(len(prompts))]
     policy = engine.policy
     before = dict(engine.spec.stats) if engine.spec else {}
     keys_before = set(graph_keys(engine))
@@ -103,7 +120,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
 
     with GcPauses() as pauses, triton_compiles() as compiles:
         t0 = prev = time.perf_counter()
-        closed_loop(engine, prompts, concurrency, lambda i: params, on_step)
+        closed_loop(engine, prompts, concurrency, params.__getitem__, on_step)
         elapsed = time.perf_counter() - t0
     tpot = [(last[r] - first[r]) / (count[r] - 1) * 1e3 for r in count if count[r] > 1]
     new_keys = [k for k in graph_keys(engine) if k not in keys_before]
@@ -149,6 +166,9 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             # which shapes a timed run captured (none, once the warm-ups cover what it meets)
             "graph_keys_captured": [[str(x) for x in k] for k in new_keys],
             **pauses.as_dict(),
+            # target VERIFY passes that ran without a graph (none, once warmed up)
+            "verify_eager_passes": (engine.stats()["graphs"].get("verify_eager", 0)
+                                    - steps_before["graphs"].get("verify_eager", 0)),
             **{f"{m}_steps": engine.stats()[f"{m}_steps"] - steps_before[f"{m}_steps"]
                for m in ("decode", "verify", "extend")}}
 
@@ -175,7 +195,7 @@ def merge_passes(parts: list[dict]) -> dict:
     for key in ("requests", "output_tokens", "elapsed_s", "proposed", "accepted", "gc_ms",
                 "graphs_captured", "decode_steps", "verify_steps", "extend_steps",
                 "request_steps_tree", "tree_accepted", "tree_top1_accepted", "gear_switches",
-                "unscored_plans", "catch_up_rows", "catch_up_ms"):
+                "unscored_plans", "catch_up_rows", "catch_up_ms", "verify_eager_passes"):
         out[key] = sum(p[key] for p in parts)
     out["output_tok_per_s"] = out["output_tokens"] / out["elapsed_s"]
     out["pass_tok_per_s"] = [round(p["output_tok_per_s"], 1) for p in parts]

@@ -74,6 +74,8 @@ def build_cost_model(runner, num_draft_tokens: int, max_num_seqs: int, draft_fra
             pts.append([float(bs), ms])
         model.base[k] = pts
         model.attn_ms_per_token[k] = kv_per_token / 4.2e12 * 1e3
+    # one more draft step of a mixed step: the draft's share of a small plain step
+    model.draft_ms_per_depth = draft_frac * plain[min(sizes)] if sizes else 0.0
     if cache:  # the draft over many rows: its share of the target's per-token cost there
         longest = max(cache)
         model.catch_up_ms_per_row = draft_frac * cache[longest] / longest

@@ -42,7 +42,7 @@ class _State:
     read_offset: int = 0
     finished: bool = False
     finish_reason: str | None = None
-    spec: tuple[int, int] | None = None  # (proposed, accepted) speculation counters
+    spec: tuple | None = None  # speculation counters: SpecCounts' fields
     logprobs: list | None = None  # TokenLogprob per token of token_ids
     prompt_logprobs: list | None = None
     cached_tokens: int = 0  # prompt tokens the prefix cache served

@@ -50,6 +50,8 @@ def spec_stats(engine) -> dict:
         # how sampled tokens are verified by default (requests may choose their own)
         "sampling": engine.config.spec_sampling,
         "steps_by_k": {int(k.split(".")[1]): v for k, v in s.items() if k.startswith("steps_by_k.")},
+        # VERIFY steps whose requests drafted different non-zero K
+        "mixed_k_steps": s["mixed_k_steps"],
         # request-steps that verified chains / draft trees (the plan's tree width)
         "chain_steps": s["chain_steps"], "tree_steps": s["tree_steps"],
         # drafts accepted on tree request-steps, and what their top-1 chains (the draft's

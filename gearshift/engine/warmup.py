@@ -15,6 +15,9 @@ through the real step pipeline, so that
                                  the first may capture graphs, the others are timed
         K = max, 0, max:         untimed: the draft's catch-up shapes (a backlog of
                                  several rows, then of one: speculative/draft_follow.py)
+        mixed K:                 untimed, one step per shape of chains of different K
+                                 verified as one extend: each deepest K and token bucket
+                                 bs * j, j = 2 .. K + 1 (graphs.mixed_verify_tokens)
         abort them (slots and rows back to the pool)
     -> {gear: [(bs, ms)]} -> policy.cost.set_measured(...)
 
@@ -30,6 +33,7 @@ import statistics
 import time
 
 from gearshift.engine.gc_control import gc_paused
+from gearshift.policy.base import Policy, PolicyView
 from gearshift.policy.static import AlwaysPolicy
 from gearshift.progress import progress
 from gearshift.request import SamplingParams
@@ -59,6 +63,32 @@ def apply_measured(policy, measured: dict | None) -> None:
             cost.set_measured(k, pts)
 
 
+class _Planned(Policy):
+    """Chains of these K, in batch order (the warm-up's mixed steps)."""
+
+    def __init__(self, ks: list[int]) -> None:
+        self.ks = ks
+
+    def plan(self, view: PolicyView) -> list[int]:
+        return self.ks[: len(view.requests)]
+
+    def step_topk(self, view: PolicyView) -> int:
+        return 1
+
+
+def mixed_plans(bs: int, num_draft: int) -> list[list[int]]:
+    """K per request of `bs` requests for every mixed graph shape: each deepest K (the
+    draft's depth, greedy verification's width) and token bucket bs * j it reaches (j = 2
+    .. K + 1): bs * (j - 1) - 1 drafts, deepest first, so the chains differ."""
+    plans = []
+    for depth in range(1, num_draft + 1) if bs > 1 else ():
+        for j in range(2, depth + 2):
+            q, r = divmod(bs * (j - 1) - 1, depth)
+            if q:
+                plans.append(([depth] * q + [r] + [0] * bs)[:bs])
+    return plans
+
+
 def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3) -> dict:
     """Run the warm-up (see module doc); -> {gear: [[bs, median ms], ...]} measured."""
     spec, sched = engine.spec, engine.scheduler
@@ -72,7 +102,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     # scratch slots
     generated = 1 + sum(n * (k + 1) for k, n in
                         [*((k, repeats + 1) for k in range(1, num_draft + 1 + tree)),
-                         (0, repeats + 2), (num_draft, 2)])
+                         (0, repeats + 2), (num_draft, 2 + num_draft * (num_draft + 1) // 2)])
     per_request = PROMPT_LEN + generated + spec.slots_needed(num_draft, spec.topk)
     sizes = [s for s in sizes if s <= engine.config.max_num_seqs
              and s * per_request <= engine.slots.num_free]
@@ -112,6 +142,9 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                     times = [t for t in times if t is not None]
                     if timed and times:
                         measured[k].append([float(bs), statistics.median(times)])
+                for ks in mixed_plans(bs, num_draft) if not spec.split_k_chains(bs) else []:
+                    engine.set_policy(_Planned(ks))
+                    engine.step()
                 for rid in ids:
                     engine.abort_request(rid)
                 while engine.has_unfinished_requests():

@@ -8,7 +8,8 @@ from gearshift.policy.base import Policy, PolicyView
 __all__ = ["Policy", "PolicyView", "create_policy"]
 
 
-POLICIES = ("goodput", "always", "off", "threshold", "threshold-vllm", "random")
+POLICIES = ("goodput", "goodput-batch", "always", "off", "threshold", "threshold-vllm",
+            "random")
 
 
 def create_policy(config: EngineConfig, cost_model=None, pad=lambda bs: bs) -> Policy:
@@ -30,6 +31,7 @@ def create_policy(config: EngineConfig, cost_model=None, pad=lambda bs: bs) -> P
         return ThresholdPolicy(SGLANG_LIKE, num_draft_tokens)
     if name == "threshold-vllm":
         return ThresholdPolicy(VLLM_LIKE, num_draft_tokens)
-    if name == "goodput":
-        return GoodputPolicy(cost_model(), num_draft_tokens, pad=pad)
+    if name in ("goodput", "goodput-batch"):  # K per request, or one K for the batch
+        return GoodputPolicy(cost_model(), num_draft_tokens, pad=pad,
+                             per_request=name == "goodput")
     raise ConfigError(f"unknown spec_policy {name!r} ({', '.join(POLICIES)})")

@@ -1,6 +1,9 @@
 """Step-time model t(K, padded batch, context) for the goodput policy.
 
     t(K, bs, ctx) = base[K](bs) + attn[K] * ctx_tokens          (milliseconds)
+    t(T, bs, ctx, D) = t(mean K, bs, ctx) + draft_ms_per_depth * (D - mean K)
+                     a chain step mixing K_i: T = sum(K_i + 1) verified tokens, mean
+                     K = T / bs - 1 between the gears, D = max K_i (predict_verified)
 
 K is a gear: 0 = plain decode, 1..num_draft_tokens = chains, num_draft_tokens + 1 = the
 engine's draft tree (policy/goodput.py). `base[K]` is a piecewise-linear curve over measured
@@ -44,6 +47,9 @@ class CostModel:
     # its own price caught up). A neighbour's own observations (probes, explorations) move
     # only its own points: they learn its gap to the running gear.
     shared: float = 1.0
+    # ms one more draft step adds to a step (per unit of the deepest K beyond the mean K):
+    # a mixed step drafts to its deepest request's K but verifies only sum(K_i + 1) tokens
+    draft_ms_per_depth: float = 0.0
 
     @classmethod
     def roofline(cls, weight_bytes: float, flops_per_token: float, kv_bytes_per_token: float,
@@ -64,6 +70,7 @@ class CostModel:
             m.base[k] = pts
             m.attn_ms_per_token[k] = kv_bytes_per_token / bandwidth * 1e3
         m.catch_up_ms_per_row = draft_frac * flops_per_token / flops * 1e3
+        m.draft_ms_per_depth = draft_frac * weight_bytes / bandwidth * 1e3
         return m
 
     def set_measured(self, k: int, points: list[list[float]]) -> None:
@@ -90,6 +97,34 @@ class CostModel:
         pts = self.base[k]
         return (_interp(pts, bs, self._batch_sizes(k, pts))
                 + self.attn_ms_per_token.get(k, 0.0) * ctx_tokens)
+
+    def predict_verified(self, tokens: int, bs: int, ctx_tokens: int, depth: int,
+                         kmax: int, padded_bs: int | None = None) -> float:
+        """A chain step of `bs` requests verifying `tokens` tokens in all (sum of K_i + 1),
+        its deepest draft `depth`: the uniform gears' prices at the padded batch, taken at
+        the mean K = tokens / bs - 1 (linear between gears; below K = 1 the 1 -> 2 slope
+        from K = 1 down, so a VERIFY step keeps its fixed price over a plain one), plus
+        the draft steps the deepest request runs beyond that mean."""
+        return self.verified_pricer(bs, ctx_tokens, kmax, padded_bs)(tokens, depth)
+
+    def verified_pricer(self, bs: int, ctx_tokens: int, kmax: int,
+                        padded_bs: int | None = None):
+        """predict_verified for one batch as a function of (tokens, depth): the gears'
+        prices are looked up once (the allocation prices every prefix of its drafts)."""
+        pbs = padded_bs or bs
+        prices = [self.predict(k, pbs, ctx_tokens) for k in range(kmax + 1)]
+        per_depth = self.draft_ms_per_depth
+
+        def price(tokens: int, depth: int) -> float:
+            mean = min(max(tokens / bs - 1.0, 0.0), float(kmax))
+            if mean == 0.0 and depth == 0:
+                return prices[0]
+            lo = min(max(int(mean), 1), max(kmax - 1, 1))
+            hi = min(lo + 1, kmax)
+            slope = prices[hi] - prices[lo] if hi > lo else 0.0
+            t = max(prices[lo] + (mean - lo) * slope, prices[0])
+            return t + per_depth * max(depth - mean, 0.0)
+        return price
 
     def _batch_sizes(self, k: int, pts: list[list[float]]) -> list[float]:
         """The x column of K's curve, cached while the curve is the same list of the same

@@ -4,6 +4,12 @@ drafts, and, when the engine verifies trees (draft_topk > 1), num_draft_tokens +
 draft tree of that depth per request. Scores per gear: policy/scoring.py; the steps that run
 another gear to keep its price measured: policy/exploration.py.
 
+Per request (`per_request`, the engine's `goodput`): a scored chain gear is refined into
+a K_i per request by greedy marginal allocation (policy/allocation.py: request i's k-th
+draft is worth a_i^k, and costs the time it adds at the step's verified tokens and
+context), with hysteresis per request; the batch-wide gear still chooses chains, the tree
+or an exploration step (`goodput-batch`: every request takes the gear).
+
 Hysteresis: the current K is kept unless another K is predicted to be better by more than
 `margin` (2%: no flapping on noise, and at most 2% lost to a gear that is better by less).
 The running gear's drift moves its neighbours' prices too (CostModel.shared). A steady gear
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import logging
 
+from gearshift.policy.allocation import allocate
 from gearshift.policy.base import Policy, PolicyView
 from gearshift.policy.cost import CostModel
 from gearshift.policy.exploration import Explorer
@@ -35,8 +42,12 @@ class GoodputPolicy(Policy):
                  quiet_steps: int = 7, tree_evidence: float = 100.0,
                  fresh_ratio: float = 0.5, catch_up_ms_per_row: float | None = None,
                  catch_up_min_rows: int = 1024, share_after: int = 16,
-                 explore_rate: float = 0.5) -> None:
+                 explore_rate: float = 0.5, per_request: bool = False) -> None:
         self.cost = cost
+        # per_request: a scored chain gear is refined into K_i per request (allocation.py);
+        # else every eligible request takes the batch's gear
+        self.per_request = per_request
+        self._held: dict[str, int] = {}  # request id -> its K in the last plan (hysteresis)
         self.num_draft_tokens = num_draft_tokens
         self.margin = margin
         self.pad = pad  # batch size -> padded (graph) batch size
@@ -126,8 +137,25 @@ class GoodputPolicy(Policy):
         gear = self._choose(view, top, scores)
         if gear > self.num_draft_tokens:
             self._topk = view.topk
+        elif self.per_request and self.last_reason in ("scored", "kept"):
+            return self._allocate(view)  # exploration steps keep their uniform gear
         k = min(gear, self.num_draft_tokens)
         return [k if self.eligible(r) else 0 for r in view.requests]
+
+    def _allocate(self, view: PolicyView) -> list[int]:
+        """K_i by marginal value against the step-time model (policy/allocation.py)."""
+        reqs, kmax = view.requests, min(self.num_draft_tokens, view.num_draft_tokens)
+        n, bs = len(reqs), self.pad(len(view.requests))
+        ctx = sum(r.num_tokens for r in reqs)
+        prior, w = self.scorer.population_prior(view), self.scorer.prior_weight
+        alphas = [min((r.spec_alpha_num + prior * w) / (r.spec_alpha_den + w), 0.999)
+                  for r in reqs]
+        limits = [kmax if self.eligible(r) else 0 for r in reqs]
+        held = [self._held.get(r.request_id, 0) for r in reqs]
+        step_ms = self.cost.verified_pricer(n, ctx, kmax, padded_bs=bs)
+        ks = allocate(alphas, limits, step_ms, held, self.margin)
+        self._held = {r.request_id: k for r, k in zip(reqs, ks)}
+        return ks
 
     def _choose(self, view: PolicyView, top: int, scores: Scores | None = None) -> int:
         """This step's gear: the best predicted (with hysteresis), or an exploration step.

@@ -78,6 +78,14 @@ def extend_token_buckets(max_tokens: int) -> list[int]:
     return sorted({s for s in sizes if s < max_tokens} | {max_tokens})
 
 
+def mixed_verify_tokens(rows: int, tokens: int) -> int:
+    """Token bucket of a VERIFY pass over chains of different lengths (`tokens` real ones,
+    `rows` the padded batch): rows * j for j in 2 .. K + 1, with at least one padding token
+    (the masked nodes of shorter chains read it). Every bucket a mixed plan of `rows`
+    requests can reach, so the warm-up covers them all."""
+    return max(-(-(tokens + 1) // rows), 2) * rows
+
+
 def pick_bucket(sizes: list[int], n: int) -> int | None:
     """The smallest size >= n, or None when n exceeds them all (sizes ascending)."""
     i = bisect.bisect_left(sizes, n)

@@ -82,7 +82,7 @@ class ModelRunner:
         self.extend_rows = config.max_num_seqs + 1  # per-request rows of a padded EXTEND batch
         self.shape_graphs: ShapeGraphs | None = None  # VERIFY / DRAFT graphs, captured lazily
         self.capture: tuple[int, ...] = ()  # target layers whose outputs the draft consumes
-        self.step_counts: Counter[str] = Counter()  # run() calls: {decode,extend}_{graphed,eager}
+        self.step_counts: Counter[str] = Counter()  # {decode,extend,verify}_{graphed,eager} calls
         self.dtype = dtype
         self._outputs: dict[str, torch.Tensor] = {}  # shared outputs of VERIFY-shape graphs
         self._retired_outputs: list[torch.Tensor] = []  # kept alive for graphs that wrote them
@@ -277,7 +277,7 @@ class ModelRunner:
     def graph_stats(self) -> dict[str, int]:
         """How many run() steps replayed a graph / ran eagerly, per mode (for stats / bench)."""
         return {f"{m}_{k}": self.step_counts[f"{m}_{k}"]
-                for m in ("decode", "extend") for k in ("graphed", "eager")}
+                for m in ("decode", "extend", "verify") for k in ("graphed", "eager")}
 
     def _forward_all(self, fb: ForwardBatch, capture: tuple[int, ...],
                      logits_out: torch.Tensor | None = None, mm_out: torch.Tensor | None = None):
@@ -307,7 +307,9 @@ class ModelRunner:
         With `graph_key` (an extend-layout batch of uniform shape: every request has
         fb.max_extend_len tokens), the forward runs as a CUDA graph captured for that key."""
         self._start_events()
-        if graph_key is not None and self.shape_graphs is not None:
+        graphed = graph_key is not None and self.shape_graphs is not None
+        self.step_counts[f"verify_{'graphed' if graphed else 'eager'}"] += 1
+        if graphed:
             t, h = fb.num_tokens, self.model.config.hidden_size
             logits = self._shared_out("logits", t, self.model.config.vocab_size, torch.float32)
             aux = self._shared_out("aux", t, len(capture) * h, self.dtype) if capture else None

@@ -25,7 +25,8 @@ class StepOutput:
     new_token_ids: list[int]
     finished: bool
     finish_reason: str | None  # "length" | "stop" | "abort" | "error" | None
-    spec: tuple[int, int] | None = None  # (proposed, accepted) so far, when speculation is on
+    # (proposed, accepted, verify steps, K histogram) so far, when speculation is on
+    spec: tuple | None = None
     error: str | None = None  # finish_reason "error": what failed while processing it
     cached_tokens: int = 0  # prompt tokens the prefix cache served this request
     # set by the engine for requests that ask (engine/logprob_outputs.py): TokenLogprob per
@@ -45,7 +46,7 @@ class Committer:
     if TYPE_CHECKING:  # defined by Scheduler
         def fail(self, req: Request, error: str) -> StepOutput: ...
         def _finish(self, req: Request, reason: str | None) -> None: ...
-        def _spec_counts(self, req: Request) -> tuple[int, int] | None: ...
+        def _spec_counts(self, req: Request) -> tuple | None: ...
         def _length_reached(self, req: Request) -> bool: ...
 
     def commit(self, plan: StepPlan, result: StepResult) -> list[StepOutput]:

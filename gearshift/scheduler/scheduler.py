@@ -153,6 +153,7 @@ class Scheduler(Committer):
         spec = self.speculation
         if spec is not None and decoding and (plan.mode is ForwardMode.DECODE or spec.mixed):
             self._plan_speculation(plan, decoding, free)
+            self._count_ks(plan, decoding)
         if plan.mode is not ForwardMode.VERIFY:
             self._book(plan)
         return plan
@@ -181,6 +182,15 @@ class Scheduler(Committer):
         plan.num_draft_tokens, plan.num_nodes, plan.num_scratch = ks, nodes, scratch
         plan.draft_topk = topk
         plan.mode = ForwardMode.VERIFY
+
+    @staticmethod
+    def _count_ks(plan: StepPlan, decoding: list[int]) -> None:
+        """Each decoding request's K as planned (0: plain), for its output's histogram."""
+        ks = plan.num_draft_tokens
+        for i in decoding:
+            req, k = plan.reqs[i], ks[i] if ks else 0
+            req.spec_k_hist[k] = req.spec_k_hist.get(k, 0) + 1
+            req.spec_verify_steps += k > 0
 
     # ------------------------------------------------------------------ prefix cache
     def _lookup(self, req: Request) -> CacheHit | None:
@@ -274,8 +284,12 @@ class Scheduler(Committer):
         self.num_preemptions += 1
         return freed
 
-    def _spec_counts(self, req: Request) -> tuple[int, int] | None:
-        return (req.spec_proposed, req.spec_accepted) if self.policy is not None else None
+    def _spec_counts(self, req: Request) -> tuple | None:
+        """(proposed, accepted, verify steps, K histogram): RequestOutput.spec's fields."""
+        if self.policy is None:
+            return None
+        return (req.spec_proposed, req.spec_accepted, req.spec_verify_steps,
+                dict(req.spec_k_hist))
 
     def _length_reached(self, req: Request) -> bool:
         """After appending its latest token: the request may produce no more."""

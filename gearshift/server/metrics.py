@@ -87,6 +87,10 @@ class ServerMetrics:
             "gearshift_engine_stat", "Engine counters (Engine.stats()) by name", ["name"],
             registry=r,
         )
+        self.request_steps_by_k = Gauge(
+            "gearshift_spec_request_steps", "Request-steps of VERIFY steps by the draft length "
+            "K each request was given (0: it decoded plainly in that step)", ["k"], registry=r,
+        )
 
     def observe_request(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
@@ -120,6 +124,8 @@ class ServerMetrics:
             self.cache_hits.inc(max(0, h - self._cache_seen[1]))
             self._cache_seen = (q, h)
             self.cache_hit_rate.set(cache["hit_rate"])
+        for k, n in (snapshot.stats.get("spec") or {}).get("steps_by_k", {}).items():
+            self.request_steps_by_k.labels(k=str(k)).set(n)
         for name, value in _flatten(snapshot.stats):
             self.engine_stats.labels(name=name).set(value)
         return generate_latest(self.registry)

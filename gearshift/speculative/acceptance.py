@@ -25,7 +25,7 @@ class Acceptance:
     def __init__(self, tree: bool) -> None:
         self.tree = tree  # the engine verifies draft trees too
         # steps_by_k.*, chain_steps, tree_steps, proposed, accepted, tree_accepted,
-        # tree_top1_accepted, accept_len.*, catch_up_rows, catch_up_ms
+        # tree_top1_accepted, accept_len.*, catch_up_rows, catch_up_ms, mixed_k_steps
         self.stats: Counter = Counter()
         # evidence over all requests (EMA): [chains, trees, the top-1 chains of those trees
         # (same steps)], each [accepted, accepted + rejections]
@@ -51,6 +51,11 @@ class Acceptance:
         """The same evidence from tree steps, then what their top-1 chains accepted on the
         same steps (None: the engine verifies chains only)."""
         return (*self._pop[1], *self._pop[2]) if self.tree else None
+
+    def record_step(self, ks: list[int]) -> None:
+        """One VERIFY step's plan: does it mix different non-zero K?"""
+        if len({k for k in ks if k}) > 1:
+            self.stats["mixed_k_steps"] += 1
 
     def record(self, req: Request, k: int, topk: int, proposed: int, accepted: int,
                chain: int = -1) -> None:

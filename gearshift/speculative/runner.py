@@ -23,6 +23,7 @@ import torch
 
 from gearshift.config import EngineConfig
 from gearshift.runner.batch import BatchBuilder, StepBatch
+from gearshift.runner.graphs import mixed_verify_tokens
 from gearshift.runner.model_runner import ModelRunner
 from gearshift.scheduler.plan import Speculation, StepPlan, StepResult
 from gearshift.speculative import coupled
@@ -87,10 +88,25 @@ class SpecRunner:
 
     def gear(self, plan: StepPlan) -> int:
         """The cost model's key of a planned step: K for chains (0 = plain decode), the
-        draft depth + 1 for a tree step (policy/goodput.py)."""
+        draft depth + 1 for a tree step (policy/goodput.py). Chains of mixed K: the gear
+        nearest their mean K (it verifies about as many tokens: CostModel.predict_verified)."""
         if not plan.speculating:
             return 0
-        return self.num_draft_tokens + 1 if plan.draft_topk > 1 else max(plan.num_draft_tokens)
+        if plan.draft_topk > 1:
+            return self.num_draft_tokens + 1
+        ks = plan.num_draft_tokens
+        return max(1, min(round(sum(ks) / len(ks)), max(ks)))
+
+    def _bucketed(self, n_nodes: list[int], sb) -> bool:
+        """Does a chain step of different lengths verify on a token-bucket graph? Not with
+        penalties, grammars or logprobs (their per-node work assumes only the verified
+        nodes in `flat`: those steps run eagerly), nor past the largest verify graph."""
+        runner = self.runner
+        if runner.shape_graphs is None or len(set(n_nodes)) == 1 \
+                or sb.penalties is not None or sb.grammar is not None or sb.logprobs is not None:
+            return False
+        bucket = mixed_verify_tokens(runner.decode_pad(len(n_nodes)), sum(n_nodes))
+        return bucket <= runner.max_verify_graph_tokens
 
     @property
     def stats(self):
@@ -147,7 +163,14 @@ class SpecRunner:
         # tokens each request sends through the target (a rider: its whole chunk)
         n_tokens = [len(s) if r else n for s, r, n in zip(node_slots, ride, n_nodes)]
         offsets = [0, *accumulate(n_tokens)][:b]  # first target token of each request
-        if topk == 1 and (any(ride) or not self.split_k_chains(b)):
+        per_row, pad_tok, k_dev = vb.uniform(n_nodes), None, d["k"]
+        if topk == 1 and not any(ride) and self._bucketed(n_nodes, sb) \
+                and not self.split_k_chains(b):
+            # chains of different K: one causal extend over sum(K_i + 1) tokens, bucketed
+            fb, flat, key, node_tok, pad_tok, k_dev = vb.mixed_chain_batch(
+                self.runner, reqs, prefix, tree, node_slots, n_nodes, n_tree)
+            slots_bn, per_row = None, n_tree
+        elif topk == 1 and (any(ride) or not self.split_k_chains(b)):
             # chains verify as a causal extend over positions L..L+K (prefix read once)
             fb, flat, key, node_tok = vb.chain_batch(self.runner, reqs, prefix, tree,
                                                      node_slots, n_nodes, n_tree, ride)
@@ -176,14 +199,14 @@ class SpecRunner:
         if sb.all_greedy or sb.all_coupled:  # accept while the draft is the target's token
             target = logits_t.argmax(-1) if sb.all_greedy else coupled.row_targets(
                 logits_t, vl.node_rows(flat, node_tok), flat, tree, sb)
-            packed = vb.greedy_verify(self.runner, tree, target, flat, node_tok, d["k"], depth,
-                                      record, graphed=key is not None,
-                                      per_row=vb.uniform(n_nodes))
+            packed = vb.greedy_verify(self.runner, tree, target, flat, node_tok, k_dev, depth,
+                                      record, graphed=key is not None, per_row=per_row,
+                                      pad_tok=pad_tok)
         else:
             logits_t = logits_t[node_tok] if node_tok is not None else logits_t[: flat.shape[0]]
             logits = torch.zeros(b * n_tree, logits_t.shape[-1], device=logits_t.device)
             logits[flat] = logits_t
-            valid = node_valid(flat, d["k"], tree.depths)
+            valid = node_valid(flat, k_dev, tree.depths)
             res = verify(tree, valid, logits.view(b, n_tree, -1), sb, depth, topk)
             if record is not None:
                 record_paths(self.runner.kv.req_to_token, *record, res)
@@ -232,6 +255,7 @@ class SpecRunner:
             stage([reqs[i] for i in group], [prefix[i] for i in group],
                   [len(result.kept[i]) for i in group], aux,
                   [offsets[i] + j for i in group for j in result.kept[i]])
+        self.acceptance.record_step(plan.num_draft_tokens)
         for i, d in enumerate(plan.decoding):
             if d:
                 self.acceptance.record(reqs[i], plan.num_draft_tokens[i], plan.draft_topk,

@@ -21,6 +21,7 @@ import torch
 from gearshift.forward_batch import ForwardBatch, ForwardMode, TreeAttention
 from gearshift.request import Request
 from gearshift.runner.batch import Stager, forward_batch, stage_forward
+from gearshift.runner.graphs import mixed_verify_tokens
 from gearshift.runner.model_runner import ModelRunner
 from gearshift.speculative.tree import DraftTree, ancestor_mask
 from gearshift.speculative.verify_device import greedy_packed, pad_greedy_inputs
@@ -66,6 +67,49 @@ def chain_batch(runner: ModelRunner, reqs: list[Request], prefix: list[int], tre
     fb = forward_batch(d, ForwardMode.VERIFY, len(reqs), prefix, extend, runner.kv)
     fb.logits_indices = torch.arange(fb.num_tokens, device=fb.input_ids.device)
     return fb, d["flat"], key, d["node_tok"]
+
+
+def mixed_chain_batch(runner: ModelRunner, reqs: list[Request], prefix: list[int],
+                      tree: DraftTree, node_slots: list[list[int]], n_nodes: list[int],
+                      n_tree: int):
+    """Chains of different lengths as one causal extend padded to a token bucket
+    (graphs.mixed_verify_tokens), laid out like a padded EXTEND step (runner/batch.py,
+    `Padding`): the real requests' T tokens, one dummy request (row 0, slot 0) holding the
+    bucket's padding tokens, then empty requests up to padded batch + 1 rows.
+
+        request    r0        r1            | dummy     | empty ...
+        tokens     K0 + 1    K1 + 1        | B - T     | 0
+        flat       every node of every chain (n_tree each): the nodes past a chain's own
+                   K read the first padding token (row T) and are masked by depth <= K
+
+    -> (batch, flat [b * n_tree], graph key, target row of each flat node, row T, the
+    drafts each chain verifies [b]: the mask of its flat nodes)."""
+    st = Stager(runner.device)
+    b, t = len(reqs), sum(n_nodes)
+    rows_pad = runner.decode_pad(b)
+    bucket = mixed_verify_tokens(rows_pad, t)
+    node_tok, starts = [], [0]
+    for n in n_nodes:
+        node_tok.extend(starts[-1] + j if j < n else t for j in range(n_tree))
+        starts.append(starts[-1] + n)
+    out_loc = [s for slots, n in zip(node_slots, n_nodes) for s in slots[:n]] + [0] * (bucket - t)
+    empty = rows_pad - b
+    rows = [r.req_pool_index for r in reqs] + [0] * (1 + empty)
+    prefix = list(prefix) + [0] * (1 + empty)
+    extend = list(n_nodes) + [bucket - t] + [0] * empty
+    stage_forward(st, rows, prefix, extend, [0] * bucket, out_loc, num_real=b)
+    st.add_ints("flat", list(range(b * n_tree)))
+    st.add_ints("node_tok", node_tok)
+    st.add_ints("real_tok", [s + j for s, n in zip(starts, n_nodes) for j in range(n)])
+    st.add_ints("real_nodes", [i * n_tree + j for i, n in enumerate(n_nodes) for j in range(n)])
+    st.add_ints("k", [n - 1 for n in n_nodes])  # a proposer may draft less than the plan's K
+    d = st.to_device()
+    ids = torch.zeros(bucket, dtype=torch.long, device=d["flat"].device)
+    ids[d["real_tok"]] = tree.tokens.view(-1)[d["real_nodes"]]
+    d["input_ids"] = ids
+    fb = forward_batch(d, ForwardMode.VERIFY, b, prefix, extend, runner.kv)
+    fb.logits_indices = torch.arange(fb.num_tokens, device=ids.device)
+    return fb, d["flat"], ("verify-mixed", len(rows), bucket), d["node_tok"], t, d["k"]
 
 
 def stage_tree_nodes(runner: ModelRunner, reqs: list[Request], prefix: list[int],
@@ -123,7 +167,7 @@ def tree_batch(runner: ModelRunner, tree: DraftTree, slots_bn: torch.Tensor,
 
 
 def greedy_verify(runner: ModelRunner, tree: DraftTree, target, flat, node_tok, k, depth: int,
-                  record, graphed: bool, per_row: int) -> torch.Tensor:
+                  record, graphed: bool, per_row: int, pad_tok: int | None = None) -> torch.Tensor:
     """Greedy verification from the target's token at each row of its pass, target [T(+pad)]
     (the argmax, or a coupled row's sample; no [B, N, V] logits gathered) -> packed
     [B, 2 * depth + 3]; one CUDA graph per shape after a graphed target forward,
@@ -142,7 +186,7 @@ def greedy_verify(runner: ModelRunner, tree: DraftTree, target, flat, node_tok, 
         return greedy_packed(inputs, b, n, depth, req_to_token)
     pb = runner.decode_pad(b)
     if pb > b:
-        pad_greedy_inputs(inputs, b, pb, n, per_row)
+        pad_greedy_inputs(inputs, b, pb, n, per_row, pad_tok)
 
     def fn(s):
         return greedy_packed(s, pb, n, depth, req_to_token)

@@ -15,11 +15,12 @@ from gearshift.speculative.tree import DraftTree
 from gearshift.speculative.verify import VerifyResult, verify_greedy_ids
 
 
-def pad_greedy_inputs(s: dict[str, torch.Tensor], b: int, pb: int, n: int, per_row: int) -> None:
+def pad_greedy_inputs(s: dict[str, torch.Tensor], b: int, pb: int, n: int, per_row: int,
+                      pad_tok: int | None = None) -> None:
     """Pad greedy verification's inputs from b to pb requests in place: dummy requests with
     K = 0 (only their root is valid, nothing is accepted), `per_row` flat nodes each read
-    from the target's padding tokens, and a recorded path on the dummy req_to_token row 0
-    at slot 0."""
+    from the target's padding tokens (`pad_tok`: all from that one row), and a recorded
+    path on the dummy req_to_token row 0 at slot 0."""
     extra = pb - b
     dev = s["k"].device
 
@@ -34,7 +35,10 @@ def pad_greedy_inputs(s: dict[str, torch.Tensor], b: int, pb: int, n: int, per_r
     pad_nodes = (torch.arange(b, pb, device=dev)[:, None] * n
                  + torch.arange(per_row, device=dev)).view(-1)  # node j of dummy request i
     s["flat"] = torch.cat([s["flat"], pad_nodes.to(s["flat"].dtype)])
-    if "node_tok" in s:  # chains: the target's padding tokens follow the real ones
+    if "node_tok" in s and pad_tok is not None:
+        s["node_tok"] = torch.cat([s["node_tok"], s["node_tok"].new_full((extra * per_row,),
+                                                                         pad_tok)])
+    elif "node_tok" in s:  # chains: the target's padding tokens follow the real ones
         start = b * per_row
         s["node_tok"] = torch.cat([s["node_tok"], torch.arange(
             start, start + extra * per_row, device=dev, dtype=s["node_tok"].dtype)])

@@ -62,6 +62,7 @@ def _engine(make_llm, tiny_llama_dir, head, spec):
     (dict(num_draft_tokens=4), False),  # chain, tree attention: path recorded on the device
     (dict(num_draft_tokens=4), True),  # chain verified as a causal extend
     (dict(num_draft_tokens=4, draft_topk=4, num_verify_tokens=16), False),  # tree
+    (dict(num_draft_tokens=4, spec_policy="random"), True),  # K per request: token buckets
 ])
 def test_replayed_graphs_keep_greedy_output(make_llm, tiny_llama_dir, tmp_path, spec,
                                             chain_as_extend):
@@ -80,6 +81,10 @@ def test_replayed_graphs_keep_greedy_output(make_llm, tiny_llama_dir, tmp_path, 
     # the tree-attention path records accepted paths inside the graph, an extend does not
     assert any(k[-1] for k in greedy) == (not chain_as_extend)
     assert llm.spec_stats()["proposed"] > 0
+    if spec.get("spec_policy") == "random":  # steps mixing K replayed their bucket's graphs
+        assert llm.spec_stats()["mixed_k_steps"] > 0
+        mixed = [k for k in graphs.entries if k[:2] == ("target", "verify-mixed")]
+        assert mixed and max(graphs.replays[k] for k in mixed) > 1
 
 
 def test_sampled_chain_expansion_replays(make_llm, tiny_llama_dir, tmp_path):

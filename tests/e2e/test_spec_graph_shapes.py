@@ -207,3 +207,63 @@ def test_graphed_draft_extends_have_one_width(make_llm, tiny_llama_dir, tmp_path
     widths = {k[2] for k in graphs.keys if k[0] == "draft_extend"}
     assert widths == {4}
     assert llm.spec_stats()["steps_by_k"].get(0, 0) > 0  # catch-ups after plain steps ran
+
+
+def _mixed_spec(algo: str, tmp_path, tiny_llama_dir) -> dict:
+    if algo == "eagle3":
+        head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+        return dict(speculative_algorithm="eagle3", draft_model=str(head))
+    if algo == "draft":  # the target drafting for itself: long accepted chains
+        return dict(speculative_algorithm="draft", draft_model=str(tiny_llama_dir))
+    return dict(speculative_algorithm="ngram")
+
+
+@pytest.mark.parametrize("algo", ["eagle3", "draft", "ngram"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_mixed_k_chains_verify_on_token_bucket_graphs(make_llm, tiny_llama_dir, tmp_path, algo,
+                                                      temperature):
+    """A K per request (the random policy) with chains verified as a causal extend: every
+    VERIFY pass runs on a graph shape, those that mix K on a token bucket (padded batch + 1
+    rows, rows * j tokens); greedy and coupled-sampled output equal plain decoding."""
+    prompts = random_prompts([5, 17, 3, 30, 9, 12], seed=3)
+    params = [SamplingParams(max_tokens=24, temperature=temperature, seed=i, ignore_eos=True)
+              for i in range(len(prompts))]
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
+    llm = make_llm(tiny_llama_dir, num_draft_tokens=4, spec_policy="random",
+                   **_mixed_spec(algo, tmp_path, tiny_llama_dir))
+    graphs = install(llm)
+    llm.engine.spec.split_k_verify_below = 0
+    keys = []
+    orig = llm.engine.runner.forward_all
+
+    def forward_all(fb, capture=(), graph_key=None):
+        keys.append(graph_key)
+        return orig(fb, capture, graph_key=graph_key)
+
+    llm.engine.runner.forward_all = forward_all
+    assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+    assert llm.spec_stats()["mixed_k_steps"] > 0
+    assert None not in keys  # no VERIFY pass ran eagerly
+    stats = llm.engine.runner.graph_stats()
+    assert stats["verify_eager"] == 0 and stats["verify_graphed"] == len(keys)
+    mixed = [k for k in graphs.keys if k[:2] == ("target", "verify-mixed")]
+    assert mixed and all(t % (rows - 1) == 0 and 2 <= t // (rows - 1) <= 5
+                         for _, _, rows, t in mixed)
+    if temperature == 0.0:
+        assert any(k[0] == "verify-greedy" and k[4] in {t for *_, t in mixed}
+                   for k in graphs.keys)
+
+
+def test_mixed_k_chains_with_triton_kernels(make_llm, tiny_llama_dir, tmp_path):
+    """The token-bucket layout (a dummy request holding the padding, empty requests after
+    it) through the Triton extend kernel itself (interpreted on CPU)."""
+    prompts = random_prompts([6, 13, 4], seed=5)
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
+    llm = make_llm(tiny_llama_dir, attention_backend="triton", num_draft_tokens=3,
+                   spec_policy="random", **_mixed_spec("draft", tmp_path, tiny_llama_dir))
+    graphs = install(llm)
+    llm.engine.spec.split_k_verify_below = 0
+    assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+    assert any(k[:2] == ("target", "verify-mixed") for k in graphs.keys)
+    assert llm.spec_stats()["mixed_k_steps"] > 0

@@ -77,7 +77,8 @@ def test_spec_greedy_equals_plain(make_llm, tiny_llama_dir, draft_dir, head_dir,
         assert llm.stats()["preemptions"] > 0
 
 
-@pytest.mark.parametrize("variant", ["draft-chain", "draft-tree", "eagle3-tree", "ngram"])
+@pytest.mark.parametrize("variant", ["draft-chain", "draft-tree", "eagle3-chain", "eagle3-tree",
+                                     "ngram"])
 def test_random_policy_flips_k_and_stays_exact(make_llm, tiny_llama_dir, draft_dir, head_dir,
                                                variant):
     prompts = random_prompts([5, 12, 30, 2, 19, 8, 44, 3], seed=11)
@@ -91,10 +92,16 @@ def test_random_policy_flips_k_and_stays_exact(make_llm, tiny_llama_dir, draft_d
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
     for o, p in zip(outs, params):
         if not p.speculative:
-            assert o.spec.proposed == 0
+            assert o.spec.proposed == 0 and o.spec.verify_steps == 0
+            assert set(o.spec.k_hist) == {0}
+        # one K per decode step (a prompt's last token alone counts as one), each >= 1 token
+        assert 0 < sum(o.spec.k_hist.values()) <= len(o.token_ids)
+        assert o.spec.verify_steps == sum(n for k, n in o.spec.k_hist.items() if k)
     stats = llm.engine.spec_stats()
     ks = stats["steps_by_k"]
     assert len([k for k in ks if k > 0]) >= 2 and ks.get(0, 0) > 0  # K really varied
+    assert stats["mixed_k_steps"] > 0  # steps whose requests drafted different K
+    assert any(len([k for k in o.spec.k_hist if k]) >= 2 for o in outs)
     if variant.endswith("-tree"):  # a tree engine's steps verify chains or trees, step by step
         assert stats["tree_steps"] > 0 and stats["chain_steps"] > 0
         # tree steps are tree evidence and, from their top-1 chains, paired chain evidence

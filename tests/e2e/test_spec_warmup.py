@@ -42,22 +42,29 @@ def test_warm_up_captures_every_shape_and_measures_costs(make_llm, tiny_llama_di
 def test_warm_up_skips_sizes_that_do_not_fit(make_llm, tiny_llama_dir, tmp_path):
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
-                   num_draft_tokens=2, kv_cache_tokens=320, max_num_seqs=8)
+                   num_draft_tokens=2, kv_cache_tokens=400, max_num_seqs=8)
     install(llm)
     measured = warm_up_speculation(llm.engine, sizes=[1, 8, 64])
     assert [p[0] for p in measured[0]] == [1.0, 8.0]  # 64 > max_num_seqs
     assert llm.engine.slots.num_free == llm.engine.slots.total
 
 
+def _extend_verifying(make_llm, tiny_llama_dir, tmp_path, policy: str):
+    """An EAGLE-3 engine (K = 3) on the graph stand-in whose chains verify as graphed causal
+    extends at any batch. -> (llm, graphs)."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=3, spec_policy=policy)
+    graphs = install(llm)
+    llm.engine.spec.split_k_verify_below = 0
+    return llm, graphs
+
+
 def test_verify_graphs_share_one_output_buffer(make_llm, tiny_llama_dir, tmp_path):
     """Every VERIFY shape writes its logits and features into the same persistent buffers
     (captured largest first by the warm-up), instead of keeping [T, vocab] per shape."""
-    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
-    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
-                   num_draft_tokens=3, spec_policy="always")
-    graphs = install(llm)
+    llm, graphs = _extend_verifying(make_llm, tiny_llama_dir, tmp_path, "always")
     eng = llm.engine
-    eng.spec.split_k_verify_below = 0  # chains verify as graphed causal extends at any batch
     outputs = []
     orig = graphs.run
 
@@ -136,4 +143,19 @@ def test_serving_replays_what_the_warm_up_captured(make_llm, tiny_llama_dir, tmp
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     llm.generate(prompts, params)
     assert llm.spec_stats()["proposed"] > 0
+    assert set(graphs.keys) == captured
+
+
+def test_mixed_k_serving_replays_what_the_warm_up_captured(make_llm, tiny_llama_dir, tmp_path):
+    """The warm-up also runs every mixed-K shape (each deepest K and token bucket): serving
+    with a K per request (the random policy) then captures no graph of its own."""
+    llm, graphs = _extend_verifying(make_llm, tiny_llama_dir, tmp_path, "random")
+    eng = llm.engine
+    warm_up_speculation(eng, sizes=[1, 2, 4, 8])
+    captured = set(graphs.keys)
+    assert {k[2] for k in captured if k[:2] == ("target", "verify-mixed")} == {3, 5, 9}
+    prompts = random_prompts([5, 9, 3, 12, 7, 4], seed=2)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts, params)
+    assert llm.spec_stats()["mixed_k_steps"] > 0
     assert set(graphs.keys) == captured

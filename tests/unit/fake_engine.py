@@ -209,7 +209,8 @@ class FakeEngine:
         return len(self.waiting)
 
     def stats(self) -> dict:
-        return dict(self._stats, steps_by_k={self.tokens_per_step - 1: self._stats["steps"]})
+        by_k = {self.tokens_per_step - 1: self._stats["steps"]}
+        return dict(self._stats, steps_by_k=by_k, spec={"steps_by_k": by_k})
 
     # ---------------------------------------------------------------- test helpers
     def live_request_ids(self) -> set[str]:

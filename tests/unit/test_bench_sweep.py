@@ -43,6 +43,7 @@ def test_sweep_cli_writes_every_point(tmp_path, capsys):
         assert [p["max_running"] for p in pts] == [1, 3]  # the closed loop filled c slots
         assert all(len(p["gc_collections"]) == 3 and p["gc_ms"] >= 0 for p in pts)
         assert all(p["graph_keys_captured"] == [] for p in pts)  # CPU: no graphs
+        assert all(p["verify_eager_passes"] >= p["verify_steps"] for p in pts)  # so all eager
         assert all(p["device_ms_median_by_mode"] == {} for p in pts)  # CPU: no CUDA events
         for p in pts:  # per pass: the longest steps, longest first; compiles (none on CPU)
             assert len(p["slowest_steps"]) == 2 and all(len(s) <= 5 for s in p["slowest_steps"])
@@ -101,8 +102,8 @@ def test_sweep_policies_subset(tmp_path, capsys):
             main([*base, *bad])
         assert e.value.code != 0 and message in capsys.readouterr().err
 
-def test_sweep_samples_at_its_temperature(tmp_path, monkeypatch):
-    """--temperature reaches every request of the sweep, its warm-ups included."""
+def _record_temperatures(monkeypatch) -> list[float]:
+    """-> the temperature of every request the sweep's closed loops run, as they run."""
     from gearshift.bench import sweep_point
 
     seen, loop = [], sweep_point.closed_loop
@@ -112,6 +113,12 @@ def test_sweep_samples_at_its_temperature(tmp_path, monkeypatch):
         return loop(engine, prompts, concurrency, params_of, on_step)
 
     monkeypatch.setattr(sweep_point, "closed_loop", recording)
+    return seen
+
+
+def test_sweep_samples_at_its_temperature(tmp_path, monkeypatch):
+    """--temperature reaches every request of the sweep, its warm-ups included."""
+    seen = _record_temperatures(monkeypatch)
     target = make_tiny_checkpoint(tmp_path / "t", "llama")
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
     assert main(["bench", "sweep", "--model", str(target), "--draft-model", str(head),
@@ -120,6 +127,30 @@ def test_sweep_samples_at_its_temperature(tmp_path, monkeypatch):
                  "0.8", "--output-json", str(tmp_path / "s.json"), "--output-png",
                  str(tmp_path / "s.png")]) == 0
     assert seen and set(seen) == {0.8}
+
+
+def test_sweep_mixed_workload_mixes_greedy_and_sampled_requests(tmp_path, monkeypatch):
+    """--workload mixed: --greedy-fraction of the requests greedy, interleaved, the others
+    at --sampled-temperature, warm-ups included."""
+    from gearshift.bench import sweep_point
+
+    of = sweep_point.mixed_temperatures(0.5, 1.2)
+    assert [of(i) for i in range(6)] == [1.2, 0.0] * 3
+    assert [sweep_point.mixed_temperatures(0.25, 1.0)(i) for i in range(8)].count(0.0) == 2
+    seen = _record_temperatures(monkeypatch)
+    target = make_tiny_checkpoint(tmp_path / "t", "llama")
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    out = tmp_path / "s.json"
+    assert main(["bench", "sweep", "--model", str(target), "--draft-model", str(head),
+                 "--device", "cpu", "--concurrency", "2", "--input-len", "6", "--output-len",
+                 "4", "--min-requests", "4", "--policies", "goodput,goodput-batch",
+                 "--workload", "mixed", "--sampled-temperature", "1.3",
+                 "--output-json", str(out), "--output-png", str(tmp_path / "s.png")]) == 0
+    # each closed loop alternates from a sampled request (odd loops: one more of those)
+    assert set(seen) == {0.0, 1.3} and len(seen) // 3 < seen.count(0.0) <= len(seen) // 2
+    data = json.loads(out.read_text())
+    assert list(data["results"]) == ["goodput", "goodput-batch"]
+    assert data["args"]["workload"] == "mixed"
 
 
 def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
@@ -140,7 +171,7 @@ def test_sweep_interleaves_policies_and_reverses_alternate_passes(monkeypatch):
                 "proposed": 4, "accepted": 1, "graphs_captured": 0, "decode_steps": 1,
                 "verify_steps": 2, "extend_steps": 3, "request_steps_by_k": {2: 1},
                 "request_steps_tree": 1, "tree_accepted": 3, "tree_top1_accepted": 2,
-                "catch_up_rows": 7, "catch_up_ms": 0.25,
+                "catch_up_rows": 7, "catch_up_ms": 0.25, "verify_eager_passes": 0,
                 "device_ms_median_by_mode": {"verify": 2.0 + c},
                 "verify_s_by_gear": {"4": [0.5, 2]},
                 "gear_switches": 0, "unscored_plans": 3,

@@ -46,3 +46,5 @@ def test_metrics_after_traffic():
     assert m["gearshift_num_requests_running"] == 0 and m["gearshift_num_requests_waiting"] == 0
     assert m['gearshift_engine_stat{name="tokens_generated"}'] == 23
     assert m['gearshift_engine_stat{name="steps_by_k.1"}'] == m['gearshift_engine_stat{name="steps"}']
+    # request-steps by the K each request was given
+    assert m['gearshift_spec_request_steps{k="1"}'] == m['gearshift_engine_stat{name="steps"}']

@@ -1,0 +1,87 @@
+"""goodput's per-request draft lengths (policy/allocation.py) with scripted acceptance and
+step-time tables (pure CPU)."""
+
+from __future__ import annotations
+
+import pytest
+from policy_helpers import memory_bound_costs, reqs
+
+from gearshift.policy.allocation import allocate
+from gearshift.policy.base import PolicyView
+from gearshift.policy.cost import CostModel
+from gearshift.policy.goodput import GoodputPolicy
+
+
+def linear_ms(base: float, per_token: float, n: int):
+    """A step of n requests: `base` ms, plus `per_token` ms per verified token beyond n."""
+    return lambda tokens, depth: base + per_token * (tokens - n)
+
+
+def test_more_drafts_to_the_requests_that_accept():
+    alphas = [0.9, 0.5, 0.9, 0.2]
+    ks = allocate(alphas, [5] * 4, linear_ms(10.0, 0.2, 4))
+    assert ks[0] == ks[2] > ks[1] > ks[3]
+    assert ks == [5, 2, 5, 1]  # each draft taken is worth more than any left out
+
+
+def test_no_drafts_below_their_cost():
+    # a draft costs 1 ms on a 10 ms step of 4 requests (0.4 tokens / ms): drafts worth
+    # less than ~0.4 tokens are not taken, whatever the request
+    ks = allocate([0.95, 0.3, 0.1, 0.8], [5] * 4, linear_ms(10.0, 1.0, 4))
+    assert ks[1] == ks[2] == 0 and ks[0] > 0 and ks[3] > 0
+    assert 0.95 ** ks[0] > 0.3 and 0.8 ** ks[3] > 0.3  # each taken draft beats the cutoff
+    # verification much dearer than a plain step: nobody drafts
+    assert allocate([0.9] * 4, [5] * 4, linear_ms(1.0, 100.0, 4)) == [0] * 4
+
+
+def test_free_verification_fills_every_limit():
+    assert allocate([0.6, 0.1, 0.9], [3, 2, 0], lambda t, d: 5.0) == [3, 2, 0]
+
+
+def test_a_mixed_plan_allocates_exactly_its_slots():
+    # cost flat up to 8 verified tokens (the knee), steep after: the budget of 4 drafts
+    # over 4 requests goes to the best marginal values, however they fall per request
+    ms = lambda tokens, depth: 4.0 if tokens <= 8 else 4.0 * tokens  # noqa: E731
+    alphas = [0.95, 0.9, 0.5, 0.3]
+    ks = allocate(alphas, [4] * 4, ms)
+    assert sum(ks) == 4 and ks == [3, 1, 0, 0]  # 0.95, 0.95^2, 0.9, 0.95^3 > 0.9^2
+
+
+def test_hysteresis_holds_a_request_s_drafts_on_near_ties():
+    ms = lambda tokens, depth: 4.0 if tokens <= 3 else 100.0  # noqa: E731 - one draft's budget
+    assert allocate([0.80, 0.81], [1, 1], ms) == [0, 1]
+    assert allocate([0.80, 0.81], [1, 1], ms, current=[1, 0], margin=0.02) == [1, 0]
+    assert allocate([0.70, 0.81], [1, 1], ms, current=[1, 0], margin=0.02) == [0, 1]
+
+
+def test_predict_verified_interpolates_between_the_gears():
+    m = CostModel()
+    for k, ms in enumerate([4.0, 6.0, 7.0, 8.0]):
+        m.base[k] = [[8.0, ms]]
+    assert m.predict_verified(8, 8, 0, 0, 3) == 4.0  # no drafts: a plain step
+    assert m.predict_verified(16, 8, 0, 1, 3) == 6.0  # uniform K = 1
+    assert m.predict_verified(20, 8, 0, 2, 3) == pytest.approx(6.5)  # mean K 1.5
+    assert m.predict_verified(12, 8, 0, 1, 3) == pytest.approx(5.5)  # mean 0.5: 1 -> 2 slope
+    m.draft_ms_per_depth = 0.25
+    assert m.predict_verified(12, 8, 0, 3, 3) == pytest.approx(5.5 + 0.25 * 2.5)
+
+
+def test_goodput_per_request_splits_a_batch_by_acceptance():
+    # 64 requests: uniform chains pass the knee (256 tokens) beyond K = 3
+    rs = reqs(32, 0.9, ctx=1) + reqs(32, 0.3, ctx=1)
+    for i, r in enumerate(rs):
+        r.request_id = str(i)
+    rs[3] = reqs(1, 0.9, speculative=False, ctx=1)[0]  # opted out: never drafts
+    rs[3].request_id = "3"
+    uniform = GoodputPolicy(memory_bound_costs(), 5, margin=0.0).plan(PolicyView(rs, 0, 5))
+    assert len(set(k for k, r in zip(uniform, rs) if r.params.speculative)) == 1
+    pol = GoodputPolicy(memory_bound_costs(), 5, margin=0.0, per_request=True)
+    ks = pol.plan(PolicyView(rs, 0, 5))
+    assert ks[3] == 0
+    assert min(ks[:3] + ks[4:32]) > max(ks[32:])
+    # more committed tokens per ms than the uniform plan, by the same cost model
+    def rate(plan):
+        tokens = sum(sum(0.9 ** j if i < 32 else 0.3 ** j for j in range(k + 1))
+                     for i, k in enumerate(plan))
+        return tokens / pol.cost.predict_verified(64 + sum(plan), 64, 64, max(plan), 5)
+    assert rate(ks) > rate(uniform)
