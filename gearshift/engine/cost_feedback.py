@@ -60,5 +60,10 @@ class CostFeedback:
     @staticmethod
     def _observe(policy, plan: StepPlan, gear: int, ms: float) -> None:
         observe = getattr(policy, "observe", None)
-        if observe is not None:
-            observe(gear, plan.batch_size, sum(r.num_tokens for r in plan.reqs), ms)
+        if observe is None:
+            return
+        ctx = sum(r.num_tokens for r in plan.reqs)
+        if gear and plan.draft_topk == 1:  # a chain step: its K per request (mixed K)
+            observe(gear, plan.batch_size, ctx, ms, ks=plan.num_draft_tokens)
+        else:
+            observe(gear, plan.batch_size, ctx, ms)

@@ -20,6 +20,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
+def chain_gear(ks: list[int]) -> int:
+    """The cost model's gear of a chain step of K_i per request: the uniform gear nearest
+    their mean (it verifies about as many tokens: CostModel.predict_verified); 0 = plain."""
+    if not any(ks):
+        return 0
+    return max(1, min(round(sum(ks) / len(ks)), max(ks)))
+
+
 def allocate(alphas: list[float], limits: list[int], step_ms: Callable[[int, int], float],
              current: list[int] | None = None, margin: float = 0.0) -> list[int]:
     """K per request in 0..limits[i]. `step_ms(verified tokens, deepest K)`: the predicted

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from gearshift.policy.allocation import allocate
+from gearshift.policy.allocation import allocate, chain_gear
 from gearshift.policy.base import Policy, PolicyView
 from gearshift.policy.cost import CostModel
 from gearshift.policy.exploration import Explorer
@@ -48,6 +48,9 @@ class GoodputPolicy(Policy):
         # else every eligible request takes the batch's gear
         self.per_request = per_request
         self._held: dict[str, int] = {}  # request id -> its K in the last plan (hysteresis)
+        # padded bs -> the gear of its last allocation: its steps are the running gear's,
+        # whichever uniform gear won the batch-wide scoring
+        self._allocated: dict[int, int] = {}
         self.num_draft_tokens = num_draft_tokens
         self.margin = margin
         self.pad = pad  # batch size -> padded (graph) batch size
@@ -155,6 +158,7 @@ class GoodputPolicy(Policy):
         step_ms = self.cost.verified_pricer(n, ctx, kmax, padded_bs=bs)
         ks = allocate(alphas, limits, step_ms, held, self.margin)
         self._held = {r.request_id: k for r, k in zip(reqs, ks)}
+        self._allocated[bs] = chain_gear(ks)
         return ks
 
     def _choose(self, view: PolicyView, top: int, scores: Scores | None = None) -> int:
@@ -212,12 +216,19 @@ class GoodputPolicy(Policy):
                                for k, (t, ms, _) in scores.items()))
         return best
 
-    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float) -> None:
-        bs = self.pad(bs)
+    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float,
+                ks: list[int] | None = None) -> None:
+        """A step at gear k took `ms`; `ks`: a chain step's K per request."""
+        n, bs = bs, self.pad(bs)
         self.explorer.observe(k, bs, ms)
-        # the running gear's steps share their drift (see share_after); a probe's or an
-        # exploration's step prices only its own gear, by at least explore_rate
-        steady = k == self.current_k
+        if k and ks and len(set(ks)) > 1:  # mixed K: its error, carried to its gear's price
+            mixed = self.cost.predict_verified(n + sum(ks), n, ctx_tokens, max(ks),
+                                               self.num_draft_tokens, padded_bs=bs)
+            ms *= self.cost.predict(k, bs, ctx_tokens) / mixed
+        # the running gear's steps (an allocation's too) share their drift (see
+        # share_after); a probe's or an exploration's step prices only its own gear, by at
+        # least explore_rate
+        steady = k == self.current_k or (k != 0 and self._allocated.get(bs) == k)
         self._steady = self._steady + 1 if steady else self._steady
         pred = self.cost.observe(k, bs, ctx_tokens, ms,
                                  share=steady and self._steady > self.share_after,

@@ -22,6 +22,7 @@ from itertools import accumulate
 import torch
 
 from gearshift.config import EngineConfig
+from gearshift.policy.allocation import chain_gear
 from gearshift.runner.batch import BatchBuilder, StepBatch
 from gearshift.runner.graphs import mixed_verify_tokens
 from gearshift.runner.model_runner import ModelRunner
@@ -94,8 +95,7 @@ class SpecRunner:
             return 0
         if plan.draft_topk > 1:
             return self.num_draft_tokens + 1
-        ks = plan.num_draft_tokens
-        return max(1, min(round(sum(ks) / len(ks)), max(ks)))
+        return chain_gear(plan.num_draft_tokens)
 
     def _bucketed(self, n_nodes: list[int], sb) -> bool:
         """Does a chain step of different lengths verify on a token-bucket graph? Not with

@@ -141,7 +141,7 @@ def test_catch_up_is_timed_and_not_charged_to_the_verify_steps_k(
             self.calls += 1
             return [0 if self.calls <= 5 else 2] * len(view.requests)
 
-        def observe(self, k, bs, ctx, ms):
+        def observe(self, k, bs, ctx, ms, ks=None):
             self.observed.append((k, ms))
 
         def observe_catch_up(self, rows, ms):  # what leaving K = 0 cost, per row

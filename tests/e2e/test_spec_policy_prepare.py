@@ -55,7 +55,7 @@ def test_prepare_runs_inside_each_verify_step_before_its_commit(make_llm, tiny_l
 class Observing(Recording):
     """Recording, plus the steps it observes: (K, batch size, ms)."""
 
-    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float) -> None:
+    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float, ks=None) -> None:
         self.seen.append(("observe", (k, bs, round(ms, 6))))
 
 

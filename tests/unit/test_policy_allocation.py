@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from policy_helpers import memory_bound_costs, reqs
 
-from gearshift.policy.allocation import allocate
+from gearshift.policy.allocation import allocate, chain_gear
 from gearshift.policy.base import PolicyView
 from gearshift.policy.cost import CostModel
 from gearshift.policy.goodput import GoodputPolicy
@@ -85,3 +85,34 @@ def test_goodput_per_request_splits_a_batch_by_acceptance():
                      for i, k in enumerate(plan))
         return tokens / pol.cost.predict_verified(64 + sum(plan), 64, 64, max(plan), 5)
     assert rate(ks) > rate(uniform)
+
+
+def test_a_mixed_step_at_its_predicted_time_leaves_the_prices_alone():
+    # mean K 1.5 is priced between the gears (6.5 ms) and observed as gear 2 (7 ms): the
+    # step's error (none) is what moves gear 2, not its gap to the uniform gear
+    pol = GoodputPolicy(CostModel(), 3, per_request=True)
+    for k, ms in enumerate([4.0, 6.0, 7.0, 8.0]):
+        pol.cost.base[k] = [[8.0, ms]]
+    ks = [1, 2] * 4
+    ms = pol.cost.predict_verified(8 + sum(ks), 8, 0, max(ks), 3)
+    assert ms == pytest.approx(6.5 + pol.cost.draft_ms_per_depth * 0.5)
+    pol.observe(chain_gear(ks), 8, 0, ms, ks=ks)
+    assert [pol.cost.base[k][0][1] for k in range(4)] == pytest.approx([4.0, 6.0, 7.0, 8.0])
+    pol.observe(chain_gear(ks), 8, 0, ms * 1.2, ks=ks)  # 20% over: gear 2's price follows
+    assert pol.cost.base[2][0][1] == pytest.approx(7.0 * (1 + 0.2 / 2))  # its 2nd observation
+
+
+def test_an_allocations_steps_are_the_running_gear_not_probes():
+    # the allocation's gear differs from the batch-wide winner; its steps move its price
+    # by the running gear's EMA rate, not by an exploration's (half the error at once)
+    rs = reqs(32, 0.9, ctx=1) + reqs(32, 0.3, ctx=1)
+    for i, r in enumerate(rs):
+        r.request_id = str(i)
+    pol = GoodputPolicy(memory_bound_costs(knee_tokens=300), 5, margin=0.0, per_request=True)
+    gear = chain_gear(pol.plan(PolicyView(rs, 0, 5)))
+    assert gear and gear != pol.current_k  # 3 against the uniform K = 4
+    price = pol.cost.predict(gear, 64, 64)
+    for _ in range(30):  # the point's prior replaced, then settled at the true price
+        pol.observe(gear, 64, 64, price, ks=[gear] * 64)
+    pol.observe(gear, 64, 64, 1.2 * price, ks=[gear] * 64)
+    assert pol.cost.predict(gear, 64, 64) == pytest.approx(price * (1 + 0.2 * pol.cost.ema))
