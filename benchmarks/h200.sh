@@ -55,8 +55,8 @@ else
   SWEEP=(--concurrency 1,8,64,256 --rounds 2 --passes 2 --min-requests 8)
   MIXED=(--concurrency 1,8,32,64,256 --rounds 2 --passes 2 --min-requests 8)
 fi
-# every batch-wide policy beside per-request goodput, the batch-wide goodput included
-POLICIES=(--policies goodput,goodput-batch,off,always-2,always-4,threshold,threshold-vllm,tree)
+# every policy, goodput with a K per request (goodput-request) included
+POLICIES=(--policies goodput,goodput-request,off,always-2,always-4,threshold,threshold-vllm,tree)
 
 write_meta "$OUT/meta.json"
 

@@ -171,7 +171,7 @@ class EngineConfig:
     num_draft_tokens: int = 4  # K: draft depth (chain length)
     draft_topk: int = 1  # 1 = chain; > 1 = tree expanding the top-k per step
     num_verify_tokens: int | None = None  # tree budget incl. the root; None: K + 1 for chains
-    spec_policy: str = "goodput"  # goodput | goodput-batch | always | off | threshold | ...| random
+    spec_policy: str = "goodput"  # goodput | goodput-request | always | off | threshold | ...| random
     # how speculation verifies sampled tokens (a request's SamplingParams.spec_sampling wins):
     # "rejection" keeps the target's distribution; "coupled" also keeps the text: a seeded
     # request gets exactly what plain decoding with that seed gives (speculative/coupled.py).
@@ -227,9 +227,9 @@ class EngineConfig:
         if self.num_verify_tokens is not None and not (
                 2 <= self.num_verify_tokens <= 1 + self.num_draft_tokens * self.draft_topk ** 2):
             raise ConfigError("num_verify_tokens must be in [2, 1 + num_draft_tokens * draft_topk^2]")
-        if self.spec_policy not in ("goodput", "goodput-batch", "always", "off", "threshold",
+        if self.spec_policy not in ("goodput", "goodput-request", "always", "off", "threshold",
                                     "threshold-vllm", "random"):
-            raise ConfigError(f"unknown spec_policy {self.spec_policy!r} (goodput, goodput-batch, "
+            raise ConfigError(f"unknown spec_policy {self.spec_policy!r} (goodput, goodput-request, "
                               "always, off, threshold, threshold-vllm, random)")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError("need 1 <= ngram_min <= ngram_max")

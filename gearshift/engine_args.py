@@ -70,7 +70,7 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
     s.add_argument("--num-verify-tokens", type=int,
                    help="tree budget incl. the root (default: from the depth and width)")
     s.add_argument("--spec-policy",
-                   help="goodput (default: K per request) | goodput-batch (one K per step) | "
+                   help="goodput (default: one K per step) | goodput-request (a K per request) | "
                         "always | off | threshold | threshold-vllm | random")
     s.add_argument("--spec-sampling", choices=["coupled", "rejection"],
                    help="how sampled tokens are verified: coupled (default; the text plain "

@@ -2,8 +2,8 @@
 concurrency (1, 2, 4, ... 256) for each speculation policy, on one target + draft pair:
 
     off | always K=2 | always K=4 | tree | threshold (SGLang-like: off at >= 64)
-        | threshold-vllm (K=3 <= 64, K=1 <= 128, off above) | goodput (default: K per
-        request) | goodput-batch (one K per step; only when --policies names it)
+        | threshold-vllm (K=3 <= 64, K=1 <= 128, off above) | goodput (default: one K
+        per step) | goodput-request (a K per request; only when --policies names it)
 
 Concurrency c = at most c requests running: a pass is a closed loop over c * rounds requests
 (each of the c slots serves `rounds` (2) requests in turn; at least min_requests / passes),
@@ -38,8 +38,8 @@ from gearshift.engine.gc_control import freeze_heap
 log = logging.getLogger("gearshift.bench")
 
 CHAIN_POLICIES = ("goodput", "off", "always-2", "always-4", "threshold", "threshold-vllm")
-# beside the default set: goodput with one K per step, against goodput's K per request
-OPTIONAL_POLICIES = ("goodput-batch",)
+# beside the default set: goodput with a K per request, against goodput's one K per step
+OPTIONAL_POLICIES = ("goodput-request",)
 
 
 def make_prompts(tokenizer, vocab: int, n: int, input_len: int, seed: int) -> list[list[int]]:
@@ -85,7 +85,7 @@ def policy_object(name: str, engine, k_max: int):
     cost = build_cost_model(engine.runner, k_max, engine.config.max_num_seqs,
                             engine.spec.draft_frac, engine.spec.tree_nodes)
     policy = GoodputPolicy(cost, k_max, pad=engine.runner.decode_pad,
-                           per_request=name == "goodput")
+                           per_request=name == "goodput-request")
     apply_measured(policy, engine.measured_costs)
     return policy
 

@@ -8,7 +8,7 @@ from gearshift.policy.base import Policy, PolicyView
 __all__ = ["Policy", "PolicyView", "create_policy"]
 
 
-POLICIES = ("goodput", "goodput-batch", "always", "off", "threshold", "threshold-vllm",
+POLICIES = ("goodput", "goodput-request", "always", "off", "threshold", "threshold-vllm",
             "random")
 
 
@@ -31,7 +31,7 @@ def create_policy(config: EngineConfig, cost_model=None, pad=lambda bs: bs) -> P
         return ThresholdPolicy(SGLANG_LIKE, num_draft_tokens)
     if name == "threshold-vllm":
         return ThresholdPolicy(VLLM_LIKE, num_draft_tokens)
-    if name in ("goodput", "goodput-batch"):  # K per request, or one K for the batch
+    if name in ("goodput", "goodput-request"):  # one K for the batch, or K per request
         return GoodputPolicy(cost_model(), num_draft_tokens, pad=pad,
-                             per_request=name == "goodput")
+                             per_request=name == "goodput-request")
     raise ConfigError(f"unknown spec_policy {name!r} ({', '.join(POLICIES)})")

@@ -4,11 +4,12 @@ drafts, and, when the engine verifies trees (draft_topk > 1), num_draft_tokens +
 draft tree of that depth per request. Scores per gear: policy/scoring.py; the steps that run
 another gear to keep its price measured: policy/exploration.py.
 
-Per request (`per_request`, the engine's `goodput`): a scored chain gear is refined into
-a K_i per request by greedy marginal allocation (policy/allocation.py: request i's k-th
+Per request (`per_request`, the engine's `goodput-request`): a scored chain gear is refined
+into a K_i per request by greedy marginal allocation (policy/allocation.py: request i's k-th
 draft is worth a_i^k, and costs the time it adds at the step's verified tokens and
 context), with hysteresis per request; the batch-wide gear still chooses chains, the tree
-or an exploration step (`goodput-batch`: every request takes the gear).
+or an exploration step (`goodput`, the default: every request takes the gear; measured
+faster so far, docs/benchmarks.md).
 
 Hysteresis: the current K is kept unless another K is predicted to be better by more than
 `margin` (2%: no flapping on noise, and at most 2% lost to a gear that is better by less).

@@ -143,13 +143,13 @@ def test_sweep_mixed_workload_mixes_greedy_and_sampled_requests(tmp_path, monkey
     out = tmp_path / "s.json"
     assert main(["bench", "sweep", "--model", str(target), "--draft-model", str(head),
                  "--device", "cpu", "--concurrency", "2", "--input-len", "6", "--output-len",
-                 "4", "--min-requests", "4", "--policies", "goodput,goodput-batch",
+                 "4", "--min-requests", "4", "--policies", "goodput,goodput-request",
                  "--workload", "mixed", "--sampled-temperature", "1.3",
                  "--output-json", str(out), "--output-png", str(tmp_path / "s.png")]) == 0
     # each closed loop alternates from a sampled request (odd loops: one more of those)
     assert set(seen) == {0.0, 1.3} and len(seen) // 3 < seen.count(0.0) <= len(seen) // 2
     data = json.loads(out.read_text())
-    assert list(data["results"]) == ["goodput", "goodput-batch"]
+    assert list(data["results"]) == ["goodput", "goodput-request"]
     assert data["args"]["workload"] == "mixed"
 
 
