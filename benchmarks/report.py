@@ -40,7 +40,9 @@ PNG_NAME = "spec_sweep.png"
 KEPT = "<!-- Figures below are measured on CPU, not by benchmarks/h200.sh: report.py keeps them. -->"
 # benchmarks/serve_report.py's section sits between these, just before KEPT; a new page keeps it
 SERVE_BEGIN, SERVE_END = "<!-- serve: begin -->", "<!-- serve: end -->"
-FILES = ("meta", "decode_plain", "decode_draft", "offline", "sweep")
+FILES = ("meta", "decode_plain", "decode_draft", "offline", "sweep", "mixed")
+MIXED_REF = "goodput-request"  # the mixed workload's policy under test: a K per request
+MIXED_RATIO, MIXED_AT = 1.10, (32, 64)  # over the best batch-wide policy, at these c
 
 
 def load(out: Path) -> dict:
@@ -251,6 +253,39 @@ def sweep_section(data: dict, commit: str, out: Path, png: str | None) -> list[s
     return lines + [""]
 
 
+def mixed_section(data: dict, commit: str, out: Path) -> list[str]:
+    lines = ["## Per-request draft lengths: the mixed workload", "",
+             f"`{MIXED_REF}` gives each request its own K by marginal value (request i's k-th "
+             "draft is worth a_i^k from its own acceptance, against the step time it adds); "
+             "every other policy gives the whole batch one K. Workload: half the requests "
+             "greedy, half sampled at temperature 1.2 (`bench sweep --workload mixed`), so "
+             "acceptance differs per request. Criterion: "
+             f"{MIXED_REF} >= {MIXED_RATIO} x the best batch-wide policy at c = "
+             f"{' and '.join(map(str, MIXED_AT))}, >= 1.0 x at every other c. The step runs "
+             "in its own call (`STEPS=\"pair mixed\"`).", ""]
+    mdata = data.get("mixed_run") or data  # its own call's folder (--mixed), else OUT
+    m = mdata.get("mixed")
+    if not m:
+        return lines + missing(mdata, "mixed")
+    if mdata is not data:
+        commit = _commit(mdata.get("meta", {}), None)
+    if m.get("renamed"):  # policy names of that commit -> today's
+        lines += ["Measured before a rename; the columns carry today's names ("
+                  + ", ".join(f"`{a}` then" + f" = `{b}` now" for a, b in m["renamed"].items())
+                  + ").", ""]
+    lines += facts(m["env"], commit, command(mdata, "mixed", mdata.get("out", out)),
+                   model_name(m["env"]),
+                   "per policy and concurrency in the table (greedy and sampled requests together)")
+    lines += [markdown_table(m["results"], MIXED_REF), ""]
+    v = verdicts(m["results"], MIXED_REF)
+    for p in v["points"]:
+        need = MIXED_RATIO if p["concurrency"] in MIXED_AT else 1.0
+        ok = p["goodput_over_best"] >= need
+        lines.append(f"- c = {p['concurrency']}: {MIXED_REF} / {p['best_other']} = "
+                     f"{p['goodput_over_best']:.3f} (>= {need}): {'PASS' if ok else 'FAIL'}")
+    return lines + [""]
+
+
 def tax_section(data: dict, commit: str, out: Path) -> list[str]:
     lines = ["## Spec tax", "",
              "What configured but idle speculation costs: the decode step of an engine with the "
@@ -319,6 +354,7 @@ def render(data: dict, out: Path, commit: str, png: str | None, tail: str = "") 
     lines += decode_section(data, commit, out)
     lines += offline_section(data, commit, out)
     lines += sweep_section(data, commit, out, png)
+    lines += mixed_section(data, commit, out)
     lines += tax_section(data, commit, out)
     lines += run_section(data, out)
     page = "\n".join(lines).rstrip() + "\n"
@@ -330,10 +366,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path, help="the folder benchmarks/h200.sh wrote ($OUT)")
     p.add_argument("--output", type=Path, default=ROOT / "docs" / "benchmarks.md")
     p.add_argument("--commit", help="the measured commit (default: the run's, else this checkout's)")
+    p.add_argument("--mixed", type=Path, help="the folder of the mixed workload's own call "
+                   "(STEPS=\"pair mixed\"; default: OUT)")
     args = p.parse_args(argv)
-    if not args.out.is_dir():
-        raise SystemExit(f"report: no folder {args.out}")
+    for folder in (args.out, args.mixed):
+        if folder is not None and not folder.is_dir():
+            raise SystemExit(f"report: no folder {folder}")
     data = load(args.out)
+    if args.mixed is not None:
+        data["mixed_run"] = {**load(args.mixed), "out": args.mixed}
     png = None
     if (args.out / "sweep.png").is_file():
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -24,26 +24,27 @@ def _by_concurrency(results: dict) -> tuple[dict, list[int]]:
     return at, sorted({c for q in at for c in at[q]})
 
 
-def verdicts(results: dict) -> dict:
+def verdicts(results: dict, ref: str = "goodput") -> dict:
     """{"points": [{c, best_other, goodput_over_best, paired_median, paired_min}],
     "min_goodput_over_best", "goodput_within_best" (>= 0.97 at every c goodput ran),
-    "goodput_over_off_c1" and "goodput_beats_off_c1" (None without c = 1), "geomean"}."""
+    "goodput_over_off_c1" and "goodput_beats_off_c1" (None without c = 1), "geomean"}.
+    `ref`: the policy measured against the others (the keys keep goodput's name)."""
     at, concs = _by_concurrency(results)
     points = []
     for c in concs:
         row = {q: at[q][c] for q in at if c in at[q]}
-        others = [q for q in row if q != "goodput"]
-        g = row.get("goodput")
+        others = [q for q in row if q != ref]
+        g = row.get(ref)
         if g is None or not others:
             continue
         best = max(others, key=lambda q: row[q]["output_tok_per_s"])
-        paired = _paired(row)
+        paired = _paired(row, ref)
         points.append({"concurrency": c, "best_other": best,
                        "goodput_over_best": g["output_tok_per_s"] / row[best]["output_tok_per_s"],
                        "paired_median": statistics.median(paired) if paired else None,
                        "paired_min": min(paired) if paired else None})
     ratios = [p["goodput_over_best"] for p in points]
-    c1 = at.get("goodput", {}).get(1), at.get("off", {}).get(1)
+    c1 = at.get(ref, {}).get(1), at.get("off", {}).get(1)
     off_ratio = c1[0]["output_tok_per_s"] / c1[1]["output_tok_per_s"] if None not in c1 else None
     geo = {q: math.exp(statistics.fmean(math.log(pt["output_tok_per_s"]) for pt in at[q].values()))
            for q in at if len(at[q]) == len(concs)}
@@ -54,11 +55,11 @@ def verdicts(results: dict) -> dict:
             "geomean": geo}
 
 
-def _paired(row: dict) -> list[float]:
-    """Per pass: goodput's tok/s over the best other policy's in the same pass (the same
-    prompts); [] without goodput or per-pass figures."""
-    g = row.get("goodput")
-    others = [pt["pass_tok_per_s"] for q, pt in row.items() if q != "goodput"]
+def _paired(row: dict, ref: str = "goodput") -> list[float]:
+    """Per pass: `ref`'s tok/s over the best other policy's in the same pass (the same
+    prompts); [] without `ref` or per-pass figures."""
+    g = row.get(ref)
+    others = [pt["pass_tok_per_s"] for q, pt in row.items() if q != ref]
     if not g or not others or not g.get("pass_tok_per_s"):
         return []
     return [x / max(o[i] for o in others) for i, x in enumerate(g["pass_tok_per_s"])
@@ -76,14 +77,14 @@ def k_mix(point: dict) -> dict:
     return mix
 
 
-def markdown_table(results: dict) -> str:
-    """Output tok/s (acceptance) per policy and concurrency, with goodput's verdict per row."""
+def markdown_table(results: dict, ref: str = "goodput") -> str:
+    """Output tok/s (acceptance) per policy and concurrency, with `ref`'s verdict per row."""
     at, concs = _by_concurrency(results)
     pols = list(results)
-    v = verdicts(results)
+    v = verdicts(results, ref)
     per_c = {p["concurrency"]: p for p in v["points"]}
-    lines = ["| c | " + " | ".join(pols) + " | best other | goodput / best "
-             "| per pass: median, min | goodput K mix |",
+    lines = ["| c | " + " | ".join(pols) + f" | best other | {ref} / best "
+             f"| per pass: median, min | {ref} K mix |",
              "|---:|" + "---:|" * len(pols) + "---|---:|---|---|"]
     for c in concs:
         cells = []
@@ -93,7 +94,7 @@ def markdown_table(results: dict) -> str:
             cells.append("-" if pt is None else f"{pt['output_tok_per_s']:,.0f}"
                          + (f" ({acc:.2f})" if acc is not None else ""))
         p = per_c.get(c)
-        g = at.get("goodput", {}).get(c)
+        g = at.get(ref, {}).get(c)
         paired = (f"{p['paired_median']:.3f}, {p['paired_min']:.3f}"
                   if p and p["paired_median"] is not None else "-")
         lines.append(f"| {c} | " + " | ".join(cells) + " | "

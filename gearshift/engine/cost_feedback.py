@@ -12,7 +12,7 @@ A step that captured a CUDA graph is not observed: a one-off capture would teach
 policy that its gear costs seconds.
 
 Data flow: Engine.step -> CostFeedback.after_step / after_read -> policy.observe(gear, bs,
-context, ms) and policy.observe_catch_up(rows, ms).
+context, ms[, ks=K per request of a chain step mixing K]) and policy.observe_catch_up(rows, ms).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class CostFeedback:
         if observe is None:
             return
         ctx = sum(r.num_tokens for r in plan.reqs)
-        if gear and plan.draft_topk == 1:  # a chain step: its K per request (mixed K)
-            observe(gear, plan.batch_size, ctx, ms, ks=plan.num_draft_tokens)
+        if gear and plan.draft_topk == 1 and len(set(plan.num_draft_tokens)) > 1:
+            observe(gear, plan.batch_size, ctx, ms, ks=plan.num_draft_tokens)  # mixed K
         else:
             observe(gear, plan.batch_size, ctx, ms)

@@ -78,7 +78,7 @@ def test_steps_that_capture_a_graph_are_not_observed(make_llm, tiny_llama_dir, t
     eng.policy.plan = lambda view: [3 * (next(calls) % 2)] * len(view.requests)
     eng._graphs_seen = 0
     seen = []
-    eng.policy.observe = lambda k, bs, ctx, ms: seen.append((k, ms))
+    eng.policy.observe = lambda k, bs, ctx, ms, ks=None: seen.append((k, ms))
     verify, decode = [], []
     orig_verify, orig_step = eng._verify, eng.runner.run
 
@@ -179,7 +179,7 @@ def test_verify_step_cost_includes_its_planning(make_llm, tiny_llama_dir):
                    spec_policy="always")
     eng = llm.engine
     seen = []
-    eng.policy.observe = lambda k, bs, ctx, ms: seen.append((k, ms))
+    eng.policy.observe = lambda k, bs, ctx, ms, ks=None: seen.append((k, ms))
     plan = eng.policy.plan
 
     def slow_plan(view):

@@ -17,13 +17,17 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = ["pair", "decode_plain", "decode_draft", "offline", "sweep"]
 
 
+def _smoke(out: Path, **env) -> subprocess.CompletedProcess:
+    env = {**os.environ, "H200_SMOKE": "1", "OUT": str(out), "OMP_NUM_THREADS": "1", **env}
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "h200.sh")], cwd=out.parent,
+                         env=env, capture_output=True, text=True, timeout=170)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
+
+
 def test_smoke_run_writes_every_figure(tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "H200_SMOKE": "1", "OUT": str(out), "OMP_NUM_THREADS": "1",
-           "COMMIT": "smoketest"}
-    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "h200.sh")], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=170)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run = _smoke(out, COMMIT="smoketest")
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == STEPS and all(s["exit"] == 0 for s in steps)
     assert all(s["command"].startswith("python -m gearshift.cli ") for s in steps)
@@ -32,14 +36,23 @@ def test_smoke_run_writes_every_figure(tmp_path):
         assert (out / f"{step}.json").is_file() and f"[h200] {step}: exit 0" in run.stdout
     assert (out / "sweep.png").stat().st_size > 0
     sweep = json.loads((out / "sweep.json").read_text())
-    assert len(sweep["results"]) == 7  # every policy the sweep compares
+    assert len(sweep["results"]) == 8  # every policy the sweep compares
     assert [p["concurrency"] for p in sweep["criteria"]["points"]] == [1, 2]
     plain = json.loads((out / "decode_plain.json").read_text())
     draft = json.loads((out / "decode_draft.json").read_text())
     assert [r["batch_size"] for r in plain["decode_by_batch"]] == [1, 2, 4]
     assert draft["spec"]["proposed"] == 0 and plain["env"]["draft"] is None
     assert json.loads((out / "meta.json").read_text())["commit"] == "smoketest"
-    page = (out / "benchmarks.md").read_text()
+    # the mixed workload in a call of its own, and the page from both folders
+    mixed = tmp_path / "mixed"
+    _smoke(mixed, COMMIT="mixedtest", STEPS="pair mixed")
+    assert "goodput-request" in json.loads((mixed / "mixed.json").read_text())["results"]
+    page_md = tmp_path / "page.md"
+    subprocess.run(["python", str(ROOT / "benchmarks" / "report.py"), str(out), "--mixed",
+                    str(mixed), "--output", str(page_md)], check=True, timeout=60)
+    page = page_md.read_text()
     assert "> **Smoke run**" in page and "commit `smoketest`" in page
-    assert "Not measured" not in page and (out / "spec_sweep.png").is_file()
+    assert "Not measured" not in page and (tmp_path / "spec_sweep.png").is_file()
+    assert "commit: `mixedtest`" in page and "| goodput-request / best |" in page
+    assert "--workload mixed" in page and "c = 2: goodput-request / " in page
     assert "--output-json $OUT/decode_plain.json`" in page  # commands as run, $OUT spelled out
