@@ -97,3 +97,36 @@ def test_a_verify_steps_cost_is_observed_inside_the_next_step_before_its_sync(
     eng.step()  # the last step's cost went to the policy that ran it
     assert [s for kind, s in pol.seen if kind == "observe" and s[0] == 2] == walls
     assert later.seen == []
+
+
+class MixedThenUniform(Policy):
+    """K = 1, 3, 1, ... per request on odd plans, K = 2 for all on even ones; records what
+    it observes: (gear, batch size, K per request or None)."""
+
+    def __init__(self) -> None:
+        self.calls, self.observed = 0, []
+
+    def plan(self, view: PolicyView) -> list[int]:
+        self.calls += 1
+        n = len(view.requests)
+        return [1 + 2 * (i % 2) for i in range(n)] if self.calls % 2 else [2] * n
+
+    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float, ks=None) -> None:
+        self.observed.append((k, bs, ks))
+
+
+def test_a_mixed_k_step_is_observed_with_its_k_per_request(make_llm, tiny_llama_dir):
+    """goodput-request prices a step that mixes K against the mix (CostFeedback passes the
+    plan's K per request); a uniform step is observed as its gear alone."""
+    from gearshift.policy.allocation import chain_gear
+
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="ngram", num_draft_tokens=3,
+                   overlap_schedule=False)
+    pol = MixedThenUniform()
+    llm.engine.set_policy(pol)
+    llm.generate(random_prompts([6, 9, 4, 12], seed=2),
+                 SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
+    mixed = [(k, ks) for k, bs, ks in pol.observed if ks is not None]
+    uniform = [k for k, bs, ks in pol.observed if k and ks is None]
+    assert mixed and all(len(set(ks)) > 1 and k == chain_gear(ks) for k, ks in mixed)
+    assert uniform and set(uniform) == {2}
