@@ -159,6 +159,7 @@ class EngineConfig:
     # ranks splitting the model (models/parallel.py), one process and device each; rank 0
     # plans every step for all of them (distributed/)
     tensor_parallel_size: int = 1
+    step_trace: str | None = None  # JSONL path: one line per engine step (engine/step_trace.py)
     gc_freeze: bool | None = None  # gc.freeze() the start-up heap (engine/gc_control.py); None: on CUDA
     seed: int = 0
     cpu_threads: int | None = None  # CPU runs; None: runner/startup_checks.default_cpu_threads
@@ -196,6 +197,8 @@ class EngineConfig:
             raise ConfigError("kv_cache_tokens must be >= 16")
         if self.max_num_batched_tokens < 1:
             raise ConfigError("max_num_batched_tokens must be >= 1")
+        if self.step_trace is not None and not Path(self.step_trace).resolve().parent.is_dir():
+            raise ConfigError(f"step_trace: no folder for {self.step_trace!r}")
         if self.extend_graph_max_tokens < 0:
             raise ConfigError("extend_graph_max_tokens must be >= 0 (0 = no EXTEND graphs)")
         if not 0.0 < self.kv_memory_fraction < 1.0:

@@ -57,6 +57,9 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
                    default=True, help="reuse the KV of cached prompt prefixes (and the draft's)")
     g.add_argument("--disable-prefix-caching", dest="enable_prefix_caching",
                    action="store_false", help="the same as --no-enable-prefix-caching")
+    g.add_argument("--step-trace", metavar="PATH",
+                   help="write one JSON line per engine step to PATH (mode, batch, K, wall and "
+                        "device ms, the host gap before it): benchmarks/trace_report.py")
     g.add_argument("--no-fuse-norms", action="store_true",
                    help="keep RMSNorm and residual adds in their own kernels (default on CUDA "
                         "with TMA: inside the GEMMs where they can be, else the norm alone)")
@@ -107,7 +110,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     if getattr(args, "gpu_memory_utilization", None) is not None:
         kw["kv_memory_fraction"] = args.gpu_memory_utilization
     for name in ("tokenizer", "cpu_threads", "served_model_name", "chat_template",
-                 "tensor_parallel_size"):
+                 "tensor_parallel_size", "step_trace"):
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
     for name in ("speculative_algorithm", "draft_model", "num_draft_tokens", "draft_topk",

@@ -29,6 +29,7 @@ from gearshift.engine.logprob_outputs import attach as attach_logprobs
 from gearshift.engine.overlap import PendingStep, TokenFeed
 from gearshift.engine.seeds import draw_seed, mix_seed
 from gearshift.engine.stats import StepStats, spec_stats
+from gearshift.engine.step_trace import StepTrace
 from gearshift.engine.tokenizer import eos_token_ids, load_engine_tokenizer
 from gearshift.faults import RequestFault
 from gearshift.forward_batch import ForwardMode
@@ -114,6 +115,8 @@ class Engine:
             # later collections skip the start-up heap (model, libraries, graphs): no
             # 100 ms full collections at random steps while serving
             freeze_heap()
+        if config.step_trace:  # after the warm-up: its steps are not the run's
+            self.step_stats.trace = StepTrace(config.step_trace)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids: list[int],

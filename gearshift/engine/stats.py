@@ -20,6 +20,7 @@ class StepStats:
         self.counts = {"steps": 0, "decode_steps": 0, "extend_steps": 0, "verify_steps": 0,
                        "tokens_computed": 0, "tokens_generated": 0, "step_time_s": 0.0}
         self.last_step: dict = {}  # mode, batch_size, num_tokens, time_s, device_ms, gear
+        self.trace = None  # a StepTrace (--step-trace): one JSON line per step
 
     def account(self, plan: StepPlan, outputs: list[StepOutput], dt: float,
                 device_ms: float | None, gear: int) -> None:
@@ -31,7 +32,10 @@ class StepStats:
         self.last_step = {"mode": plan.mode.value, "batch_size": plan.batch_size,
                           "num_tokens": plan.num_tokens, "time_s": dt, "device_ms": device_ms,
                           "gear": gear}
-        s["tokens_generated"] += sum(len(o.new_token_ids) for o in outputs)
+        generated = sum(len(o.new_token_ids) for o in outputs)
+        s["tokens_generated"] += generated
+        if self.trace is not None:
+            self.trace.record(plan, self.last_step, generated)
         s["step_time_s"] += dt
         log.debug("step %s bs=%d tokens=%d %.2fms", plan.mode.name, plan.batch_size,
                   plan.num_tokens, dt * 1e3)

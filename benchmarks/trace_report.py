@@ -1,0 +1,105 @@
+"""Step traces side by side (`--step-trace PATH` of `gearshift serve` / `bench ...`): where a
+served run's time goes against the engine's closed loop at the same concurrency.
+
+    python benchmarks/trace_report.py served.jsonl closed.jsonl
+
+Per trace, a markdown column: output tok/s over the traced span, the share of that span
+in host gaps between steps (the caller's work), steps and median / p90 wall ms per mode,
+median device ms, VERIFY steps' K mix (request-steps by K; trees apart), and the steps
+that carried a prefill chunk: how many, and how many of those speculated.
+
+Data flow: JSONL lines (gearshift/engine/step_trace.py) -> summarize() -> table().
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+
+def load(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(int(q * len(xs)), len(xs) - 1)]
+
+
+def summarize(steps: list[dict]) -> dict:
+    """One trace's figures (see the module doc)."""
+    if not steps:
+        return {"steps": 0}
+    span = (steps[-1]["t_ms"] + steps[-1]["ms"] - steps[0]["t_ms"]) / 1e3
+    gaps = sum(s["gap_ms"] for s in steps[1:]) / 1e3
+    out = {"steps": len(steps), "span_s": span,
+           "tok_per_s": sum(s["generated"] for s in steps) / span if span > 0 else None,
+           "gap_share": gaps / span if span > 0 else None, "modes": {}}
+    for mode in sorted({s["mode"] for s in steps}):
+        own = [s for s in steps if s["mode"] == mode]
+        dev = [s["device_ms"] for s in own if s.get("device_ms")]
+        out["modes"][mode] = {"steps": len(own),
+                              "ms_median": statistics.median(s["ms"] for s in own),
+                              "ms_p90": _pct([s["ms"] for s in own], 0.9),
+                              "device_ms_median": statistics.median(dev) if dev else None,
+                              "gap_ms_median": statistics.median(s["gap_ms"] for s in own)}
+    ks: Counter = Counter()
+    for s in steps:
+        if s["mode"] == "verify":
+            key = "tree" if s.get("topk", 1) > 1 else None
+            for k, n in s.get("ks", {}).items():
+                ks[key or int(k)] += n
+    out["k_mix"] = dict(sorted(ks.items(), key=lambda kv: (isinstance(kv[0], str), kv[0])))
+    prefill = [s for s in steps if s.get("prefill")]
+    out["prefill_steps"] = len(prefill)
+    out["prefill_steps_speculating"] = sum(1 for s in prefill if s["mode"] == "verify")
+    return out
+
+
+def _f(x, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def table(names: list[str], sums: list[dict]) -> str:
+    rows = [("steps", [str(s["steps"]) for s in sums]),
+            ("span (s)", [_f(s.get("span_s")) for s in sums]),
+            ("output tok/s", [_f(s.get("tok_per_s"), "{:,.0f}") for s in sums]),
+            ("host gaps / span", [_f(s.get("gap_share"), "{:.1%}") for s in sums])]
+    for mode in sorted({m for s in sums for m in s.get("modes", {})}):
+        ms = [s.get("modes", {}).get(mode) for s in sums]
+        rows += [(f"{mode}: steps", [_f(m and m["steps"], "{}") for m in ms]),
+                 (f"{mode}: wall ms median / p90",
+                  [f"{m['ms_median']:.2f} / {m['ms_p90']:.2f}" if m else "-" for m in ms]),
+                 (f"{mode}: device ms median", [_f(m and m["device_ms_median"]) for m in ms]),
+                 (f"{mode}: host gap before, median ms", [_f(m and m["gap_ms_median"]) for m in ms])]
+    rows += [("VERIFY K mix (request-steps)",
+              [", ".join(f"{k}: {n}" for k, n in s.get("k_mix", {}).items()) or "-" for s in sums]),
+             ("steps with a prefill chunk (speculating)",
+              [f"{s.get('prefill_steps', 0)} ({s.get('prefill_steps_speculating', 0)})"
+               for s in sums])]
+    lines = ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("traces", nargs="+", type=Path, help="JSONL files written by --step-trace")
+    args = p.parse_args(argv)
+    missing = [str(t) for t in args.traces if not t.is_file()]
+    if missing:
+        print(f"trace_report: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    sums = [summarize(load(t)) for t in args.traces]
+    print(table([t.stem for t in args.traces], sums))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""A per-step trace of a run (`--step-trace PATH`): one JSON line per engine step, so a
+served run and the engine's closed loop can be compared step by step
+(benchmarks/trace_report.py):
+
+    t_ms        the step's start, from the trace's start
+    gap_ms      host time between the previous step's return and this step's start (the
+                caller's work: a server's arrivals, detokenisation and streaming)
+    ms          the step's wall time inside Engine.step (planning, launch, commit)
+    device_ms   CUDA-event time where known (an overlapped plain step: the step read then)
+    mode, batch, tokens, gear    as Engine.last_step
+    ks          a VERIFY step's requests by K ({K: requests}), tree width `topk`
+    prefill     requests with a prefill chunk in the step, and their tokens
+    generated   tokens the step returned to the caller
+
+Opened after the start-up warm-up; a disabled trace costs one attribute test per step.
+Data flow: Engine.__init__ -> StepTrace.open(path); StepStats.account -> record(...).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import time
+from collections import Counter
+
+from gearshift.forward_batch import ForwardMode
+from gearshift.scheduler.plan import StepPlan
+
+FLUSH_EVERY = 256  # lines buffered between writes
+
+
+class StepTrace:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file = open(path, "w")  # noqa: SIM115 - open for the engine's life
+        self._lines: list[str] = []
+        self._t0 = time.perf_counter()
+        self._prev_end: float | None = None
+        atexit.register(self.close)
+
+    def record(self, plan: StepPlan, last: dict, generated: int) -> None:
+        """`last`: the step's Engine.last_step (time_s, device_ms, gear, ...)."""
+        end = time.perf_counter()
+        start = end - last["time_s"]
+        gap = 0.0 if self._prev_end is None else max(start - self._prev_end, 0.0)
+        self._prev_end = end
+        rec = {"t_ms": round((start - self._t0) * 1e3, 3), "gap_ms": round(gap * 1e3, 3),
+               "ms": round(last["time_s"] * 1e3, 3), "device_ms": last.get("device_ms"),
+               "mode": last["mode"], "batch": plan.batch_size, "tokens": plan.num_tokens,
+               "gear": last.get("gear", 0), "generated": generated}
+        if plan.mode is ForwardMode.VERIFY:
+            rec["ks"] = dict(Counter(plan.num_draft_tokens))
+            rec["topk"] = plan.draft_topk
+        chunks = [n for n, dec in zip(plan.extend_lens, plan.decoding) if not dec]
+        if chunks:
+            rec["prefill"] = {"requests": len(chunks), "tokens": sum(chunks)}
+        self._lines.append(json.dumps(rec))
+        if len(self._lines) >= FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._lines and not self._file.closed:
+            self._file.write("\n".join(self._lines) + "\n")
+            self._file.flush()
+        self._lines = []
+
+    def close(self) -> None:
+        self.flush()
+        if not self._file.closed:
+            self._file.close()

@@ -1,0 +1,65 @@
+"""`--step-trace`: one JSON line per engine step, and benchmarks/trace_report.py over two
+traces (a speculating run and a plain one), on the tiny CPU model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from checkpoints import random_prompts
+
+from gearshift import SamplingParams
+from gearshift.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(make_llm, model_dir, path: Path, **kw) -> tuple[list[dict], object, int]:
+    llm = make_llm(model_dir, step_trace=str(path), **kw)
+    outs = llm.generate(random_prompts([5, 9, 3, 12], seed=7),
+                        SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    llm.engine.step_stats.trace.close()
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    return lines, llm, sum(len(o.token_ids) for o in outs)
+
+
+def test_every_step_is_one_line(make_llm, tiny_llama_dir, tmp_path):
+    lines, llm, generated = _run(make_llm, tiny_llama_dir, tmp_path / "spec.jsonl",
+                                 speculative_algorithm="ngram", num_draft_tokens=3,
+                                 spec_policy="always")
+    stats = llm.engine.stats()
+    assert len(lines) == stats["steps"]
+    assert sum(x["generated"] for x in lines) == generated  # every token, from its step
+    assert [x["mode"] for x in lines].count("verify") == stats["verify_steps"] > 0
+    assert lines[0].get("prefill", {}).get("requests", 0) >= 1  # the prompts' first chunks
+    assert all(x["gap_ms"] >= 0 and x["ms"] > 0 for x in lines)
+    assert all(a["t_ms"] <= b["t_ms"] for a, b in zip(lines, lines[1:]))
+    for x in lines:
+        if x["mode"] == "verify":  # its requests by K, and the chain width
+            assert sum(x["ks"].values()) == x["batch"] and x["topk"] == 1
+            assert set(x["ks"]) <= {"0", "3"}
+
+
+def test_trace_report_puts_two_runs_side_by_side(make_llm, tiny_llama_dir, tmp_path):
+    _run(make_llm, tiny_llama_dir, tmp_path / "spec.jsonl", speculative_algorithm="ngram",
+         num_draft_tokens=3, spec_policy="always")
+    _run(make_llm, tiny_llama_dir, tmp_path / "plain.jsonl")
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_report.py"),
+                          str(tmp_path / "spec.jsonl"), str(tmp_path / "plain.jsonl")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "| | spec | plain |" in out and "| verify: steps | " in out
+    row = next(line for line in out.splitlines() if line.startswith("| VERIFY K mix"))
+    assert "3: " in row and row.endswith("| - |")  # the plain run verified nothing
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_report.py"),
+                          str(tmp_path / "none.jsonl")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no such file" in bad.stderr
+
+
+def test_a_trace_in_a_missing_folder_is_refused(make_llm, tiny_llama_dir, tmp_path):
+    with pytest.raises(ConfigError, match="step_trace"):
+        make_llm(tiny_llama_dir, step_trace=str(tmp_path / "no" / "t.jsonl"))
