@@ -85,7 +85,8 @@ def policy_object(name: str, engine, k_max: int):
     cost = build_cost_model(engine.runner, k_max, engine.config.max_num_seqs,
                             engine.spec.draft_frac, engine.spec.tree_nodes)
     policy = GoodputPolicy(cost, k_max, pad=engine.runner.decode_pad,
-                           per_request=name == "goodput-request")
+                           per_request=name == "goodput-request",
+                           verify_tokens=engine.spec.verified_tokens)
     apply_measured(policy, engine.measured_costs)
     return policy
 

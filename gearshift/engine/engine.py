@@ -93,7 +93,7 @@ class Engine:
                 config, lambda: build_cost_model(self.runner, config.num_draft_tokens,
                                                  config.max_num_seqs, self.spec.draft_frac,
                                                  self.spec.tree_nodes),
-                pad=self.runner.decode_pad)
+                pad=self.runner.decode_pad, verify_tokens=self.spec.verified_tokens)
         self.scheduler = Scheduler(
             self.slots, self.rows, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,

@@ -12,8 +12,10 @@ POLICIES = ("goodput", "goodput-request", "always", "off", "threshold", "thresho
             "random")
 
 
-def create_policy(config: EngineConfig, cost_model=None, pad=lambda bs: bs) -> Policy:
-    """`cost_model` is a zero-argument callable (profiling runs only for `goodput`)."""
+def create_policy(config: EngineConfig, cost_model=None, pad=lambda bs: bs,
+                  verify_tokens=None) -> Policy:
+    """`cost_model` is a zero-argument callable (profiling runs only for `goodput`);
+    `verify_tokens(requests, tokens)`: what a VERIFY pass mixing K runs over."""
     from gearshift.policy.goodput import GoodputPolicy
     from gearshift.policy.randomized import RandomPolicy
     from gearshift.policy.static import AlwaysPolicy, OffPolicy
@@ -33,5 +35,5 @@ def create_policy(config: EngineConfig, cost_model=None, pad=lambda bs: bs) -> P
         return ThresholdPolicy(VLLM_LIKE, num_draft_tokens)
     if name in ("goodput", "goodput-request"):  # one K for the batch, or K per request
         return GoodputPolicy(cost_model(), num_draft_tokens, pad=pad,
-                             per_request=name == "goodput-request")
+                             per_request=name == "goodput-request", verify_tokens=verify_tokens)
     raise ConfigError(f"unknown spec_policy {name!r} ({', '.join(POLICIES)})")

@@ -3,7 +3,8 @@
     t(K, bs, ctx) = base[K](bs) + attn[K] * ctx_tokens          (milliseconds)
     t(T, bs, ctx, D) = t(mean K, bs, ctx) + draft_ms_per_depth * (D - mean K)
                      a chain step mixing K_i: T = sum(K_i + 1) verified tokens, mean
-                     K = T / bs - 1 between the gears, D = max K_i (predict_verified)
+                     K = T / bs - 1 between the gears, D = max K_i (predict_verified);
+                     on graphs T is the step's token bucket, a whole K per padded row
 
 K is a gear: 0 = plain decode, 1..num_draft_tokens = chains, num_draft_tokens + 1 = the
 engine's draft tree (policy/goodput.py). `base[K]` is a piecewise-linear curve over measured
@@ -99,16 +100,18 @@ class CostModel:
                 + self.attn_ms_per_token.get(k, 0.0) * ctx_tokens)
 
     def predict_verified(self, tokens: int, bs: int, ctx_tokens: int, depth: int,
-                         kmax: int, padded_bs: int | None = None) -> float:
+                         kmax: int, padded_bs: int | None = None, bucket=None) -> float:
         """A chain step of `bs` requests verifying `tokens` tokens in all (sum of K_i + 1),
         its deepest draft `depth`: the uniform gears' prices at the padded batch, taken at
         the mean K = tokens / bs - 1 (linear between gears; below K = 1 the 1 -> 2 slope
         from K = 1 down, so a VERIFY step keeps its fixed price over a plain one), plus
-        the draft steps the deepest request runs beyond that mean."""
-        return self.verified_pricer(bs, ctx_tokens, kmax, padded_bs)(tokens, depth)
+        the draft steps the deepest request runs beyond that mean. `bucket(tokens)`: the
+        tokens a step mixing K really runs over (its graph's token bucket, over the padded
+        batch; runner/graphs.py mixed_verify_tokens), priced as the mean K it pads to."""
+        return self.verified_pricer(bs, ctx_tokens, kmax, padded_bs, bucket)(tokens, depth)
 
     def verified_pricer(self, bs: int, ctx_tokens: int, kmax: int,
-                        padded_bs: int | None = None):
+                        padded_bs: int | None = None, bucket=None):
         """predict_verified for one batch as a function of (tokens, depth): the gears'
         prices are looked up once (the allocation prices every prefix of its drafts)."""
         pbs = padded_bs or bs
@@ -116,6 +119,8 @@ class CostModel:
         per_depth = self.draft_ms_per_depth
 
         def price(tokens: int, depth: int) -> float:
+            if bucket is not None and depth and tokens != bs * (depth + 1):  # K mixed
+                tokens = bucket(tokens) * bs / pbs  # the bucket's tokens per padded row
             mean = min(max(tokens / bs - 1.0, 0.0), float(kmax))
             if mean == 0.0 and depth == 0:
                 return prices[0]

@@ -43,11 +43,15 @@ class GoodputPolicy(Policy):
                  quiet_steps: int = 7, tree_evidence: float = 100.0,
                  fresh_ratio: float = 0.5, catch_up_ms_per_row: float | None = None,
                  catch_up_min_rows: int = 1024, share_after: int = 16,
-                 explore_rate: float = 0.5, per_request: bool = False) -> None:
+                 explore_rate: float = 0.5, per_request: bool = False,
+                 verify_tokens=None) -> None:
         self.cost = cost
         # per_request: a scored chain gear is refined into K_i per request (allocation.py);
         # else every eligible request takes the batch's gear
         self.per_request = per_request
+        # (requests, tokens) -> the tokens a VERIFY pass mixing K runs over (its graph's
+        # token bucket; SpecRunner.verified_tokens): what a mixed step costs
+        self.verify_tokens = verify_tokens
         self._held: dict[str, int] = {}  # request id -> its K in the last plan (hysteresis)
         # padded bs -> the gear of its last allocation: its steps are the running gear's,
         # whichever uniform gear won the batch-wide scoring
@@ -156,11 +160,16 @@ class GoodputPolicy(Policy):
                   for r in reqs]
         limits = [kmax if self.eligible(r) else 0 for r in reqs]
         held = [self._held.get(r.request_id, 0) for r in reqs]
-        step_ms = self.cost.verified_pricer(n, ctx, kmax, padded_bs=bs)
+        step_ms = self.cost.verified_pricer(n, ctx, kmax, padded_bs=bs, bucket=self._bucket(n))
         ks = allocate(alphas, limits, step_ms, held, self.margin)
         self._held = {r.request_id: k for r, k in zip(reqs, ks)}
         self._allocated[bs] = chain_gear(ks)
         return ks
+
+    def _bucket(self, n: int):
+        """tokens -> the tokens a VERIFY pass of n requests mixing K runs over (None: as
+        many as it verifies)."""
+        return None if self.verify_tokens is None else lambda t: self.verify_tokens(n, t)
 
     def _choose(self, view: PolicyView, top: int, scores: Scores | None = None) -> int:
         """This step's gear: the best predicted (with hysteresis), or an exploration step.
@@ -224,7 +233,7 @@ class GoodputPolicy(Policy):
         self.explorer.observe(k, bs, ms)
         if k and ks and len(set(ks)) > 1:  # mixed K: its error, carried to its gear's price
             mixed = self.cost.predict_verified(n + sum(ks), n, ctx_tokens, max(ks),
-                                               self.num_draft_tokens, padded_bs=bs)
+                                               self.num_draft_tokens, bs, self._bucket(n))
             ms *= self.cost.predict(k, bs, ctx_tokens) / mixed
         # the running gear's steps (an allocation's too) share their drift (see
         # share_after); a probe's or an exploration's step prices only its own gear, by at

@@ -97,16 +97,23 @@ class SpecRunner:
             return self.num_draft_tokens + 1
         return chain_gear(plan.num_draft_tokens)
 
+    def verified_tokens(self, n: int, tokens: int) -> int:
+        """The tokens a chain VERIFY pass of n requests mixing K runs over, `tokens` of them
+        real: its token bucket where it runs on one (no penalties, grammars or logprobs),
+        else exactly those (goodput-request prices mixed steps with it)."""
+        if self.runner.shape_graphs is None:
+            return tokens
+        bucket = mixed_verify_tokens(self.runner.decode_pad(n), tokens)
+        return bucket if bucket <= self.runner.max_verify_graph_tokens else tokens
+
     def _bucketed(self, n_nodes: list[int], sb) -> bool:
         """Does a chain step of different lengths verify on a token-bucket graph? Not with
         penalties, grammars or logprobs (their per-node work assumes only the verified
         nodes in `flat`: those steps run eagerly), nor past the largest verify graph."""
-        runner = self.runner
-        if runner.shape_graphs is None or len(set(n_nodes)) == 1 \
+        if len(set(n_nodes)) == 1 \
                 or sb.penalties is not None or sb.grammar is not None or sb.logprobs is not None:
             return False
-        bucket = mixed_verify_tokens(runner.decode_pad(len(n_nodes)), sum(n_nodes))
-        return bucket <= runner.max_verify_graph_tokens
+        return self.verified_tokens(len(n_nodes), sum(n_nodes)) != sum(n_nodes)
 
     @property
     def stats(self):

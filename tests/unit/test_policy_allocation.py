@@ -10,6 +10,7 @@ from gearshift.policy.allocation import allocate, chain_gear
 from gearshift.policy.base import PolicyView
 from gearshift.policy.cost import CostModel
 from gearshift.policy.goodput import GoodputPolicy
+from gearshift.runner.graphs import mixed_verify_tokens
 
 
 def linear_ms(base: float, per_token: float, n: int):
@@ -116,3 +117,37 @@ def test_an_allocations_steps_are_the_running_gear_not_probes():
         pol.observe(gear, 64, 64, price, ks=[gear] * 64)
     pol.observe(gear, 64, 64, 1.2 * price, ks=[gear] * 64)
     assert pol.cost.predict(gear, 64, 64) == pytest.approx(price * (1 + 0.2 * pol.cost.ema))
+
+
+def test_a_mixed_step_is_priced_at_its_token_bucket():
+    # on graphs a step mixing K verifies its token bucket: a whole K per padded row
+    m = CostModel()
+    for k, ms in enumerate([4.0, 6.0, 7.0, 8.0]):
+        m.base[k] = [[8.0, ms]]
+    bucket = lambda t: mixed_verify_tokens(8, t)  # noqa: E731
+    price = m.verified_pricer(8, 0, 3, 8, bucket)
+    assert price(9, 1) == 6.0  # one draft: the 16-token bucket, K = 1's price
+    assert m.verified_pricer(8, 0, 3, 8)(9, 1) < 6.0  # what the mean K alone would say
+    assert price(17, 2) == price(24, 2) == 7.0  # mixed into 24 tokens; uniform K = 2
+    # a bucket paid for is filled: drafts that fit in it go to the next-best requests
+    ks = allocate([0.9] * 4 + [0.1] * 4, [3] * 8, price)
+    assert ks[:4] == [3] * 4 and bucket(8 + sum(ks)) == 8 + sum(ks) + 1
+
+
+def test_goodput_request_prices_its_allocation_with_the_engine_s_buckets():
+    calls = []
+
+    def verify_tokens(n, tokens):
+        calls.append((n, tokens))
+        return mixed_verify_tokens(n, tokens)
+
+    rs = reqs(4, 0.9, ctx=1) + reqs(4, 0.1, ctx=1)
+    for i, r in enumerate(rs):
+        r.request_id = str(i)
+    pol = GoodputPolicy(memory_bound_costs(3, knee_tokens=16), 3, margin=0.0,
+                        per_request=True, verify_tokens=verify_tokens)
+    ks = pol.plan(PolicyView(rs, 0, 3))
+    assert calls and all(n == 8 for n, _ in calls)
+    # steps are flat up to 16 tokens: 15 real ones fill that bucket (16 would need the
+    # next, 24: one padding token is always verified)
+    assert len(set(ks)) > 1 and 8 + sum(ks) == 15
