@@ -362,10 +362,12 @@ def render(data: dict, out: Path, commit: str, png: str | None, tail: str = "") 
     lines += [f"Gearshift's headline figures, all from one run of `benchmarks/h200.sh` on {device}"
               + (f" ({meta['gpu']})" if meta.get("gpu") else "")
               + f", {date}, commit `{commit[:12]}`. Earlier figures are in this page's git history.",
-              "", "To reproduce (one device call of under 10 minutes on one H200):", "",
-              "```bash", "OUT=out bash benchmarks/h200.sh      # every step below: JSON, logs, "
-              "the sweep's PNG under out/",
-              "python benchmarks/report.py out      # this page and spec_sweep.png", "```",
+              "", "To reproduce (two device calls of under 10 minutes each on one H200):", "",
+              "```bash", "OUT=out bash benchmarks/h200.sh      # every step below but one: JSON, "
+              "logs, the sweep's PNG under out/",
+              'OUT=mixed STEPS="pair mixed" bash benchmarks/h200.sh   # the mixed workload',
+              "python benchmarks/report.py out --mixed mixed   # this page and spec_sweep.png",
+              "```",
               "", "Compare speeds measured on one machine: machines of the same kind differ by a "
               "few percent.", "", "## Summary", ""]
     lines += summary(data)
