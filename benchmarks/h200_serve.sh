@@ -12,8 +12,8 @@
 #
 #   step        what                                                                  cap
 #   pair        the 8B-shaped bench pair, as h200.sh (skipped when $PAIR holds it)     80 s
-#   engine      bench sweep, goodput vs off at c = 1, 4, 32, 128 in / 128 out: the    160 s
-#               closed-loop reference for the server's speculation gain
+#   engine      bench sweep, goodput vs off at c = 1, 4, 32, 128 in / 128 out, chains    160 s
+#               as the server runs them: the closed-loop reference for its gain
 #   sampling    bench sweep of goodput at temperature 0.7 and 1.0, c = 1, 8, 64, with    150 s
 #               each spec_sampling (coupled, rejection; chains): what coupling costs     each
 #   prefix_off  serve without the prefix cache (start-up: ~40 s of graphs and       150 s up,
@@ -41,7 +41,7 @@ if [ "$SMOKE" = 1 ]; then
 print(s.getsockname()[1])")}
   SERVER=(--max-num-seqs 8 --port "$PORT" --device cpu --kv-cache-tokens 8192)
   ENGINE=(--concurrency 1,2 --policies goodput,off --rounds 1 --passes 1 --min-requests 2
-          --settle 0 --input-len 16 --output-len 8 --tree-topk 2 --tree-tokens 4)
+          --settle 0 --input-len 16 --output-len 8)
   MT=(--shared-prefix-len 32 --input-len 16 --output-len 8 --turns 2 --num-prompts 3
       --concurrency 3)
   LEN=(--input-len 16 --output-len 8)
@@ -133,8 +133,9 @@ multi_turn() {
 
 pair_step
 cp "$PAIR/target/config.json" "$OUT/target_config.json" 2>/dev/null  # the model shape, for the report
+# chains, as the server verifies them (it runs no --draft-topk): the same speculation
 run_step engine 160 "${G[@]}" bench sweep --model "$PAIR/target" --draft-model "$PAIR/head" \
-  "${ENGINE[@]}" --output-json "$OUT/engine_sweep.json" --output-png "$OUT/engine_sweep.png"
+  "${ENGINE[@]}" --tree-topk 1 --output-json "$OUT/engine_sweep.json" --output-png "$OUT/engine_sweep.png"
 if wanted sampling; then
   for t in 0.7 1.0; do
     for mode in coupled rejection; do

@@ -65,6 +65,7 @@ def test_smoke_run_writes_every_figure_and_the_section(tmp_path):
         assert spec["failed"] == plain["failed"] == 0 and spec["output_tok_per_s"] > 0
     engine = json.loads((out / "engine_sweep.json").read_text())
     assert set(engine["results"]) == {"goodput", "off"}
+    assert engine["args"]["tree_topk"] == 1  # chains, as the server verifies them
     rates = json.loads((out / "rates.json").read_text())
     assert set(rates["runs"]) == {"speculative", "plain"}
     assert all(len(r) == len(rates["rates"]) == 2 for r in rates["runs"].values())
