@@ -34,22 +34,32 @@ def _gloo(store, rank: int, size: int, timeout: timedelta, local: bool) -> dist.
     return _numbered(dist.ProcessGroupGloo(store, rank, size, opts))
 
 
-def _abort(pg) -> None:
-    """Fail whatever waits on the group (a rank died while a step's collectives wait on it);
-    the group is unusable afterwards."""
-    try:
-        pg.abort()
-    except Exception:  # noqa: BLE001 - best effort: the engine raises either way
-        pass
-
-
 def _numbered(pg):
     """As torch.distributed builds its own groups: the ranks agree on a sequence number."""
     pg._set_sequence_number_for_group()
     return pg
 
 
-class DeviceComm:
+class _Group:
+    """A process group `pg` with rank 0 broadcasting, and the abort both groups share."""
+
+    pg: dist.ProcessGroup
+
+    def _broadcast(self, t: torch.Tensor) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.pg.broadcast([t], opts).wait()
+
+    def abort(self) -> None:
+        """Fail whatever waits on the group (a rank died while a step's collectives wait on
+        it); the group is unusable afterwards."""
+        try:
+            self.pg.abort()
+        except Exception:  # noqa: BLE001 - best effort: the engine raises either way
+            pass
+
+
+class DeviceComm(_Group):
     """Collectives over the ranks' devices; every rank calls each one in the same order."""
 
     def __init__(self, store, rank: int, size: int, device: torch.device, local: bool) -> None:
@@ -98,16 +108,8 @@ class DeviceComm:
         self._broadcast(buf)
         return pickle.loads(buf.cpu().numpy().tobytes())
 
-    def _broadcast(self, t: torch.Tensor) -> None:
-        opts = dist.BroadcastOptions()
-        opts.rootRank = 0
-        self.pg.broadcast([t], opts).wait()
 
-    def abort(self) -> None:
-        _abort(self.pg)
-
-
-class Channel:
+class Channel(_Group):
     """Rank 0's messages to the other ranks, in order: pickled and broadcast over the
     control group in a fixed buffer (one broadcast for a usual step), a longer message in a
     second one."""
@@ -137,11 +139,3 @@ class Channel:
         data = torch.empty(n, dtype=torch.uint8)
         self._broadcast(data)
         return pickle.loads(data.numpy().tobytes())
-
-    def _broadcast(self, t: torch.Tensor) -> None:
-        opts = dist.BroadcastOptions()
-        opts.rootRank = 0
-        self.pg.broadcast([t], opts).wait()
-
-    def abort(self) -> None:
-        _abort(self.pg)
