@@ -25,6 +25,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's gearshift, whatever else is installed
+
+from gearshift.bench import percentile  # noqa: E402
+
 
 def load(path: Path, windows: list[tuple[float, float]] | None = None) -> list[dict]:
     steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -47,13 +52,6 @@ def parse_spec(spec: str) -> tuple[Path, list[tuple[float, float]] | None]:
     return Path(path), windows
 
 
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(int(q * len(xs)), len(xs) - 1)]
-
-
 def summarize(steps: list[dict]) -> dict:
     """One trace's figures (see the module doc)."""
     if not steps:
@@ -68,7 +66,7 @@ def summarize(steps: list[dict]) -> dict:
         dev = [s["device_ms"] for s in own if s.get("device_ms")]
         out["modes"][mode] = {"steps": len(own),
                               "ms_median": statistics.median(s["ms"] for s in own),
-                              "ms_p90": _pct([s["ms"] for s in own], 0.9),
+                              "ms_p90": percentile([s["ms"] for s in own], 0.9),
                               "device_ms_median": statistics.median(dev) if dev else None,
                               "gap_ms_median": statistics.median(s["gap_ms"] for s in own)}
     ks: Counter = Counter()

@@ -10,6 +10,15 @@ import importlib
 import sys
 
 
+def percentile(xs: list[float], q: float) -> float | None:
+    """The q-quantile of xs by rank (the value at index q * n of the sorted list); None if
+    empty."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
 def require_extras(*modules: str) -> None:
     """Stop (exit code 2) with one line when an optional module a bench draws with is not
     installed, before anything is measured."""

@@ -23,7 +23,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from gearshift.bench import require_extras
+from gearshift.bench import percentile, require_extras
 from gearshift.bench.environment import environment
 from gearshift.request import SamplingParams
 from gearshift.runner.jit_log import triton_compiles
@@ -96,7 +96,7 @@ def run_offline(llm, *, num_prompts: int, input_len: int, output_len: int, seed:
         "mean_running": statistics.fmean(s["running_before"] for s in steps) if steps else None,
         "decode_step_ms_median": statistics.median(decode) if decode else None,
         "decode_step_ms_mean": statistics.fmean(decode) if decode else None,
-        "decode_step_ms_p90": _pct(decode, 0.9),
+        "decode_step_ms_p90": percentile(decode, 0.9),
         "decode_step_ms_median_no_queue": statistics.median(full_decode) if full_decode else None,
         "decode_device_ms_median": _median([s["device_ms"] for s in steps if s["mode"] == "decode"]),
         "extend_step_ms_median": statistics.median(extend) if extend else None,
@@ -120,7 +120,7 @@ def decode_table(llm, batch_sizes: list[int], *, input_len: int, output_len: int
         wall = [s["time_ms"] for s in full]
         rows.append({"batch_size": bs, "steps": len(full),
                      "step_ms_median": statistics.median(wall) if wall else None,
-                     "step_ms_p90": _pct(wall, 0.9),
+                     "step_ms_p90": percentile(wall, 0.9),
                      "device_ms_median": _median([s["device_ms"] for s in full])})
     return rows
 
@@ -147,13 +147,6 @@ def _write_profile(prof, path: str, steps: list[dict]) -> None:
 def _median(xs: list) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def _fmt(v) -> str:
