@@ -1,11 +1,12 @@
-"""The engine beside the event loop: `Engine.step()` runs in one background thread; the
+"""The engine beside the event loop: its step loop (engine_loop.py) runs on a background
+thread, or, given an EngineProcess (the server's default), in a process of its own; the
 asyncio side submits requests and reads their tokens through queues.
 
 Data flow:
 
-    event loop (server)                         engine thread (owns Engine)
-    -------------------                         ---------------------------
-    add_request() --("add", ...)--> inbox --->  drain inbox: engine.add_request / abort_request
+    event loop (server)                         engine thread or process (owns Engine)
+    -------------------                         --------------------------------------
+    add_request() --("add", ...)--> inbox --->  EngineLoop: engine.add_request / abort_request
     abort()       --("abort", id)-> inbox       engine.step() -> list[StepOutput] --+
                                                                                     |
                                    output thread: OutputProcessor.process  <--------+
@@ -15,21 +16,26 @@ Data flow:
       -> RequestStream queue (one per request) -> handler
       stop hit -> ("abort", id, "stop") -> inbox
 
-The Engine is not thread-safe: only the engine thread touches it. The OutputProcessor is
+The Engine is not thread-safe: only the loop's thread touches it. The OutputProcessor is
 shared by the output thread and the event loop (add, final) under one lock; the streams
-live on the event loop only.
+live on the event loop only. AsyncEngine is the loop's sink (added, reset_done, step_done,
+outputs, set_snapshot, failed): called on the engine thread, or on the process's reader thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import itertools
 import logging
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from gearshift.engine.engine_loop import EngineLoop, EngineSnapshot, ThreadInbox
+
+__all__ = ["AsyncEngine", "EngineDeadError", "EngineSnapshot", "RequestFailedError",
+           "RequestStream", "StreamFailure"]
 
 logger = logging.getLogger("gearshift.async_engine")
 
@@ -40,18 +46,6 @@ class EngineDeadError(RuntimeError):
 
 class RequestFailedError(RuntimeError):
     """Processing this one request failed in the engine; the others go on."""
-
-
-@dataclass(slots=True)
-class EngineSnapshot:
-    """Counters read on the engine thread after each step; safe to read from any thread."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    memory: dict = field(default_factory=dict)  # kv_slots_total / kv_slots_free / kv_slots_cached
-    stats: dict = field(default_factory=dict)  # Engine.stats()
-    time: float = 0.0
-    adds_taken: int = 0  # adds the engine thread had taken from the inbox at this snapshot
 
 
 @dataclass(slots=True)
@@ -128,39 +122,50 @@ class AsyncEngine:
         self.error: BaseException | None = None
         # called on the event loop once the engine thread has died (the server exits)
         self.on_death: Any = None
-        self._inbox: collections.deque[tuple] = collections.deque()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
+        # an EngineProcess steps in its own process; an in-process Engine on our thread
+        self._remote = bool(getattr(engine, "remote", False))
+        self._inbox = ThreadInbox()
         self._thread: threading.Thread | None = None
+        self._started = False
+        # the event loop's pending answers (adds, prefix-cache resets) by key: the loop's
+        # side sees only the key (it may be another process)
+        self._futures: dict[int, tuple[asyncio.Future, bool]] = {}
+        self._keys = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outputs: queue.SimpleQueue = queue.SimpleQueue()  # step outputs to detokenise
         self._output_thread: threading.Thread | None = None
         self._proc_lock = threading.Lock()  # the OutputProcessor: output thread + event loop
         self._streams: dict[str, RequestStream] = {}
-        # adds posted (event loop) / dropped unprocessed (event loop) / taken (engine thread):
-        # with the snapshot's own count of taken adds, num_waiting never counts a request
-        # twice or not at all, whichever thread runs first
+        # adds posted (event loop) / dropped unprocessed (event loop); with the snapshot's
+        # count of adds the engine took, num_waiting never counts a request twice or not at
+        # all, whichever side runs first
         self._adds_posted = 0
         self._adds_dropped = 0
-        self._adds_taken = 0
 
     # ------------------------------------------------------------ lifecycle (event loop)
 
     def start(self) -> None:
         """Start the engine thread; call from the event loop that will consume the streams."""
-        if self._thread is not None:
+        if self._started:
             return
+        self._started = True
         self._loop = asyncio.get_running_loop()
-        self._publish_snapshot()
-        self._thread = threading.Thread(target=self._run, name="gearshift-engine", daemon=True)
         self._output_thread = threading.Thread(target=self._process_outputs,
                                                name="gearshift-output", daemon=True)
         self._output_thread.start()
+        if self._remote:
+            self.engine.start(self)
+            return
+        loop = EngineLoop(self.engine, self)
+        loop.publish()  # before any request: /metrics and num_waiting read it
+        self._thread = threading.Thread(target=loop.run, args=(self._inbox,),
+                                        name="gearshift-engine", daemon=True)
         self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        self._wake.set()
+        if self._remote:
+            self.engine.shutdown(timeout)
+        self._inbox.stop()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -172,7 +177,11 @@ class AsyncEngine:
 
     @property
     def is_alive(self) -> bool:
-        return self.error is None and self._thread is not None and self._thread.is_alive()
+        if self.error is not None or not self._started:
+            return False
+        if self._remote:
+            return self.engine.is_alive()
+        return self._thread is not None and self._thread.is_alive()
 
     # ------------------------------------------------------------ requests (event loop)
 
@@ -207,15 +216,16 @@ class AsyncEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         assert self._loop is not None
         stream = RequestStream(request_id, len(prompt_token_ids), queue or asyncio.Queue())
-        accepted: asyncio.Future[None] = self._loop.create_future()
+        key, accepted = self._future(is_add=True)
         with self._proc_lock:
             self.processor.add(request_id, prompt_token_ids, params, seed=params.seed)
         self._streams[request_id] = stream
         self._adds_posted += 1
-        self._post(("add", request_id, prompt_token_ids, params, accepted))
+        self._post(("add", request_id, prompt_token_ids, params, key))
         try:
             await accepted
         except BaseException:
+            self._futures.pop(key, None)
             # Rejected by the engine, or the caller was cancelled while waiting: forget it.
             # (An abort posted after the add is applied after it: the inbox is FIFO.)
             self._forget(request_id)
@@ -228,9 +238,12 @@ class AsyncEngine:
         steps); -> KV slots freed."""
         if not self.is_alive:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
-        done: asyncio.Future[int] = self._loop.create_future()
-        self._post(("reset_prefix_cache", done))
-        return await done
+        key, done = self._future(is_add=False)
+        self._post(("reset_prefix_cache", key))
+        try:
+            return await done
+        finally:
+            self._futures.pop(key, None)
 
     def abort(self, request_id: str) -> None:
         """Abort a request now (client gone); its stream ends with finish_reason 'abort'."""
@@ -244,8 +257,25 @@ class AsyncEngine:
     # ------------------------------------------------------------ event-loop internals
 
     def _post(self, item: tuple) -> None:
-        self._inbox.append(item)
-        self._wake.set()
+        if self._remote:
+            self.engine.post(item)
+        else:
+            self._inbox.put(item)
+
+    def _future(self, is_add: bool) -> tuple[int, asyncio.Future]:
+        assert self._loop is not None
+        key, fut = next(self._keys), self._loop.create_future()
+        self._futures[key] = (fut, is_add)
+        return key, fut
+
+    def _settle(self, key: int, exc: BaseException | None, value: Any = None) -> None:
+        fut = self._futures.pop(key, (None, False))[0]
+        if fut is None or fut.done():
+            return
+        if exc is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(exc)
 
     def _forget(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is not None:
@@ -254,14 +284,6 @@ class AsyncEngine:
                     self.processor.final(request_id)
                 except KeyError:
                     pass
-
-    def _on_added(self, fut: asyncio.Future, exc: BaseException | None) -> None:
-        if fut.done():
-            return
-        if exc is None:
-            fut.set_result(None)
-        else:
-            fut.set_exception(exc)
 
     def _deliver(self, deltas: list) -> None:
         """The output thread's deltas (or the exception processing one raised) into their
@@ -309,82 +331,41 @@ class AsyncEngine:
             self.on_death(exc)
 
     def _fail_all(self, err: EngineDeadError) -> None:
-        """End every stream and every pending add with `err` (engine thread is gone)."""
-        while self._inbox:
-            item = self._inbox.popleft()
-            if item[0] == "add":
+        """End every stream and every pending add with `err` (the engine is gone)."""
+        for fut, is_add in self._futures.values():
+            if is_add:
                 self._adds_dropped += 1
-                if not item[4].done():
-                    item[4].set_exception(err)
-            elif item[0] == "reset_prefix_cache" and not item[1].done():
-                item[1].set_exception(err)
+            if not fut.done():
+                fut.set_exception(err)
+        self._futures.clear()
         for stream in list(self._streams.values()):
             stream._put(StreamFailure(stream.request_id, err))
         self._streams.clear()
 
-    # ------------------------------------------------------------ engine thread
+    # ------------------------------------------------------------ the loop's sink
+    # (engine thread, or the engine process's reader thread)
 
-    def _run(self) -> None:
-        engine = self.engine
-        try:
-            while not self._stop.is_set():
-                self._wake.clear()
-                self._drain_inbox()
-                if engine.has_unfinished_requests():
-                    started = time.perf_counter()
-                    outputs = engine.step(emit=self._emit_early)
-                    self._publish_snapshot()
-                    if outputs:
-                        self._outputs.put(outputs)
-                    elif time.perf_counter() - started < 1e-3:
-                        # Nothing could run (e.g. every request waits for KV slots): do not
-                        # spin; a new request or an abort wakes us at once.
-                        self._wake.wait(timeout=1e-3)
-                else:
-                    self._publish_snapshot()
-                    self._wake.wait(timeout=1.0)
-        except BaseException as exc:  # noqa: BLE001 - reported to every waiting client
-            logger.exception("engine thread failed")
-            self._call_loop(self._on_engine_error, exc)
+    def added(self, key: int, exc: BaseException | None) -> None:
+        self._call_loop(self._settle, key, exc)
 
-    def _emit_early(self, outputs: list) -> None:
-        """Outputs a step hands out before it ends (a prefill's first token ahead of the
-        VERIFY step that follows it)."""
+    def reset_done(self, key: int, freed: int) -> None:
+        self._call_loop(self._settle, key, None, freed)
+
+    def outputs(self, outputs: list) -> None:
         self._outputs.put(outputs)
 
-    def _drain_inbox(self) -> None:
-        engine = self.engine
-        changed = False
-        while self._inbox:
-            item = self._inbox.popleft()
-            changed = True
-            if item[0] == "add":
-                self._adds_taken += 1
-                _, request_id, prompt_token_ids, params, fut = item
-                exc: BaseException | None = None
-                try:
-                    engine.add_request(request_id, prompt_token_ids, params)
-                except Exception as e:  # PromptError and friends go back to the caller
-                    exc = e
-                self._call_loop(self._on_added, fut, exc)
-            elif item[0] == "reset_prefix_cache":
-                self._call_loop(_resolve, item[1], engine.reset_prefix_cache())
-            else:
-                _, request_id, reason = item
-                engine.abort_request(request_id, reason)
-        if changed:
-            self._publish_snapshot()
+    def step_done(self, outputs: list, snapshot: EngineSnapshot) -> None:
+        self.snapshot = snapshot  # first: a client that sees the outputs sees this too
+        if outputs:
+            self._outputs.put(outputs)
 
-    def _publish_snapshot(self) -> None:
-        engine = self.engine
-        self.snapshot = EngineSnapshot(
-            num_running=engine.num_running(),
-            num_waiting=engine.num_waiting(),
-            memory=dict(engine.memory_stats()),
-            stats=dict(engine.stats()),
-            time=time.monotonic(),
-            adds_taken=self._adds_taken,
-        )
+    def set_snapshot(self, snapshot: EngineSnapshot) -> None:
+        self.snapshot = snapshot
+
+    def failed(self, exc: BaseException) -> None:
+        if not isinstance(exc, EngineDeadError):
+            logger.error("engine failed", exc_info=exc)
+        self._call_loop(self._on_engine_error, exc)
 
     def _call_loop(self, fn: Any, *args: Any) -> None:
         loop = self._loop

@@ -15,6 +15,7 @@ from fake_engine import FakeEngine, expected_text
 
 from gearshift.engine.async_engine import AsyncEngine, EngineDeadError
 from gearshift.engine.engine import PromptError
+from gearshift.engine.engine_loop import EngineLoop
 from gearshift.request import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
@@ -177,11 +178,13 @@ def test_num_waiting_counts_each_request_once_whichever_thread_runs_first():
         fake.paused.set()  # the request stays waiting
         ae = AsyncEngine(fake)
         ae._loop = asyncio.get_running_loop()  # no engine thread: the test plays its part
-        ae._thread = threading.current_thread()  # (counts as a live engine thread)
+        ae._started, ae._thread = True, threading.current_thread()  # (a live engine thread)
         task = asyncio.create_task(ae.add_request("r", [5, 6], GREEDY))
         await asyncio.sleep(0)  # the add is posted
         assert ae.num_waiting == 1
-        ae._drain_inbox()  # taken and published; the loop's callback has not run yet
+        loop = EngineLoop(fake, ae)
+        loop._apply(ae._inbox.take())  # taken and published; the loop's callback has not run
+        loop.publish()
         assert ae.num_waiting == 1
         await task
         assert ae.num_waiting == 1
