@@ -1,7 +1,8 @@
 """`gearshift serve`: load the engine, wrap it in the OpenAI-compatible app, run uvicorn.
 Binds 127.0.0.1 unless told otherwise.
 
-Data flow: argv -> EngineConfig -> Engine -> AsyncEngine -> build_app -> uvicorn.
+Data flow: argv -> EngineConfig -> EngineProcess (an Engine in a process of its own) or
+Engine -> AsyncEngine -> build_app -> uvicorn.
 """
 
 from __future__ import annotations
@@ -41,11 +42,15 @@ def register(sub) -> None:
                                                "model directory's name)")
     g.add_argument("--chat-template", help="Jinja chat template, inline or a file holding one "
                                            "(default: the tokenizer's)")
+    g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="step the engine in a process of its own, so that HTTP and "
+                        "detokenising never hold up a step (default; tensor parallelism "
+                        "always runs it on a thread of the server)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gearshift.distributed import create_engine
+    from gearshift.distributed import create_engine, torchrun_env
     from gearshift.engine.async_engine import AsyncEngine
     from gearshift.engine_args import engine_kwargs
     from gearshift.llm import build_engine_config
@@ -66,7 +71,12 @@ def run(args: argparse.Namespace) -> int:
                     args.host)
     config = build_engine_config(**engine_kwargs(args))
     check_port_free(args.host, args.port)  # before the model loads, not minutes later
-    engine = create_engine(config)
+    if args.engine_process and config.tensor_parallel_size == 1 and torchrun_env() is None:
+        from gearshift.engine.engine_process import EngineProcess
+
+        engine = EngineProcess(config)
+    else:
+        engine = create_engine(config)
     print(f"gearshift: serving {engine.model_name!r} (context {engine.max_model_len} tokens) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     return serve(AsyncEngine(engine), host=args.host, port=args.port,

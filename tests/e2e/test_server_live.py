@@ -2,8 +2,10 @@
 uvicorn on 127.0.0.1: completions, chat, streaming == non-streamed greedy text, stop strings,
 n > 1, usage, 64 concurrent streams == offline LLM.generate, and disconnects free KV slots.
 
+Every test runs twice: the engine on a thread of the server, and in a process of its own.
+
 Data flow (tests only): openai client -> uvicorn -> app -> AsyncEngine -> Engine (tiny
-Llama) ; the same prompts -> LLM.generate -> the texts to compare with.
+Llama; on a thread, or in an EngineProcess) ; the same prompts -> LLM.generate -> the texts to compare with.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 
 from gearshift.engine.async_engine import AsyncEngine
 from gearshift.engine.engine import Engine
+from gearshift.engine.engine_process import EngineProcess
 from gearshift.llm import LLM, build_engine_config
 from gearshift.request import SamplingParams
 from gearshift.server.app import build_app
@@ -28,12 +31,14 @@ ENGINE_OPTIONS = dict(device="cpu", dtype="float32", attention_backend="torch", 
 WORDS = "the quick brown fox jumps over lazy dog hello world once upon a time small model".split()
 
 
-@pytest.fixture(scope="module")
-def live(tiny_llama_dir):
-    engine = Engine(build_engine_config(str(tiny_llama_dir), **ENGINE_OPTIONS))
-    app = build_app(AsyncEngine(engine))
-    with BackgroundServer(app) as srv:
-        yield srv, engine
+@pytest.fixture(scope="module", params=["thread", "process"])
+def live(request, tiny_llama_dir):
+    """The engine on a thread of the server, and in a process of its own (`serve`'s way)."""
+    config = build_engine_config(str(tiny_llama_dir), **ENGINE_OPTIONS)
+    engine = Engine(config) if request.param == "thread" else EngineProcess(config)
+    async_engine = AsyncEngine(engine)
+    with BackgroundServer(build_app(async_engine)) as srv:
+        yield srv, async_engine
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +141,7 @@ def test_n_choices(client, offline, model_name):
 
 
 def test_64_concurrent_streams_equal_offline(live, offline, model_name):
-    srv, engine = live
+    srv, async_engine = live
     prompts = _prompts(64, seed=3)
     want = _greedy(offline, prompts, 16)
 
@@ -155,7 +160,7 @@ def test_64_concurrent_streams_equal_offline(live, offline, model_name):
 
     got = asyncio.run(main())
     assert got == want
-    assert engine.stats()["running"] == 0
+    assert async_engine.snapshot.stats["running"] == 0
 
 
 def test_parallel_disconnects_free_kv_slots(live, model_name):
