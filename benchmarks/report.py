@@ -225,10 +225,11 @@ def sweep_section(data: dict, commit: str, out: Path, png: str | None) -> list[s
              "with an EAGLE-3 head (chains up to K = 4 drafts, or a draft tree): `off` (plain "
              "decode), `always-2` / `always-4` (chains of 2 / 4), `threshold` (SGLang-like: "
              "K = 4, off from batch 64), `threshold-vllm` (K = 3 up to 64, K = 1 up to 128, off "
-             "above), `tree-WxD-N` (a draft tree of width W, depth D, N nodes) and `goodput` (the "
+             "above), `tree-WxD-N` (a draft tree of width W, depth D, N nodes), `goodput` (the "
              "default: per step, the K that maximises committed tokens per second from the "
-             "measured step costs). Concurrency c: a closed loop with c requests in flight, "
-             "each replaced as it finishes; prompts are windows of the held-out corpus, so "
+             "measured step costs) and `goodput-request` (the same, a K per request). "
+             "Concurrency c: a closed loop with c requests in flight, each replaced as it "
+             "finishes; prompts are windows of the held-out corpus, so "
              "acceptance is real (in brackets: accepted / proposed drafts; a tree counts all its "
              "nodes). Policies run interleaved, in reverse order on the second pass.", ""]
     s = data.get("sweep")
