@@ -12,8 +12,8 @@
 #
 #   step        what                                                                  cap
 #   pair        the 8B-shaped bench pair, as h200.sh (skipped when $PAIR holds it)     80 s
-#   engine      bench sweep, goodput vs off at c = 1, 4, 32, 128 in / 128 out: the    160 s
-#               closed-loop reference for the server's speculation gain
+#   engine      bench sweep, goodput vs off at c = 1, 4, 32, 128 in / 128 out, chains    160 s
+#               as the server runs them: the closed-loop reference for its gain
 #   sampling    bench sweep of goodput at temperature 0.7 and 1.0, c = 1, 8, 64, with    150 s
 #               each spec_sampling (coupled, rejection; chains): what coupling costs     each
 #   prefix_off  serve without the prefix cache (start-up: ~40 s of graphs and       150 s up,
@@ -22,6 +22,10 @@
 #   prefix_on   the same with the prefix cache on; the server stays up for served
 #   served      corpus prompts at c = 1, 4, 32 with and without speculation (30 s    30 s each,
 #               each), then the rate sweep 2..32/s and all at once, both ways       the rest
+#   trace       (its own call, STEPS="pair trace") a server with --step-trace at the      30 s each,
+#               served points' concurrencies (speculating), then the closed loop of        160 s
+#               goodput at the same c with --step-trace; trace_report.py puts each c's
+#               served window beside its closed-loop passes in $OUT/trace_cC.md
 # The steps take more than one call: STEPS="pair engine sampling" and then, on the still-warm
 # machine (same lease), STEPS="pair prefix_off prefix_on served".
 # Every server is killed on exit (trap) and leaves its log in $OUT/serve_{off,on}.log.
@@ -37,7 +41,7 @@ if [ "$SMOKE" = 1 ]; then
 print(s.getsockname()[1])")}
   SERVER=(--max-num-seqs 8 --port "$PORT" --device cpu --kv-cache-tokens 8192)
   ENGINE=(--concurrency 1,2 --policies goodput,off --rounds 1 --passes 1 --min-requests 2
-          --settle 0 --input-len 16 --output-len 8 --tree-topk 2 --tree-tokens 4)
+          --settle 0 --input-len 16 --output-len 8)
   MT=(--shared-prefix-len 32 --input-len 16 --output-len 8 --turns 2 --num-prompts 3
       --concurrency 3)
   LEN=(--input-len 16 --output-len 8)
@@ -46,6 +50,7 @@ print(s.getsockname()[1])")}
   RATES=(--concurrency 4 --num-prompts 3 --sweep-rates 8,inf)
   SAMPLE=(--concurrency 1,2 --rounds 1 --passes 1 --min-requests 2 --settle 0 --input-len 16
           --output-len 8)
+  LOOP=(--rounds 1 --passes 1 --min-requests 2 --settle 0)
 else
   PORT=${PORT:-8011}
   SERVER=(--max-num-seqs 64 --port "$PORT")
@@ -59,6 +64,7 @@ else
   RATES=(--concurrency 64 --num-prompts 32 --sweep-rates 2,4,8,16,32,inf)
   SAMPLE=(--concurrency 1,8,64 --rounds 2 --passes 2 --min-requests 8 --input-len 128
           --output-len 128)
+  LOOP=(--rounds 2 --passes 2 --min-requests 8)
 fi
 URL=http://127.0.0.1:$PORT
 BENCH=("${G[@]}" bench serve --base-url "$URL")
@@ -127,8 +133,9 @@ multi_turn() {
 
 pair_step
 cp "$PAIR/target/config.json" "$OUT/target_config.json" 2>/dev/null  # the model shape, for the report
+# chains, as the server verifies them (it runs no --draft-topk): the same speculation
 run_step engine 160 "${G[@]}" bench sweep --model "$PAIR/target" --draft-model "$PAIR/head" \
-  "${ENGINE[@]}" --output-json "$OUT/engine_sweep.json" --output-png "$OUT/engine_sweep.png"
+  "${ENGINE[@]}" --tree-topk 1 --output-json "$OUT/engine_sweep.json" --output-png "$OUT/engine_sweep.png"
 if wanted sampling; then
   for t in 0.7 1.0; do
     for mode in coupled rejection; do
@@ -161,6 +168,47 @@ if { wanted prefix_on || wanted served; } && start_server serve_on 150; then
       --compare-speculative --output-json "$OUT/rates.json" --output-png "$OUT/rates.png"
   fi
   stop_server
+fi
+
+if wanted trace && start_server serve_trace 150 --step-trace "$OUT/trace_served.jsonl"; then
+  : > "$OUT/trace_windows.txt"
+  for point in $POINTS; do
+    c=${point%:*} n=${point#*:}
+    python -c "import httpx, sys; httpx.post(sys.argv[1]).raise_for_status()" \
+      "$URL/reset_prefix_cache" || FAILED=$((FAILED + 1))
+    t0=$(python -c "import time; print(time.time())")
+    step "trace_srv_c$c" 30 "${BENCH[@]}" --dataset corpus "${LEN[@]}" --concurrency "$c" \
+      --num-prompts "$n" --warmup "$WARMUP" --output-json "$OUT/trace_srv_c$c.json"
+    echo "$c $t0 $(python -c "import time; print(time.time())")" >> "$OUT/trace_windows.txt"
+  done
+  stop_server  # its exit writes the rest of the trace
+  concs=$(for point in $POINTS; do printf '%s,' "${point%:*}"; done)
+  # chains, as the server runs them (no --draft-topk)
+  step trace_loop 160 "${G[@]}" bench sweep --model "$PAIR/target" --draft-model "$PAIR/head" \
+    --policies goodput --tree-topk 1 --concurrency "${concs%,}" "${LOOP[@]}" "${LEN[@]}" \
+    --step-trace "$OUT/trace_loop.jsonl" --output-json "$OUT/trace_loop.json"
+  python - "$OUT" <<'PY' || FAILED=$((FAILED + 1))
+import contextlib, io, json, sys
+from pathlib import Path
+sys.path.insert(0, "benchmarks")
+from trace_report import main
+out = Path(sys.argv[1])
+loop = {p["concurrency"]: p["windows"]
+        for p in json.loads((out / "trace_loop.json").read_text())["results"]["goodput"]}
+for line in (out / "trace_windows.txt").read_text().split("\n"):
+    if not line.strip():
+        continue
+    c, t0, t1 = line.split()
+    closed = ",".join(f"{a}:{b}" for a, b in loop[int(c)])
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        rc = main([f"{out}/trace_served.jsonl@{t0}:{t1}", f"{out}/trace_loop.jsonl@{closed}"])
+    (out / f"trace_c{c}.md").write_text(f"c = {c}: served (left), closed loop (right)\n\n"
+                                        + text.getvalue())
+    print(f"[trace] c = {c}\n{text.getvalue()}")
+    if rc:
+        sys.exit(rc)
+PY
 fi
 
 # a preview of the section from what came back (the page's: python benchmarks/serve_report.py OUT)

@@ -163,6 +163,12 @@ def summary(data: dict) -> list[str]:
         if v["goodput_over_off_c1"] is not None:
             rows.append(f"| sweep: goodput / off at c = 1 | **{v['goodput_over_off_c1']:.2f}** | "
                         f">= {OFF_RATIO_C1}: {_verdict(v['goodput_beats_off_c1'])} |")
+    at = [p for p in mixed_points(data) if p["concurrency"] in MIXED_AT]
+    if at:
+        rows.append(f"| mixed workload: {MIXED_REF} / the best batch-wide policy at c = "
+                    + ", ".join(str(p["concurrency"]) for p in at) + " | **"
+                    + ", ".join(f"{p['goodput_over_best']:.3f}" for p in at)
+                    + f"** | >= {MIXED_RATIO}: {_verdict(all(p['ok'] for p in at))} |")
     if plain and "decode_draft" in data:
         tax = [r for r in spec_tax(plain, data["decode_draft"]) if r["ratio"] is not None]
         if tax:
@@ -278,13 +284,24 @@ def mixed_section(data: dict, commit: str, out: Path) -> list[str]:
                    model_name(m["env"]),
                    "per policy and concurrency in the table (greedy and sampled requests together)")
     lines += [markdown_table(m["results"], MIXED_REF), ""]
-    v = verdicts(m["results"], MIXED_REF)
-    for p in v["points"]:
-        need = MIXED_RATIO if p["concurrency"] in MIXED_AT else 1.0
-        ok = p["goodput_over_best"] >= need
+    for p in mixed_points(data):
         lines.append(f"- c = {p['concurrency']}: {MIXED_REF} / {p['best_other']} = "
-                     f"{p['goodput_over_best']:.3f} (>= {need}): {'PASS' if ok else 'FAIL'}")
+                     f"{p['goodput_over_best']:.3f} (>= {p['need']}): "
+                     f"{'PASS' if p['ok'] else 'FAIL'}")
     return lines + [""]
+
+
+def mixed_points(data: dict) -> list[dict]:
+    """The mixed workload's verdict points (sweep_report.verdicts against MIXED_REF), each
+    with the ratio it needs and whether it has it; [] when not measured."""
+    m = (data.get("mixed_run") or data).get("mixed")
+    if not m:
+        return []
+    points = verdicts(m["results"], MIXED_REF)["points"]
+    for p in points:
+        p["need"] = MIXED_RATIO if p["concurrency"] in MIXED_AT else 1.0
+        p["ok"] = p["goodput_over_best"] >= p["need"]
+    return points
 
 
 def tax_section(data: dict, commit: str, out: Path) -> list[str]:
@@ -345,10 +362,12 @@ def render(data: dict, out: Path, commit: str, png: str | None, tail: str = "") 
     lines += [f"Gearshift's headline figures, all from one run of `benchmarks/h200.sh` on {device}"
               + (f" ({meta['gpu']})" if meta.get("gpu") else "")
               + f", {date}, commit `{commit[:12]}`. Earlier figures are in this page's git history.",
-              "", "To reproduce (one device call of under 10 minutes on one H200):", "",
-              "```bash", "OUT=out bash benchmarks/h200.sh      # every step below: JSON, logs, "
-              "the sweep's PNG under out/",
-              "python benchmarks/report.py out      # this page and spec_sweep.png", "```",
+              "", "To reproduce (two device calls of under 10 minutes each on one H200):", "",
+              "```bash", "OUT=out bash benchmarks/h200.sh      # every step below but one: JSON, "
+              "logs, the sweep's PNG under out/",
+              'OUT=mixed STEPS="pair mixed" bash benchmarks/h200.sh   # the mixed workload',
+              "python benchmarks/report.py out --mixed mixed   # this page and spec_sweep.png",
+              "```",
               "", "Compare speeds measured on one machine: machines of the same kind differ by a "
               "few percent.", "", "## Summary", ""]
     lines += summary(data)

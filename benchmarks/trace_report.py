@@ -2,6 +2,11 @@
 served run's time goes against the engine's closed loop at the same concurrency.
 
     python benchmarks/trace_report.py served.jsonl closed.jsonl
+    python benchmarks/trace_report.py served.jsonl@START:END closed.jsonl@S1:E1,S2:E2
+
+`@START:END` (Unix seconds, comma-separated for several) keeps the steps that started in
+those windows: one run out of a server's long trace, or a sweep point's passes (its
+`windows` in the sweep JSON).
 
 Per trace, a markdown column: output tok/s over the traced span, the share of that span
 in host gaps between steps (the caller's work), steps and median / p90 wall ms per mode,
@@ -21,8 +26,25 @@ from collections import Counter
 from pathlib import Path
 
 
-def load(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def load(path: Path, windows: list[tuple[float, float]] | None = None) -> list[dict]:
+    steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if windows is None:
+        return steps
+    return [s for s in steps if any(a <= s["ts"] <= b for a, b in windows)]
+
+
+def parse_spec(spec: str) -> tuple[Path, list[tuple[float, float]] | None]:
+    """'PATH' or 'PATH@START:END[,START:END...]' -> (path, windows or None)."""
+    path, at, rest = spec.rpartition("@")
+    if not at:
+        return Path(spec), None
+    try:
+        windows = [tuple(float(x) for x in w.split(":")) for w in rest.split(",")]
+    except ValueError:
+        windows = []
+    if not windows or any(len(w) != 2 or w[0] > w[1] for w in windows):
+        raise ValueError(f"bad window {rest!r} (START:END in Unix seconds, START <= END)")
+    return Path(path), windows
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -90,14 +112,20 @@ def table(names: list[str], sums: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("traces", nargs="+", type=Path, help="JSONL files written by --step-trace")
+    p.add_argument("traces", nargs="+",
+                   help="JSONL files written by --step-trace, each optionally @START:END")
     args = p.parse_args(argv)
-    missing = [str(t) for t in args.traces if not t.is_file()]
+    try:
+        specs = [parse_spec(t) for t in args.traces]
+    except ValueError as e:
+        print(f"trace_report: {e}", file=sys.stderr)
+        return 2
+    missing = [str(path) for path, _ in specs if not path.is_file()]
     if missing:
         print(f"trace_report: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
-    sums = [summarize(load(t)) for t in args.traces]
-    print(table([t.stem for t in args.traces], sums))
+    sums = [summarize(load(path, windows)) for path, windows in specs]
+    print(table([path.stem for path, _ in specs], sums))
     return 0
 
 

@@ -119,6 +119,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             count[o.request_id] = count.get(o.request_id, 0) + len(o.new_token_ids)
 
     with GcPauses() as pauses, triton_compiles() as compiles:
+        started = time.time()  # Unix time: the point's window in a --step-trace file
         t0 = prev = time.perf_counter()
         closed_loop(engine, prompts, concurrency, params.__getitem__, on_step)
         elapsed = time.perf_counter() - t0
@@ -138,6 +139,7 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             "tpot_ms_median": statistics.median(tpot) if tpot else None, "tpot_ms": tpot,
             "acceptance_rate": accepted / proposed if proposed else None,
             "proposed": proposed, "accepted": accepted, "elapsed_s": elapsed,
+            "window": [round(started, 4), round(started + elapsed, 4)],
             "max_running": most_running,  # the largest step: c once the loop filled up
             "request_steps_by_k": dict(sorted(steps_by_k.items())),
             "request_steps_tree": gained("tree_steps"),  # of which verified trees
@@ -199,6 +201,7 @@ def merge_passes(parts: list[dict]) -> dict:
         out[key] = sum(p[key] for p in parts)
     out["output_tok_per_s"] = out["output_tokens"] / out["elapsed_s"]
     out["pass_tok_per_s"] = [round(p["output_tok_per_s"], 1) for p in parts]
+    out["windows"] = [p["window"] for p in parts if "window" in p]  # Unix time, per pass
     out["max_running"] = max(p.get("max_running", 0) for p in parts)
     tpot = [t for p in parts for t in p["tpot_ms"]]
     out["tpot_ms_median"] = statistics.median(tpot) if tpot else None

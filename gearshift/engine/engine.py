@@ -190,7 +190,10 @@ class Engine:
         t0 = time.perf_counter()
         plan = self._schedule()
         self._emit = emit
-        return plan.failed + self._run(plan, t0) if plan.failed else self._run(plan, t0)
+        outputs = plan.failed + self._run(plan, t0) if plan.failed else self._run(plan, t0)
+        if self.step_stats.trace is not None and not self.has_unfinished_requests():
+            self.step_stats.trace.flush()  # idle next: a server may end by a signal, no atexit
+        return outputs
 
     def _schedule(self) -> StepPlan:
         return self.scheduler.schedule()

@@ -2,7 +2,8 @@
 served run and the engine's closed loop can be compared step by step
 (benchmarks/trace_report.py):
 
-    t_ms        the step's start, from the trace's start
+    t_ms        the step's start, from the trace's start; ts: the same as Unix time (s),
+                to cut a run's window out of a long trace (trace_report.py PATH@START:END)
     gap_ms      host time between the previous step's return and this step's start (the
                 caller's work: a server's arrivals, detokenisation and streaming)
     ms          the step's wall time inside Engine.step (planning, launch, commit)
@@ -13,6 +14,8 @@ served run and the engine's closed loop can be compared step by step
     generated   tokens the step returned to the caller
 
 Opened after the start-up warm-up; a disabled trace costs one attribute test per step.
+Lines reach the file every FLUSH_EVERY steps, whenever the engine runs out of requests
+and at exit.
 Data flow: Engine.__init__ -> StepTrace.open(path); StepStats.account -> record(...).
 """
 
@@ -35,6 +38,7 @@ class StepTrace:
         self._file = open(path, "w")  # noqa: SIM115 - open for the engine's life
         self._lines: list[str] = []
         self._t0 = time.perf_counter()
+        self._epoch = time.time() - self._t0  # perf_counter -> Unix time
         self._prev_end: float | None = None
         atexit.register(self.close)
 
@@ -44,7 +48,8 @@ class StepTrace:
         start = end - last["time_s"]
         gap = 0.0 if self._prev_end is None else max(start - self._prev_end, 0.0)
         self._prev_end = end
-        rec = {"t_ms": round((start - self._t0) * 1e3, 3), "gap_ms": round(gap * 1e3, 3),
+        rec = {"t_ms": round((start - self._t0) * 1e3, 3), "ts": round(self._epoch + start, 4),
+               "gap_ms": round(gap * 1e3, 3),
                "ms": round(last["time_s"] * 1e3, 3), "device_ms": last.get("device_ms"),
                "mode": last["mode"], "batch": plan.batch_size, "tokens": plan.num_tokens,
                "gear": last.get("gear", 0), "generated": generated}

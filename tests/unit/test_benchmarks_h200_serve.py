@@ -65,6 +65,7 @@ def test_smoke_run_writes_every_figure_and_the_section(tmp_path):
         assert spec["failed"] == plain["failed"] == 0 and spec["output_tok_per_s"] > 0
     engine = json.loads((out / "engine_sweep.json").read_text())
     assert set(engine["results"]) == {"goodput", "off"}
+    assert engine["args"]["tree_topk"] == 1  # chains, as the server verifies them
     rates = json.loads((out / "rates.json").read_text())
     assert set(rates["runs"]) == {"speculative", "plain"}
     assert all(len(r) == len(rates["rates"]) == 2 for r in rates["runs"].values())
@@ -105,3 +106,20 @@ def test_a_server_that_cannot_start_fails_its_step(tmp_path):
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [(s["step"], s["exit"]) for s in steps] == [("serve_off", 1)]
     assert "Not measured in this run" in (out / "benchmarks.md").read_text()
+
+
+def test_trace_step_puts_served_and_closed_loop_steps_side_by_side(tmp_path):
+    """STEPS="pair trace": a server with --step-trace at each served concurrency, the closed
+    loop at the same ones, and per c a trace_report table of both windows."""
+    out = tmp_path / "out"
+    run = _run(out, tmp_path, STEPS="pair trace")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert steps == ["pair", "serve_trace", "trace_srv_c1", "trace_srv_c2", "trace_loop"]
+    loop = json.loads((out / "trace_loop.json").read_text())
+    assert loop["args"]["tree_topk"] == 1 and set(loop["results"]) == {"goodput"}
+    for c in (1, 2):
+        table = (out / f"trace_c{c}.md").read_text()
+        counts = next(line for line in table.splitlines() if line.startswith("| steps |"))
+        served, closed = (int(x) for x in counts.strip("| ").split(" | ")[1:])
+        assert served > 0 and closed > 0  # both windows found their steps

@@ -12,6 +12,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -134,3 +136,34 @@ def test_a_failed_step_is_named_and_its_figure_left_out(tmp_path, capsys):
     assert "sweep: goodput" not in page and "](spec_sweep.png)" not in page
     assert "commit `feedface`" in page and "> **Smoke run**" in page
     assert "| spec tax: decode step with an idle draft / without" in capsys.readouterr().out
+
+
+def test_the_mixed_workload_from_its_own_call(tmp_path):
+    """`--mixed DIR`: the mixed workload's call (STEPS="pair mixed") renders its section
+    with its own commit and command, and its criterion joins the summary."""
+    out, mixed, page_path = tmp_path / "out", tmp_path / "mixed", tmp_path / "benchmarks.md"
+    _fake_out(out)
+    mixed.mkdir()
+    table = {"goodput-request": (400, 7000, 14500), "goodput": (410, 6000, 13000),
+             "off": (240, 6500, 13200)}
+    results = {q: [_point(c, v, None if q == "off" else 0.4) for c, v in zip((1, 32, 64), vals)]
+               for q, vals in table.items()}
+    env = _env("/tmp/pair/target", "safetensors")
+    (mixed / "mixed.json").write_text(json.dumps({"results": results, "env": env}))
+    (mixed / "meta.json").write_text(json.dumps({"commit": "abcdef0123", "out": "/dev2/out"}))
+    (mixed / "steps.jsonl").write_text(json.dumps(
+        {"step": "mixed", "exit": 0, "seconds": 300, "timeout_s": 400,
+         "command": "python -m gearshift.cli bench sweep --workload mixed "
+                    "--output-json /dev2/out/mixed.json"}) + "\n")
+    report = _report()
+    assert report.main([str(out), "--mixed", str(mixed), "--output", str(page_path)]) == 0
+    page = page_path.read_text()
+    assert ("| mixed workload: goodput-request / the best batch-wide policy at c = 32, 64 | "
+            "**1.077, 1.098** | >= 1.1: **FAIL** |") in page
+    section = page[page.index("## Per-request draft lengths"):page.index("## Spec tax")]
+    assert "commit: `abcdef0123`" in section and "Not measured" not in section
+    assert "`gearshift bench sweep --workload mixed --output-json $OUT/mixed.json`" in section
+    assert "- c = 1: goodput-request / goodput = 0.976 (>= 1.0): FAIL" in section
+    assert "- c = 32: goodput-request / off = 1.077 (>= 1.1): FAIL" in section
+    with pytest.raises(SystemExit, match="no folder"):
+        report.main([str(out), "--mixed", str(tmp_path / "none"), "--output", str(page_path)])

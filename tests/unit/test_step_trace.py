@@ -21,7 +21,7 @@ def _run(make_llm, model_dir, path: Path, **kw) -> tuple[list[dict], object, int
     llm = make_llm(model_dir, step_trace=str(path), **kw)
     outs = llm.generate(random_prompts([5, 9, 3, 12], seed=7),
                         SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
-    llm.engine.step_stats.trace.close()
+    # on disk as soon as the engine ran out of requests (a server may end by a signal)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     return lines, llm, sum(len(o.token_ids) for o in outs)
 
@@ -36,7 +36,7 @@ def test_every_step_is_one_line(make_llm, tiny_llama_dir, tmp_path):
     assert [x["mode"] for x in lines].count("verify") == stats["verify_steps"] > 0
     assert lines[0].get("prefill", {}).get("requests", 0) >= 1  # the prompts' first chunks
     assert all(x["gap_ms"] >= 0 and x["ms"] > 0 for x in lines)
-    assert all(a["t_ms"] <= b["t_ms"] for a, b in zip(lines, lines[1:]))
+    assert all(a["t_ms"] <= b["t_ms"] and a["ts"] <= b["ts"] for a, b in zip(lines, lines[1:]))
     for x in lines:
         if x["mode"] == "verify":  # its requests by K, and the chain width
             assert sum(x["ks"].values()) == x["batch"] and x["topk"] == 1
@@ -63,3 +63,21 @@ def test_trace_report_puts_two_runs_side_by_side(make_llm, tiny_llama_dir, tmp_p
 def test_a_trace_in_a_missing_folder_is_refused(make_llm, tiny_llama_dir, tmp_path):
     with pytest.raises(ConfigError, match="step_trace"):
         make_llm(tiny_llama_dir, step_trace=str(tmp_path / "no" / "t.jsonl"))
+
+
+def test_trace_report_cuts_windows_out_of_a_trace(make_llm, tiny_llama_dir, tmp_path):
+    """PATH@START:END keeps the steps that started in the window (Unix seconds): one run out
+    of a server's long trace, or a sweep point's passes."""
+    lines, _, _ = _run(make_llm, tiny_llama_dir, tmp_path / "t.jsonl")
+    report = ROOT / "benchmarks" / "trace_report.py"
+    mid = lines[len(lines) // 2]["ts"]
+    first = f"{lines[0]['ts'] - 1}:{mid}"
+    run = subprocess.run([sys.executable, str(report), f"{tmp_path / 't.jsonl'}@{first}",
+                          str(tmp_path / "t.jsonl")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    row = next(line for line in run.stdout.splitlines() if line.startswith("| steps |"))
+    kept = sum(1 for x in lines if x["ts"] <= mid)
+    assert row == f"| steps | {kept} | {len(lines)} |" and 0 < kept < len(lines)
+    bad = subprocess.run([sys.executable, str(report), f"{tmp_path / 't.jsonl'}@5:1"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "bad window" in bad.stderr
