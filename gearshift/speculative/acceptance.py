@@ -3,7 +3,7 @@ and the acceptance evidence the policy prices drafts with, per request (Request.
 and over all recent requests (the population: chains, trees, and the trees' top-1 chains).
 
 Data flow: SpecRunner.after_commit -> Acceptance.record (per request of a VERIFY step);
-SpecRunner.after_plain -> age(req); Scheduler (PolicyView) <- population / tree_population.
+SpecRunner.after_plain -> age(req), age_population(); Scheduler (PolicyView) <- population / tree_population.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ from gearshift.request import Request
 # evidence.
 ALPHA_DECAY = 0.9
 POPULATION_DECAY = 0.99  # the same evidence over all requests, per request-step
+# ... and per plain step (nobody's drafts tested): after a stretch of hard text at K = 0
+# the population fades towards the policy's prior, so later requests are priced to try
+# speculation again rather than inherit that stretch (~230 plain steps to a tenth)
+POPULATION_PLAIN_DECAY = 0.99
 
 
 class Acceptance:
@@ -51,6 +55,13 @@ class Acceptance:
         """The same evidence from tree steps, then what their top-1 chains accepted on the
         same steps (None: the engine verifies chains only)."""
         return (*self._pop[1], *self._pop[2]) if self.tree else None
+
+    def age_population(self) -> None:
+        """A plain step with decoding requests: the population's evidence fades (see
+        POPULATION_PLAIN_DECAY)."""
+        for pop in self._pop:
+            pop[0] *= POPULATION_PLAIN_DECAY
+            pop[1] *= POPULATION_PLAIN_DECAY
 
     def record_step(self, ks: list[int]) -> None:
         """One VERIFY step's plan: does it mix different non-zero K?"""

@@ -138,6 +138,8 @@ class SpecRunner:
         for req, dec in zip(plan.reqs, plan.decoding):
             if dec:
                 age(req)
+        if any(plan.decoding):
+            self.acceptance.age_population()
 
     # ------------------------------------------------------------------ VERIFY steps
     @torch.inference_mode()

@@ -7,6 +7,7 @@ Outputs stay equal to plain decoding."""
 
 from __future__ import annotations
 
+import pytest
 from checkpoints import random_prompts
 from eagle3_checkpoints import make_eagle3_checkpoint
 
@@ -190,3 +191,36 @@ def test_catch_up_is_timed_and_not_charged_to_the_verify_steps_k(
     while eng.has_unfinished_requests():
         eng.step()
     assert eng.spec.acceptance.population()[1] > 0  # acceptance evidence over all requests
+
+
+def test_plain_steps_fade_the_population_towards_the_prior(make_llm, tiny_llama_dir, tmp_path):
+    """After a stretch at K = 0 (the policy read hard text), new requests are priced with
+    a population that fades towards goodput's prior, so speculation is tried again."""
+    from gearshift.policy.base import Policy, PolicyView
+    from gearshift.policy.cost import CostModel
+    from gearshift.policy.goodput import GoodputPolicy
+
+    class Plain(Policy):  # drafts (the draft follows), but plans K = 0 throughout
+        def plan(self, view):
+            return [0] * len(view.requests)
+
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=2)
+    eng = llm.engine
+    eng.set_policy(Plain())
+    acc = eng.spec.acceptance
+    acc._pop[0] = [5.0, 100.0]  # evidence of 5% acceptance from earlier requests
+    prior = GoodputPolicy(CostModel(), 2).scorer.population_prior
+    before = prior(PolicyView([], 0, 2, population=acc.population()))
+    eng.add_request("0", PROMPTS[0], SamplingParams(max_tokens=40, temperature=0.0,
+                                                    ignore_eos=True))
+    aged, age = [], acc.age_population
+    acc.age_population = lambda: aged.append(1) or age()
+    while eng.has_unfinished_requests():
+        eng.step()
+    num, den = acc.population()
+    assert len(aged) >= 38 and den == pytest.approx(100.0 * 0.99 ** len(aged))  # per step
+    assert num / den == pytest.approx(0.05)  # faded, not changed
+    after = prior(PolicyView([], 0, 2, population=(num, den)))
+    assert before < 0.11 < after  # from 5% towards goodput's prior (0.6)
