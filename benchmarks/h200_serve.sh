@@ -27,7 +27,9 @@
 #               goodput at the same c with --step-trace; trace_report.py puts each c's
 #               served window beside its closed-loop passes in $OUT/trace_cC.md
 # The steps take more than one call: STEPS="pair engine sampling" and then, on the still-warm
-# machine (same lease), STEPS="pair prefix_off prefix_on served".
+# machine (same lease), STEPS="pair prefix_off prefix_on served". SERVE_FLAGS adds flags to
+# every server: SERVE_FLAGS=--no-engine-process STEPS="pair prefix_on served" measures the
+# engine on a thread of the server instead of in a process of its own.
 # Every server is killed on exit (trap) and leaves its log in $OUT/serve_{off,on}.log.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
@@ -66,6 +68,8 @@ else
           --output-len 128)
   LOOP=(--rounds 2 --passes 2 --min-requests 8)
 fi
+read -ra EXTRA <<< "${SERVE_FLAGS:-}"  # more `serve` flags, e.g. --no-engine-process
+SERVER+=("${EXTRA[@]}")
 URL=http://127.0.0.1:$PORT
 BENCH=("${G[@]}" bench serve --base-url "$URL")
 write_meta "$OUT/meta.json" port="$PORT"

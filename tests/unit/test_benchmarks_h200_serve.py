@@ -100,11 +100,14 @@ def test_smoke_run_writes_every_figure_and_the_section(tmp_path):
 
 def test_a_server_that_cannot_start_fails_its_step(tmp_path):
     out = tmp_path / "out"
-    run = _run(out, tmp_path, STEPS="prefix_off", PAIR=str(tmp_path / "none"))
+    run = _run(out, tmp_path, STEPS="prefix_off", PAIR=str(tmp_path / "none"),
+               SERVE_FLAGS="--no-engine-process --log-level INFO")
     assert run.returncode != 0
     assert "serve_off: not up after" in run.stdout and "none/target" in run.stdout  # log tail
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [(s["step"], s["exit"]) for s in steps] == [("serve_off", 1)]
+    assert steps[0]["command"].endswith("--no-engine-process --log-level INFO "
+                                        "--no-enable-prefix-caching")  # SERVE_FLAGS: each
     assert "Not measured in this run" in (out / "benchmarks.md").read_text()
 
 
