@@ -63,7 +63,8 @@ else
   LEN=(--input-len 128 --output-len 128)
   POINTS="1:8 4:16 32:64"
   WARMUP=2
-  RATES=(--concurrency 64 --num-prompts 32 --sweep-rates 2,4,8,16,32,inf)
+  # 64 a rate: with 32 the p99 is the slowest request alone
+  RATES=(--concurrency 64 --num-prompts 64 --sweep-rates 2,4,8,16,32,inf)
   SAMPLE=(--concurrency 1,8,64 --rounds 2 --passes 2 --min-requests 8 --input-len 128
           --output-len 128)
   LOOP=(--rounds 2 --passes 2 --min-requests 8)
