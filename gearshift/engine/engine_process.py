@@ -57,7 +57,13 @@ class EngineProcess:
         self._reader: threading.Thread | None = None
         self._closing = False
         self.first_snapshot = None
-        info = self._await_ready()
+        try:
+            info = self._await_ready()
+        except BaseException:  # its own failure, or Ctrl-C here: no engine left loading
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join(5)
+            raise
         self.model_name: str = info["model_name"]
         self.max_model_len: int = info["max_model_len"]
         self.vocab_size: int = info["vocab_size"]
