@@ -6,7 +6,7 @@ vLLM and SGLang split the same way.
 
     server process                                engine process (spawned)
     --------------                                ------------------------
-    AsyncEngine._post -> EngineProcess.post --pipe-->  EngineLoop (engine_loop.py) over
+    AsyncEngine._post -> EngineProcess.post -> writer thread --pipe--> EngineLoop over
     reader thread <--pipe-- ("step", outputs +         an Engine built from the config;
       snapshot) -> AsyncEngine.step_done / outputs /   ("out" | "added" | "reset" |
       added / reset_done / set_snapshot / failed        "snap" | "failed") as its sink
@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import pickle
+import queue
 import select
 import signal
 import threading
@@ -53,7 +54,12 @@ class EngineProcess:
         self.process.start()
         child_in.close()
         child_out.close()
-        self._lock = threading.Lock()  # post(): the event loop, and shutdown()
+        # post() never blocks the event loop: a large prompt fills the pipe until the engine
+        # reads it between two steps, so a thread of ours writes
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write, name="gearshift-engine-writer",
+                                        daemon=True)
+        self._writer.start()
         self._reader: threading.Thread | None = None
         self._closing = False
         self.first_snapshot = None
@@ -63,6 +69,7 @@ class EngineProcess:
             if self.process.is_alive():
                 self.process.kill()
             self.process.join(5)
+            self._outbox.put(None)
             raise
         self.model_name: str = info["model_name"]
         self.max_model_len: int = info["max_model_len"]
@@ -98,11 +105,15 @@ class EngineProcess:
         self._reader.start()
 
     def post(self, item: tuple) -> None:
-        with self._lock:
+        self._outbox.put(item)
+
+    def _write(self) -> None:
+        while (item := self._outbox.get()) is not None:
             try:
                 self._send.send(item)
             except (OSError, ValueError):  # the process is gone: the reader reports it
                 pass
+        self._send.close()
 
     def is_alive(self) -> bool:
         return self.process.is_alive() and self._reader is not None and self._reader.is_alive()
@@ -111,14 +122,14 @@ class EngineProcess:
         """Stop the loop, wait for the process (then terminate it)."""
         self._closing = True
         self.post(("stop",))
+        self._outbox.put(None)  # the writer's end
         self.process.join(timeout)
         if self.process.is_alive():  # stuck in a step: it ignores SIGTERM
             self.process.kill()
             self.process.join(5)
-        if self._reader is not None:
-            self._reader.join(timeout)
-        with self._lock:
-            self._send.close()
+        for thread in (self._writer, self._reader):
+            if thread is not None:
+                thread.join(timeout)
 
     def _read(self, sink: Any) -> None:
         from gearshift.engine.async_engine import EngineDeadError
