@@ -7,8 +7,9 @@ is still healthy.
     gearshift bench soak --hostile ...   # + hostile bodies, greedy checks against solo runs,
                                          #   an idle-connection flood, huge prompts, RSS
 
-Data flow: args -> Engine -> AsyncEngine -> app on 127.0.0.1 (BackgroundServer) <- random
-httpx clients; at the end GET /metrics (KV gauges) + /health -> summary table + JSON.
+Data flow: args -> Engine (in a process of its own, as `serve` runs it) -> AsyncEngine ->
+app on 127.0.0.1 (BackgroundServer) <- random httpx clients; at the end GET /metrics (KV
+gauges) + /health -> summary table + JSON.
 """
 
 from __future__ import annotations
@@ -240,6 +241,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-sampling", default=None, choices=["coupled", "rejection"])
     p.add_argument("--draft-model", default=None)
     p.add_argument("--num-draft-tokens", type=int, default=None)
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="the engine in a process of its own, as `serve` runs it (default)")
     p.add_argument("--num-requests", type=int, default=3000)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--time-limit", type=float, default=540.0, help="seconds of load")
@@ -270,9 +273,14 @@ def run(args: argparse.Namespace) -> int:
                if getattr(args, k) is not None}
     config = build_engine_config(args.model, device=args.device, max_num_seqs=args.max_num_seqs,
                                  kv_cache_tokens=args.kv_cache_tokens, **options)
-    engine = Engine(config)
+    if args.engine_process:
+        from gearshift.engine.engine_process import EngineProcess
+
+        async_engine = AsyncEngine(EngineProcess(config))
+    else:
+        async_engine = AsyncEngine(Engine(config))
     # huge prompts need a body limit above their ~4 MB
-    app = build_app(AsyncEngine(engine), max_body_bytes=8 << 20 if args.hostile else 4 << 20)
+    app = build_app(async_engine, max_body_bytes=8 << 20 if args.hostile else 4 << 20)
     with BackgroundServer(app) as srv:
         result = asyncio.run(soak(
             srv.base_url, num_requests=args.num_requests, concurrency=args.concurrency,
@@ -280,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
             bad_prob=args.bad_prob, hostile=args.hostile,
             flood_connections=args.flood_connections, stall_prompts=args.stall_prompts))
     result["config"] = {k: v for k, v in vars(args).items() if k != "func"}
-    result["engine_stats"] = engine.stats()
+    result["engine_stats"] = async_engine.snapshot.stats  # fresh: the engine is idle
     print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=1))
     with open(args.output_json, "w") as f:
         json.dump(result, f, indent=1)

@@ -143,3 +143,20 @@ def test_a_killed_engine_process_ends_streams_and_health(tiny_llama_dir):
         assert died.wait(10)
         assert httpx.get(srv.base_url + "/health", timeout=5).status_code == 503
         assert not async_engine.is_alive
+
+
+def test_a_short_soak_through_the_engine_process_passes(tiny_llama_dir):
+    """Random parameters, disconnects and bad bodies against the engine in its process: no
+    5xx, every KV slot back, still healthy."""
+    from gearshift.bench.soak import soak
+
+    config = build_engine_config(str(tiny_llama_dir), speculative_algorithm="ngram",
+                                 num_draft_tokens=3, spec_policy="random", **OPTIONS)
+    async_engine = AsyncEngine(EngineProcess(config))
+    with BackgroundServer(build_app(async_engine)) as srv:
+        result = asyncio.run(soak(srv.base_url, num_requests=150, concurrency=8, time_limit=90,
+                                  seed=3, disconnect_prob=0.2, bad_prob=0.1, progress=False))
+    assert result["passed"], result
+    outcomes = result["outcomes"]
+    assert outcomes.get("200", 0) > 50 and outcomes.get("disconnect", 0) > 5
+    assert async_engine.snapshot.stats["spec"]["proposed"] > 0
