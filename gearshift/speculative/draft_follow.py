@@ -7,7 +7,8 @@ token, stored by slot.
                          slots (one small GEMM + scatter, far cheaper than a draft forward
                          per plain step); the draft itself falls behind
     VERIFY step:         catch_up first: requests about to speculate extend the draft over
-                         their backlog (graphed, K + 1 wide, when it fits, else eager chunks),
+                         their backlog (graphed, K + 1 wide, when it fits, else eager chunks;
+                         short backlogs graphed apart from long ones),
                          then after verification the draft extends over the accepted tokens
                          (+ bonus) of the requests it is current for (padded to K + 1: a graph)
 
@@ -87,15 +88,30 @@ class DraftFollower:
             behind = [r for r in reqs if r.draft_rows < r.num_computed_tokens]
             if not behind:
                 break
-            cap = max(1, max_tokens // len(behind))
-            prefix = [r.draft_rows for r in behind]
-            extend = [min(r.num_computed_tokens - r.draft_rows, cap) for r in behind]
-            slots = [s for r, p, n in zip(behind, prefix, extend) for s in r.slots[p:p + n]]
-            self.extend(behind, prefix, extend, store, slots)  # store rows are slot ids
-            self.catch_up_rows += len(slots)
+            for group in self._backlog_groups(behind):
+                cap = max(1, max_tokens // len(group))
+                prefix = [r.draft_rows for r in group]
+                extend = [min(r.num_computed_tokens - r.draft_rows, cap) for r in group]
+                slots = [s for r, p, n in zip(group, prefix, extend) for s in r.slots[p:p + n]]
+                self.extend(group, prefix, extend, store, slots)  # store rows are slot ids
+                self.catch_up_rows += len(slots)
         if events is not None:
             events[1].record()
         self._timing = ((time.perf_counter() - t0) * 1e3, events)
+
+    def _backlog_groups(self, behind: list[Request]) -> list[list[Request]]:
+        """The requests a few rows behind (the decoders of a plain step: a draft-extend
+        graph) apart from long backlogs (a new request's prompt: eager), so that one
+        arrival does not send the whole batch's catch-up down the eager path."""
+        if not (self.proposer.graph_extend and self.runner.shape_graphs is not None):
+            return [behind]
+        width = self.num_draft_tokens + 1
+        short = [r for r in behind if r.num_computed_tokens - r.draft_rows <= width
+                 and r.draft_rows + width <= self.runner.max_positions]
+        if not short or len(short) == len(behind):
+            return [behind]
+        taken = {id(r) for r in short}
+        return [short, [r for r in behind if id(r) not in taken]]
 
     def catch_up_ms(self) -> float:
         """What the latest catch_up added to its step: the longer of its host time and its

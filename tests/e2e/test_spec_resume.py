@@ -105,3 +105,60 @@ def test_graphed_catch_up_after_a_short_stretch_proposes_like_a_fresh_engine(
     fresh = make_llm(tiny_llama_dir, **opts)
     tree_b, out_b = first_proposal(fresh, prompt + out_a[:-1], Switching([3]))
     assert out_b == out_a[-1:] and tree_a == tree_b
+
+
+def test_an_arrival_does_not_send_the_decoders_catch_up_down_the_eager_path(
+        make_llm, tiny_llama_dir, tmp_path):
+    """As on a GPU: a request speculates; a new one arrives and its prefill chunks run in
+    plain steps (the decoder at K = 0, a row behind each); then one VERIFY step catches both
+    up: the decoder's short backlog through the padded draft-extend graph, the arrival's
+    prompt eagerly on its own. Greedy output stays plain decoding's."""
+    from dataclasses import replace
+
+    from checkpoints import random_prompts
+    from eager_graphs import install
+
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    first, arrival = random_prompts([6, 40], seed=4)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    opts = dict(max_num_batched_tokens=16, max_num_seqs=4)
+    want = [o.token_ids for o in make_llm(tiny_llama_dir, **opts).generate([first, arrival],
+                                                                            params)]
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=3, spec_policy="always", **opts)
+    install(llm)
+    eng = llm.engine
+    eng.scheduler.speculation = replace(eng.scheduler.speculation, mixed=False)  # graphed
+    follow = eng.spec.follow
+    calls, groups = [], []
+    extend, catch_up = follow.extend, follow.catch_up
+
+    def spy_extend(reqs, prefix, lens, aux, token_idx):
+        if reqs:
+            calls.append((len(reqs), max(lens), follow._graph_width(prefix, lens)))
+        return extend(reqs, prefix, lens, aux, token_idx)
+
+    def spy_catch_up(reqs, max_tokens=4096):
+        start = len(calls)
+        catch_up(reqs, max_tokens)
+        groups.append(calls[start:])
+
+    follow.extend, follow.catch_up = spy_extend, spy_catch_up
+    got = {"a": [], "b": []}
+
+    def step() -> None:
+        for out in eng.step():
+            got[out.request_id] += out.new_token_ids
+
+    eng.add_request("a", first, params)
+    while eng.stats()["verify_steps"] < 2:
+        step()
+    eng.add_request("b", arrival, params)
+    while eng.has_unfinished_requests():
+        step()
+    assert [got["a"], got["b"]] == want
+    split = [g for g in groups if len(g) == 2]
+    assert split, groups
+    (n_short, short, width), (n_long, long, eager) = split[0]
+    assert (n_short, n_long) == (1, 1) and short <= 4 < long
+    assert width == 4 and eager is None  # graphed K + 1 wide; the prompt eagerly
