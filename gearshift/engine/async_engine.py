@@ -145,7 +145,8 @@ class AsyncEngine:
     # ------------------------------------------------------------ lifecycle (event loop)
 
     def start(self) -> None:
-        """Start the engine thread; call from the event loop that will consume the streams."""
+        """Start the engine's loop (our thread, or the process's reader); call from the event
+        loop that will consume the streams."""
         if self._started:
             return
         self._started = True

@@ -65,10 +65,6 @@ class ThreadInbox:
     def wait(self, timeout: float) -> None:
         self._wake.wait(timeout)
 
-    def drain(self) -> list[tuple]:
-        """What was never taken (the loop is gone)."""
-        return self.take()
-
 
 class EngineLoop:
     def __init__(self, engine: Any, sink: Any) -> None:
