@@ -10,8 +10,9 @@ those windows: one run out of a server's long trace, or a sweep point's passes (
 
 Per trace, a markdown column: output tok/s over the traced span, the share of that span
 in host gaps between steps (the caller's work), steps and median / p90 wall ms per mode,
-median device ms, VERIFY steps' K mix (request-steps by K; trees apart), and the steps
-that carried a prefill chunk: how many, and how many of those speculated.
+median device ms, VERIFY steps' K mix (request-steps by K; trees apart), the steps
+that carried a prefill chunk: how many, and how many of those speculated, and what
+arrivals cost the decoders (`arrivals`).
 
 Data flow: JSONL lines (gearshift/engine/step_trace.py) -> summarize() -> table().
 """
@@ -79,7 +80,27 @@ def summarize(steps: list[dict]) -> dict:
     prefill = [s for s in steps if s.get("prefill")]
     out["prefill_steps"] = len(prefill)
     out["prefill_steps_speculating"] = sum(1 for s in prefill if s["mode"] == "verify")
+    out.update(arrivals(steps, span))
     return out
+
+
+def arrivals(steps: list[dict], span: float) -> dict:
+    """What new requests cost the decoders: plain steps with a prefill chunk beside
+    decoding requests (at K = 0), their share of the span (their wall and the host gap
+    after them, which waits for their device work), and the VERIFY step right after one
+    (the draft's catch-up) against a VERIFY step after a VERIFY step."""
+    idx = [i for i, s in enumerate(steps) if s["mode"] != "verify" and s.get("prefill")
+           and s["batch"] > s["prefill"]["requests"]]
+    after = [steps[i]["gap_ms"] for i in range(1, len(steps))]
+    cost = sum(steps[i]["ms"] + (after[i] if i < len(after) else 0.0) for i in idx)
+    next_verify = [steps[i + 1]["ms"] for i in idx
+                   if i + 1 < len(steps) and steps[i + 1]["mode"] == "verify"]
+    steady = [b["ms"] for a, b in zip(steps, steps[1:])
+              if a["mode"] == "verify" and b["mode"] == "verify"]
+    return {"arrival_steps": len(idx),
+            "arrival_share": cost / 1e3 / span if span > 0 else None,
+            "verify_after_arrival_ms": statistics.median(next_verify) if next_verify else None,
+            "verify_steady_ms": statistics.median(steady) if steady else None}
 
 
 def _f(x, fmt: str = "{:.2f}") -> str:
@@ -102,6 +123,12 @@ def table(names: list[str], sums: list[dict]) -> str:
               [", ".join(f"{k}: {n}" for k, n in s.get("k_mix", {}).items()) or "-" for s in sums]),
              ("steps with a prefill chunk (speculating)",
               [f"{s.get('prefill_steps', 0)} ({s.get('prefill_steps_speculating', 0)})"
+               for s in sums]),
+             ("plain steps with a prefill beside decoders (share of span)",
+              [f"{s.get('arrival_steps', 0)} ({_f(s.get('arrival_share'), '{:.1%}')})"
+               for s in sums]),
+             ("VERIFY wall median after one / after a VERIFY",
+              [f"{_f(s.get('verify_after_arrival_ms'))} / {_f(s.get('verify_steady_ms'))}"
                for s in sums])]
     lines = ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]

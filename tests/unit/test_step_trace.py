@@ -81,3 +81,24 @@ def test_trace_report_cuts_windows_out_of_a_trace(make_llm, tiny_llama_dir, tmp_
     bad = subprocess.run([sys.executable, str(report), f"{tmp_path / 't.jsonl'}@5:1"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "bad window" in bad.stderr
+
+
+def test_trace_report_prices_what_arrivals_cost_the_decoders():
+    """A plain step with a prefill beside decoders, then the VERIFY step after it: counted,
+    their share of the span (wall + the next step's host gap), and the VERIFY after one
+    against a VERIFY after a VERIFY."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from trace_report import arrivals
+
+    def step(t, mode, ms, gap=0.0, batch=4, prefill=None):
+        return {"t_ms": t, "mode": mode, "ms": ms, "gap_ms": gap, "batch": batch,
+                **({"prefill": {"requests": prefill, "tokens": 128}} if prefill else {})}
+
+    steps = [step(0, "verify", 10), step(10, "verify", 10),
+             step(20, "extend", 2, batch=4, prefill=1),  # an arrival beside 3 decoders
+             step(22, "verify", 14, gap=6), step(42, "verify", 10),
+             step(52, "extend", 3, batch=1, prefill=1)]  # alone: no decoder waits
+    got = arrivals(steps, span=0.1)
+    assert got["arrival_steps"] == 1
+    assert got["arrival_share"] == pytest.approx((2 + 6) / 100)
+    assert got["verify_after_arrival_ms"] == 14 and got["verify_steady_ms"] == 10
