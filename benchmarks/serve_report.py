@@ -35,6 +35,19 @@ TPOT_RATE, TTFT99_RATE = 1.03, 1.10  # rate sweep, with speculation / without, a
 COUPLED_COST = 0.97  # coupled / rejection output tok/s, at least, for coupled as the default
 
 
+def engine_mode(data: dict) -> str:
+    """Where the served runs' engine stepped, from their servers' commands."""
+    commands = [s["command"] for name, s in data["steps"].items() if name.startswith("serve_")]
+    if not commands:
+        return "not recorded by this run"
+    threads = ["--no-engine-process" in c.split() for c in commands]
+    if all(threads):
+        return "the engine on a thread of the server (`--no-engine-process`)"
+    if not any(threads):
+        return "the engine in a process of its own (`serve`'s default)"
+    return "mixed: some servers ran the engine on a thread (see the commands)"
+
+
 def load(out: Path) -> dict:
     data = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
     steps = out / "steps.jsonl"
@@ -210,6 +223,7 @@ def section(data: dict, out: Path, commit: str, device: str, date: str, model: s
               f"- device: {device}; date: {date}; commit: `{commit[:12]}`",
               f"- model: the bench target and its EAGLE-3 head (`gearshift make-bench-model`; "
               f"{model}), speculation policy `goodput` (the default)",
+              f"- server: {engine_mode(data)}",
               "- to reproduce: `OUT=out bash benchmarks/h200_serve.sh && python "
               "benchmarks/serve_report.py out`", "",
               "### Prefix cache: multi-turn chats", ""]

@@ -88,6 +88,7 @@ def test_smoke_run_writes_every_figure_and_the_section(tmp_path):
     assert "| 2 | " in section and "(not run)" not in section and "Not measured" not in section
     assert "coupled against rejection" in section and "| 1.0 | 2 | " in section
     assert "vocabulary 8,192" in section and "`gearshift serve --model $P/target" in section
+    assert "- server: the engine in a process of its own" in section
     assert (page.parent / "serve_rates.png").is_file()
 
     # report.py rewrites the page from an h200.sh run (here: none) and keeps the section
@@ -108,6 +109,7 @@ def test_a_server_that_cannot_start_fails_its_step(tmp_path):
     assert [(s["step"], s["exit"]) for s in steps] == [("serve_off", 1)]
     assert steps[0]["command"].endswith("--no-engine-process --log-level INFO "
                                         "--no-enable-prefix-caching")  # SERVE_FLAGS: each
+    assert "- server: the engine on a thread" in (out / "benchmarks.md").read_text()
     assert "Not measured in this run" in (out / "benchmarks.md").read_text()
 
 
