@@ -10,9 +10,10 @@ those windows: one run out of a server's long trace, or a sweep point's passes (
 
 Per trace, a markdown column: output tok/s over the traced span, the share of that span
 in host gaps between steps (the caller's work), steps and median / p90 wall ms per mode,
-median device ms, VERIFY steps' K mix (request-steps by K; trees apart), the steps
-that carried a prefill chunk: how many, and how many of those speculated, and what
-arrivals cost the decoders (`arrivals`).
+median device ms, on CUDA a VERIFY step's draft device time, device span and the wall
+time outside that span (host work not hidden), VERIFY steps' K mix (request-steps by K;
+trees apart), the steps that carried a prefill chunk: how many, and how many of those
+speculated, and what arrivals cost the decoders (`arrivals`).
 
 Data flow: JSONL lines (gearshift/engine/step_trace.py) -> summarize() -> table().
 """
@@ -70,6 +71,12 @@ def summarize(steps: list[dict]) -> dict:
                               "ms_p90": percentile([s["ms"] for s in own], 0.9),
                               "device_ms_median": statistics.median(dev) if dev else None,
                               "gap_ms_median": statistics.median(s["gap_ms"] for s in own)}
+    timed = [s for s in steps if s["mode"] == "verify" and "span_ms" in s]  # CUDA runs
+    if timed:
+        out["verify_timing"] = {
+            "draft_ms": statistics.median(s["draft_ms"] for s in timed),
+            "span_ms": statistics.median(s["span_ms"] for s in timed),
+            "host_ms": statistics.median(s["ms"] - s["span_ms"] for s in timed)}
     ks: Counter = Counter()
     for s in steps:
         if s["mode"] == "verify":
@@ -119,6 +126,13 @@ def table(names: list[str], sums: list[dict]) -> str:
                   [f"{m['ms_median']:.2f} / {m['ms_p90']:.2f}" if m else "-" for m in ms]),
                  (f"{mode}: device ms median", [_f(m and m["device_ms_median"]) for m in ms]),
                  (f"{mode}: host gap before, median ms", [_f(m and m["gap_ms_median"]) for m in ms])]
+    timing = [s.get("verify_timing") for s in sums]
+    if any(timing):
+        rows += [("verify: draft device ms median", [_f(t and t["draft_ms"]) for t in timing]),
+                 ("verify: device span ms median (catch-up .. verification)",
+                  [_f(t and t["span_ms"]) for t in timing]),
+                 ("verify: wall less span, median ms (host not hidden)",
+                  [_f(t and t["host_ms"]) for t in timing])]
     rows += [("VERIFY K mix (request-steps)",
               [", ".join(f"{k}: {n}" for k, n in s.get("k_mix", {}).items()) or "-" for s in sums]),
              ("steps with a prefill chunk (speculating)",

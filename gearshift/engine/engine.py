@@ -116,7 +116,7 @@ class Engine:
             # 100 ms full collections at random steps while serving
             freeze_heap()
         if config.step_trace:  # after the warm-up: its steps are not the run's
-            self.step_stats.trace = StepTrace(config.step_trace)
+            self.step_stats.trace = StepTrace(config.step_trace, self.spec)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids: list[int],

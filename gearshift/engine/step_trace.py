@@ -7,7 +7,10 @@ served run and the engine's closed loop can be compared step by step
     gap_ms      host time between the previous step's return and this step's start (the
                 caller's work: a server's arrivals, detokenisation and streaming)
     ms          the step's wall time inside Engine.step (planning, launch, commit)
-    device_ms   CUDA-event time where known (an overlapped plain step: the step read then)
+    device_ms   CUDA-event time where known (an overlapped plain step: the step read then;
+                a VERIFY step: the target pass)
+    catch_up_ms, draft_ms, span_ms    a VERIFY step's draft catch-up, draft proposal, and
+                device span from the catch-up to verification's end (CUDA only)
     mode, batch, tokens, gear    as Engine.last_step
     ks          a VERIFY step's requests by K ({K: requests}), tree width `topk`
     prefill     requests with a prefill chunk in the step, and their tokens
@@ -16,7 +19,7 @@ served run and the engine's closed loop can be compared step by step
 Opened after the start-up warm-up; a disabled trace costs one attribute test per step.
 Lines reach the file every FLUSH_EVERY steps, whenever the engine runs out of requests
 and at exit.
-Data flow: Engine.__init__ -> StepTrace.open(path); StepStats.account -> record(...).
+Data flow: Engine.__init__ -> StepTrace(path, spec); StepStats.account -> record(...).
 """
 
 from __future__ import annotations
@@ -33,8 +36,12 @@ FLUSH_EVERY = 256  # lines buffered between writes
 
 
 class StepTrace:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, spec=None) -> None:
         self.path = path
+        # VERIFY steps' draft and span device times (CUDA events; speculative/timing.py)
+        self.spec = spec if spec is not None and spec.runner.device.type == "cuda" else None
+        if self.spec is not None:
+            self.spec.time_verify_steps()
         self._file = open(path, "w")  # noqa: SIM115 - open for the engine's life
         self._lines: list[str] = []
         self._t0 = time.perf_counter()
@@ -56,6 +63,8 @@ class StepTrace:
         if plan.mode is ForwardMode.VERIFY:
             rec["ks"] = dict(Counter(plan.num_draft_tokens))
             rec["topk"] = plan.draft_topk
+            if self.spec is not None:
+                rec.update(self.spec.timing.last)
         chunks = [n for n, dec in zip(plan.extend_lens, plan.decoding) if not dec]
         if chunks:
             rec["prefill"] = {"requests": len(chunks), "tokens": sum(chunks)}

@@ -35,6 +35,7 @@ from gearshift.speculative.acceptance import Acceptance, age
 from gearshift.speculative.draft_follow import DraftFollower
 from gearshift.speculative.proposers import create_proposer
 from gearshift.speculative.proposers.base import ProposeContext
+from gearshift.speculative.timing import VerifyTiming
 from gearshift.speculative.verify import verify
 from gearshift.speculative.verify_device import node_valid, pack, record_paths
 
@@ -51,6 +52,7 @@ class SpecRunner:
         self.draft_frac = self.proposer.cost_fraction(runner.model)  # a draft step / target step
         self.split_k_verify_below = 64  # (requests x kv heads) under which chains use split-K
         self.acceptance = Acceptance(tree=self.topk > 1)
+        self.timing: VerifyTiming | None = None  # CUDA events of VERIFY steps (--step-trace)
         # `feed` (the engine's TokenFeed) resolves tokens of overlapped steps on the device
         self.follow = DraftFollower(self.proposer, runner, builder, self.num_draft_tokens, feed,
                                     every_token=config.enable_prefix_caching)
@@ -141,6 +143,10 @@ class SpecRunner:
         if any(plan.decoding):
             self.acceptance.age_population()
 
+    def time_verify_steps(self) -> None:
+        """Record CUDA events in every VERIFY step from now on (timing.py; --step-trace)."""
+        self.timing = VerifyTiming()
+
     # ------------------------------------------------------------------ VERIFY steps
     @torch.inference_mode()
     def run(self, plan: StepPlan, batch: StepBatch, before_sync=None) -> StepResult:
@@ -156,6 +162,9 @@ class SpecRunner:
         depth = max(ks)
         n_max, s_max = max(plan.num_nodes), max(plan.num_scratch)
         # the draft catches up on rows committed while these requests ran at K = 0
+        timing = self.timing
+        if timing is not None:
+            timing.mark(0)
         self.follow.catch_up([r for r, k, rd in zip(reqs, ks, ride) if k and not rd])
         pb, lp = sb.penalties, sb.logprobs
         counts = self.runner.token_counts() if pb is not None and pb.use_counts else None
@@ -163,7 +172,11 @@ class SpecRunner:
             counts.reset(pb)  # rows given out this step, before the draft reads them
         ctx = ProposeContext(reqs, ks, depth, topk, n_max, d["roots"], d["prefix"], prefix,
                              d["rows"], d["scratch"].view(b, s_max), sb, counts)
+        if timing is not None:
+            timing.mark(1)
         tree, nodes_override = self.proposer.propose(ctx)
+        if timing is not None:
+            timing.mark(2)
         # grammars need the drafts on the host: copied now, walked while the target runs
         on_host = vg.TreeOnHost(tree) if sb.grammar is not None else None
         n_tree = tree.num_nodes  # a tree is smaller than its budget when K was capped
@@ -225,9 +238,13 @@ class SpecRunner:
         if lp is not None and lp.sampled:
             vl.path_logprobs(lp, raw_t, flat, vl.node_rows(flat, node_tok), packed, n_tree, depth)
             lp.start_copy()  # read after the sync below
+        if timing is not None:
+            timing.mark(3)
         if before_sync is not None:
             before_sync()
         packed = packed.tolist()  # the step's one host sync
+        if timing is not None:
+            timing.read()
         if self.follow.catch_up_rows:  # what leaving K = 0 cost (its events are done now)
             self.stats["catch_up_rows"] += self.follow.catch_up_rows
             self.stats["catch_up_ms"] += self.follow.catch_up_ms()

@@ -102,3 +102,37 @@ def test_trace_report_prices_what_arrivals_cost_the_decoders():
     assert got["arrival_steps"] == 1
     assert got["arrival_share"] == pytest.approx((2 + 6) / 100)
     assert got["verify_after_arrival_ms"] == 14 and got["verify_steady_ms"] == 10
+
+
+def test_verify_steps_carry_their_device_timing_on_cuda(tmp_path):
+    """On CUDA the trace turns on the VERIFY steps' events and writes their catch-up, draft
+    and span times; trace_report shows the draft, the span and the wall outside it."""
+    from types import SimpleNamespace
+
+    from gearshift.engine.step_trace import StepTrace
+    from gearshift.forward_batch import ForwardMode
+    from gearshift.scheduler.plan import StepPlan
+
+    timing = SimpleNamespace(last={"catch_up_ms": 0.1, "draft_ms": 1.2, "span_ms": 5.5})
+    spec = SimpleNamespace(runner=SimpleNamespace(device=SimpleNamespace(type="cuda")))
+    spec.time_verify_steps = lambda: setattr(spec, "timing", timing)
+    trace = StepTrace(str(tmp_path / "t.jsonl"), spec)
+    assert spec.timing is timing
+    plan = StepPlan(mode=ForwardMode.VERIFY)
+    plan.num_draft_tokens = [3]
+    last = {"time_s": 0.008, "device_ms": 4.0, "mode": "verify", "gear": 3}
+    for _ in range(3):
+        trace.record(plan, last, 4)
+    trace.flush()
+    lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert all(x["draft_ms"] == 1.2 and x["span_ms"] == 5.5 for x in lines)
+    cpu = SimpleNamespace(runner=SimpleNamespace(device=SimpleNamespace(type="cpu")))
+    StepTrace(str(tmp_path / "cpu.jsonl"), cpu)
+    assert not hasattr(cpu, "timing")  # no CUDA, no events
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from trace_report import summarize, table
+
+    out = table(["t"], [summarize(lines)])
+    assert "| verify: draft device ms median | 1.20 |" in out
+    assert "| verify: wall less span, median ms (host not hidden) | 2.50 |" in out
