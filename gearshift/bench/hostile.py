@@ -57,12 +57,20 @@ async def solo_texts(client: httpx.AsyncClient, model: str) -> list[str]:
     return texts
 
 
-def rss_mb() -> float:
-    """This process's resident memory (the server runs in it)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+def rss_mb(engine_pid: int | None = None) -> float:
+    """Resident memory of this process (the server runs in it) and of the engine's own
+    process where it has one."""
+    return sum(_vm_rss_mb(pid) for pid in ("self", engine_pid) if pid is not None)
+
+
+def _vm_rss_mb(pid) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:  # the process is gone
+        pass
     return 0.0
 
 

@@ -136,8 +136,9 @@ async def one(client: httpx.AsyncClient, rng: random.Random, model: str,
 async def soak(base_url: str, *, num_requests: int, concurrency: int, time_limit: float,
                seed: int = 0, disconnect_prob: float = 0.1, bad_prob: float = 0.05,
                progress: bool = True, hostile: bool = False, flood_connections: int = 0,
-               stall_prompts: int = 3) -> dict:
-    """Drive a running server; returns counts by outcome and the end-state checks."""
+               stall_prompts: int = 3, engine_pid: int | None = None) -> dict:
+    """Drive a running server; returns counts by outcome and the end-state checks.
+    `engine_pid`: the engine's process, counted in the RSS series with the server's."""
     if not base_url.startswith(("http://127.0.0.1", "http://localhost", "http://[::1]")):
         raise ValueError("the soak runs on loopback only (http://127.0.0.1:PORT)")
     rng = random.Random(seed)
@@ -156,7 +157,7 @@ async def soak(base_url: str, *, num_requests: int, concurrency: int, time_limit
                 extra["flood"] = await asyncio.to_thread(flood, base_url, flood_connections)
             if stall_prompts:
                 extra["stall"] = await stall(client, model, stall_prompts)
-            rss.append((0.0, rss_mb()))
+            rss.append((0.0, rss_mb(engine_pid)))
             deadline = time.monotonic() + time_limit  # the probes are not the soak's time
         async def worker() -> None:
             nonlocal next_index
@@ -169,7 +170,7 @@ async def soak(base_url: str, *, num_requests: int, concurrency: int, time_limit
                 except httpx.HTTPError as e:
                     outcomes[f"client-error:{type(e).__name__}"] += 1
                 if hostile and time.monotonic() - started - rss[-1][0] > 30:
-                    rss.append((time.monotonic() - started, rss_mb()))
+                    rss.append((time.monotonic() - started, rss_mb(engine_pid)))
                 if progress and sum(outcomes.values()) % 250 == 0:
                     print(f"soak: {sum(outcomes.values())} requests, {dict(outcomes)}",
                           file=sys.stderr, flush=True)
@@ -181,7 +182,7 @@ async def soak(base_url: str, *, num_requests: int, concurrency: int, time_limit
         metrics_5xx = await _count_5xx(client)
     server_errors = sum(v for k, v in outcomes.items() if k.startswith("5"))
     if hostile:
-        rss.append((elapsed, rss_mb()))
+        rss.append((elapsed, rss_mb(engine_pid)))
         extra["rss_mb"] = [[round(t), round(m, 1)] for t, m in rss]
     ok_extra = not hostile or (
         outcomes.get("greedy-mismatch", 0) == 0
@@ -286,7 +287,8 @@ def run(args: argparse.Namespace) -> int:
             srv.base_url, num_requests=args.num_requests, concurrency=args.concurrency,
             time_limit=args.time_limit, seed=args.seed, disconnect_prob=args.disconnect_prob,
             bad_prob=args.bad_prob, hostile=args.hostile,
-            flood_connections=args.flood_connections, stall_prompts=args.stall_prompts))
+            flood_connections=args.flood_connections, stall_prompts=args.stall_prompts,
+            engine_pid=async_engine.engine.process.pid if args.engine_process else None))
     result["config"] = {k: v for k, v in vars(args).items() if k != "func"}
     result["engine_stats"] = async_engine.snapshot.stats  # fresh: the engine is idle
     print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=1))

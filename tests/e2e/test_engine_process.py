@@ -148,6 +148,7 @@ def test_a_killed_engine_process_ends_streams_and_health(tiny_llama_dir):
 def test_a_short_soak_through_the_engine_process_passes(tiny_llama_dir):
     """Random parameters, disconnects and bad bodies against the engine in its process: no
     5xx, every KV slot back, still healthy."""
+    from gearshift.bench.hostile import rss_mb
     from gearshift.bench.soak import soak
 
     config = build_engine_config(str(tiny_llama_dir), speculative_algorithm="ngram",
@@ -156,6 +157,8 @@ def test_a_short_soak_through_the_engine_process_passes(tiny_llama_dir):
     with BackgroundServer(build_app(async_engine)) as srv:
         result = asyncio.run(soak(srv.base_url, num_requests=150, concurrency=8, time_limit=90,
                                   seed=3, disconnect_prob=0.2, bad_prob=0.1, progress=False))
+        # the soak's RSS series counts the engine's process too (torch alone is > 100 MB)
+        assert rss_mb(async_engine.engine.process.pid) - rss_mb() > 100
     assert result["passed"], result
     outcomes = result["outcomes"]
     assert outcomes.get("200", 0) > 50 and outcomes.get("disconnect", 0) > 5
