@@ -98,8 +98,8 @@ def arrivals(steps: list[dict], span: float) -> dict:
     (the draft's catch-up) against a VERIFY step after a VERIFY step."""
     idx = [i for i, s in enumerate(steps) if s["mode"] != "verify" and s.get("prefill")
            and s["batch"] > s["prefill"]["requests"]]
-    after = [steps[i]["gap_ms"] for i in range(1, len(steps))]
-    cost = sum(steps[i]["ms"] + (after[i] if i < len(after) else 0.0) for i in idx)
+    cost = sum(steps[i]["ms"] + (steps[i + 1]["gap_ms"] if i + 1 < len(steps) else 0.0)
+               for i in idx)
     next_verify = [steps[i + 1]["ms"] for i in idx
                    if i + 1 < len(steps) and steps[i + 1]["mode"] == "verify"]
     steady = [b["ms"] for a, b in zip(steps, steps[1:])

@@ -74,10 +74,10 @@ class EngineLoop:
         self._stats_at = float("-inf")
 
     def run(self, inbox: Any) -> None:
-        """Until the inbox stops; an exception in the engine goes to sink.failed."""
+        """Until the inbox stops; an exception in the engine goes to sink.failed. The caller
+        publishes the first snapshot (before any request reaches the loop)."""
         engine = self.engine
         try:
-            self.publish()
             while not inbox.stopped:
                 if self._apply(inbox.take()):
                     self.publish()
