@@ -61,7 +61,7 @@ else
   MT=(--shared-prefix-len 1024 --input-len 128 --output-len 128 --turns 4 --num-prompts 32
       --concurrency 32)
   LEN=(--input-len 128 --output-len 128)
-  POINTS="1:8 4:16 32:64"
+  POINTS="1:16 4:16 32:64"  # concurrency:prompts; at c = 1, eight read the gain unsteadily
   WARMUP=2
   # 64 a rate: with 32 the p99 is the slowest request alone
   RATES=(--concurrency 64 --num-prompts 64 --sweep-rates 2,4,8,16,32,inf)

@@ -13,6 +13,7 @@ ignore_eos) -> per-request timings and cached tokens -> percentiles -> table + J
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import random
@@ -60,6 +61,9 @@ def add_serve_bench_args(p) -> None:
                         "TTFT / TPOT / throughput against rate in the JSON and a PNG")
     p.add_argument("--compare-speculative", action="store_true",
                    help="--sweep-rates: each rate also without speculation, on one plot")
+    p.add_argument("--reset-prefix-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="--sweep-rates: clear the server's prefix cache before each run (every "
+                        "run sends the same prompts)")
     p.add_argument("--output-png", default="bench_serve.png")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)

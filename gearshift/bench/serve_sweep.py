@@ -1,7 +1,9 @@
 """`gearshift bench serve --sweep-rates R1,R2,...`: one `bench serve` run per Poisson request
 rate (inf: all at once), with `--compare-speculative` each also with `"speculative": false`
 (every request decodes plainly, on the same server), so speculation's TTFT, TPOT and
-throughput can be read against load on one plot.
+throughput can be read against load on one plot. Every run sends the same prompts, so the
+server's prefix cache is cleared before each (`--no-reset-prefix-cache` keeps it): else
+every run after the first finds its prompts cached and measures no prefill.
 
 Data flow: args -> bench(args at each rate[, no_speculative]) -> summaries -> JSON
 {rates, runs: {label: [summary per rate]}} + PNG (TTFT p50 / p99, TPOT p50, output tok/s).
@@ -12,6 +14,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+
+import httpx
+
+from gearshift import env
+
+# Gearshift's and vLLM's admin route, then SGLang's
+RESET_ROUTES = ("/reset_prefix_cache", "/flush_cache")
 
 
 def parse_rates(text: str) -> list[float]:
@@ -33,8 +42,14 @@ def run_rate_sweep(args) -> int:
     labels = ["speculative", "plain"] if args.compare_speculative else \
         ["plain" if args.no_speculative else "default"]
     runs: dict[str, list[dict]] = {label: [] for label in labels}
+    reset = args.reset_prefix_cache
     for rate in rates:
         for label in labels:
+            if reset and not reset_prefix_cache(args.base_url, args.api_key or env.API_KEY.get()):
+                print(f"warning: {args.base_url} has none of {', '.join(RESET_ROUTES)}: runs "
+                      "after the first may find their prompts in its prefix cache (see each "
+                      "run's prefix_cache_hit_rate)")
+                reset = False
             run = copy.copy(args)
             run.request_rate = rate
             run.no_speculative = label == "plain" or (label == "default" and args.no_speculative)
@@ -49,6 +64,22 @@ def run_rate_sweep(args) -> int:
     plot(out, args.output_png)
     print(f"wrote {args.output_json} and {args.output_png}")
     return 0 if all(r["failed"] == 0 for rs in runs.values() for r in rs) else 1
+
+
+def reset_prefix_cache(base_url: str, api_key: str | None) -> bool:
+    """Clear the server's prefix cache; False where it has no route for it."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    for route in RESET_ROUTES:
+        try:
+            r = httpx.post(base_url.rstrip("/") + route, headers=headers, timeout=60)
+        except httpx.HTTPError as e:
+            raise ValueError(f"cannot reach the server at {base_url}: {e}") from None
+        if r.status_code in (404, 405):
+            continue
+        if r.status_code != 200:
+            raise ValueError(f"POST {route} answered {r.status_code}: {r.text[:200]}")
+        return True
+    return False
 
 
 def plot(sweep: dict, path: str) -> None:

@@ -137,6 +137,7 @@ class FakeEngine:
         self.aborted: list[tuple[str, str]] = []
         self.params_seen: dict[str, SamplingParams] = {}  # request id -> its params
         self._stats = {"steps": 0, "tokens_generated": 0}
+        self.prefix_cache_resets = 0
         self._thread: int | None = None
 
     # ---------------------------------------------------------------- contract
@@ -195,6 +196,7 @@ class FakeEngine:
         return bool(self.waiting or self.running)
 
     def reset_prefix_cache(self) -> int:
+        self.prefix_cache_resets += 1
         return 0
 
     def memory_stats(self) -> dict:

@@ -95,8 +95,31 @@ def test_rate_sweep_writes_each_rate_with_and_without_speculation(tmp_path):
                      "--sweep-rates", "50,inf", "--compare-speculative", "--output-json",
                      str(out), "--output-png", str(png))
         assert run_serve_bench(args) == 0
+        resets = srv.engine.prefix_cache_resets
     sweep = json.loads(out.read_text())
     assert sweep["rates"] == [50.0, float("inf")]
     assert [len(v) for v in sweep["runs"].values()] == [2, 2]
     assert sweep["runs"]["plain"][0]["config"]["no_speculative"] is True
     assert png.stat().st_size > 1000
+    assert resets == 4  # every run sends the same prompts: none finds the last one's cached
+
+
+def test_rate_sweep_keeps_the_cache_when_told_and_warns_where_it_cannot(tmp_path, capsys):
+    from gearshift.bench import serve_sweep
+
+    with fake_server(step_delay=0.001) as srv:
+        args = _args("--base-url", srv.base_url, "--num-prompts", "2", "--output-len", "2",
+                     "--sweep-rates", "inf", "--compare-speculative", "--no-reset-prefix-cache",
+                     "--output-json", str(tmp_path / "a.json"), "--output-png",
+                     str(tmp_path / "a.png"))
+        assert run_serve_bench(args) == 0
+        assert srv.engine.prefix_cache_resets == 0
+    with fake_server(step_delay=0.001) as srv:  # a server without the routes
+        routes = serve_sweep.RESET_ROUTES
+        serve_sweep.RESET_ROUTES = ("/no_such_route",)
+        try:
+            args.reset_prefix_cache, args.base_url = True, srv.base_url
+            assert run_serve_bench(args) == 0
+        finally:
+            serve_sweep.RESET_ROUTES = routes
+    assert "prefix_cache_hit_rate" in capsys.readouterr().out
