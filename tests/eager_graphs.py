@@ -28,6 +28,9 @@ def install(llm, graphs=None):
     runner = llm.engine.runner
     runner.shape_graphs = graphs = graphs if graphs is not None else EagerGraphs()
     runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()  # 5 requests -> 8 rows
+    engine = llm.engine
+    if engine.spec is not None:  # as the engine plans once its graphs exist: no riders
+        engine.scheduler.speculation = engine.spec.speculation()
     return graphs
 
 

@@ -159,3 +159,25 @@ def test_mixed_k_serving_replays_what_the_warm_up_captured(make_llm, tiny_llama_
     llm.generate(prompts, params)
     assert llm.spec_stats()["mixed_k_steps"] > 0
     assert set(graphs.keys) == captured
+
+
+def test_a_burst_of_chunked_prompts_replays_what_the_warm_up_captured(make_llm, tiny_llama_dir,
+                                                                       tmp_path):
+    """Eight prompts at once, prefilled in chunks beside the decoders: with graphs no chunk
+    rides in a VERIFY step, so no step plans more nodes than K + 1 and no graph is captured
+    after the warm-up."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=3, spec_policy="always", max_num_seqs=8,
+                   max_num_batched_tokens=64)
+    graphs = install(llm)
+    eng = llm.engine
+    warm_up_speculation(eng, sizes=[1, 2, 4, 8])
+    captured = set(graphs.keys)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    for i, prompt in enumerate(random_prompts([30] * 8, seed=3)):
+        eng.add_request(f"r{i}", prompt, params)
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert llm.spec_stats()["proposed"] > 0
+    assert set(graphs.keys) == captured
