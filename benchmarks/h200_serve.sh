@@ -23,9 +23,10 @@
 #   served      corpus prompts at c = 1, 4, 32 with and without speculation (30 s    30 s each,
 #               each), then the rate sweep 2..32/s and all at once, both ways       the rest
 #   trace       (its own call, STEPS="pair trace") a server with --step-trace at the      30 s each,
-#               served points' concurrencies (speculating), then the closed loop of        160 s
-#               goodput at the same c with --step-trace; trace_report.py puts each c's
-#               served window beside its closed-loop passes in $OUT/trace_cC.md
+#               served points' concurrencies and 64 at once (speculating), then the        160 s
+#               closed loop of goodput at the same c with --step-trace; trace_report.py
+#               puts each c's served window beside its closed-loop passes in
+#               $OUT/trace_cC.md (graphs captured / kernels compiled after the warm-up too)
 # The steps take more than one call: STEPS="pair engine sampling" and then, on the still-warm
 # machine (same lease), STEPS="pair prefix_off prefix_on served". SERVE_FLAGS adds flags to
 # every server: SERVE_FLAGS=--no-engine-process STEPS="pair prefix_on served" measures the
@@ -48,6 +49,7 @@ print(s.getsockname()[1])")}
       --concurrency 3)
   LEN=(--input-len 16 --output-len 8)
   POINTS="1:2 2:4"  # concurrency:prompts, at the engine sweep's concurrencies
+  TRACE_POINTS="$POINTS 4:4"
   WARMUP=1
   RATES=(--concurrency 4 --num-prompts 3 --sweep-rates 8,inf)
   SAMPLE=(--concurrency 1,2 --rounds 1 --passes 1 --min-requests 2 --settle 0 --input-len 16
@@ -62,6 +64,7 @@ else
       --concurrency 32)
   LEN=(--input-len 128 --output-len 128)
   POINTS="1:16 4:16 32:64"  # concurrency:prompts; at c = 1, eight read the gain unsteadily
+  TRACE_POINTS="$POINTS 64:64"  # and the rate sweep's all-at-once burst
   WARMUP=2
   # 64 a rate: with 32 the p99 is the slowest request alone
   RATES=(--concurrency 64 --num-prompts 64 --sweep-rates 2,4,8,16,32,inf)
@@ -177,7 +180,7 @@ fi
 
 if wanted trace && start_server serve_trace 150 --step-trace "$OUT/trace_served.jsonl"; then
   : > "$OUT/trace_windows.txt"
-  for point in $POINTS; do
+  for point in $TRACE_POINTS; do
     c=${point%:*} n=${point#*:}
     python -c "import httpx, sys; httpx.post(sys.argv[1]).raise_for_status()" \
       "$URL/reset_prefix_cache" || FAILED=$((FAILED + 1))
@@ -187,7 +190,7 @@ if wanted trace && start_server serve_trace 150 --step-trace "$OUT/trace_served.
     echo "$c $t0 $(python -c "import time; print(time.time())")" >> "$OUT/trace_windows.txt"
   done
   stop_server  # its exit writes the rest of the trace
-  concs=$(for point in $POINTS; do printf '%s,' "${point%:*}"; done)
+  concs=$(for point in $TRACE_POINTS; do printf '%s,' "${point%:*}"; done)
   # chains, as the server runs them (no --draft-topk)
   step trace_loop 160 "${G[@]}" bench sweep --model "$PAIR/target" --draft-model "$PAIR/head" \
     --policies goodput --tree-topk 1 --concurrency "${concs%,}" "${LOOP[@]}" "${LEN[@]}" \

@@ -39,6 +39,7 @@ from gearshift.models.parallel import TensorParallel
 from gearshift.request import Request, SamplingParams, SamplingParamsError
 from gearshift.runner.batch import BatchBuilder
 from gearshift.runner.model_runner import ModelRunner
+from gearshift.runner.serving_watch import ServingWatch
 from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
 from gearshift.scheduler.plan import StepPlan, StepResult
 from gearshift.scheduler.prefix_cache import PrefixCache
@@ -112,11 +113,10 @@ class Engine:
 
             warm_up_speculation(self)  # sets measured_costs
         if config.gc_freeze or (config.gc_freeze is None and self.runner.graphs is not None):
-            # later collections skip the start-up heap (model, libraries, graphs): no
-            # 100 ms full collections at random steps while serving
-            freeze_heap()
+            freeze_heap()  # collections skip the start-up heap: no 100 ms ones while serving
+        self.watch = ServingWatch().start(self.runner)  # graphs / kernels the warm-up missed
         if config.step_trace:  # after the warm-up: its steps are not the run's
-            self.step_stats.trace = StepTrace(config.step_trace, self.spec)
+            self.step_stats.trace = StepTrace(config.step_trace, self.spec, self.watch)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids: list[int],
@@ -370,6 +370,7 @@ class Engine:
         out = dict(self.step_stats.counts, preemptions=self.scheduler.num_preemptions,
                    running=self.num_running(), waiting=self.num_waiting())
         out["graphs"] = self.runner.graph_stats()  # graphed vs eager steps per mode
+        out["late"] = self.watch.stats()  # captured / compiled after the warm-up
         if self.slots.cache is not None:
             out["prefix_cache"] = self.prefix_cache_stats()
         if self.spec is not None:

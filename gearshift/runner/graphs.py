@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import time
 from dataclasses import dataclass
 
 import torch
@@ -309,15 +310,19 @@ class ShapeGraphs:
     def __init__(self, pool=None) -> None:
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         self.entries: dict[tuple, tuple[object, dict, object]] = {}
+        self.watch = None  # after the warm-up: told of every capture (serving_watch.py)
 
     @torch.inference_mode()
     def run(self, key: tuple, fn, inputs: dict[str, torch.Tensor]):
         entry = self.entries.get(key)
         if entry is None:
+            t0 = time.perf_counter()
             static = {k: v.clone() for k, v in inputs.items()}
             owned = owned_outputs(*self._warm_up(fn, static))
             graph, out = self._capture(lambda: into_owned(fn(static), owned))
             entry = self.entries[key] = (graph, static, out)
+            if self.watch is not None:
+                self.watch.captured(key, (time.perf_counter() - t0) * 1e3)
         graph, static, out = entry
         copy_into([static[k] for k in inputs], list(inputs.values()))
         graph.replay()

@@ -114,16 +114,18 @@ def test_a_server_that_cannot_start_fails_its_step(tmp_path):
 
 
 def test_trace_step_puts_served_and_closed_loop_steps_side_by_side(tmp_path):
-    """STEPS="pair trace": a server with --step-trace at each served concurrency, the closed
-    loop at the same ones, and per c a trace_report table of both windows."""
+    """STEPS="pair trace": a server with --step-trace at each served concurrency and a burst
+    (all at once), the closed loop at the same ones, and per c a trace_report table of both
+    windows."""
     out = tmp_path / "out"
     run = _run(out, tmp_path, STEPS="pair trace")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (out / "steps.jsonl").read_text().splitlines()]
-    assert steps == ["pair", "serve_trace", "trace_srv_c1", "trace_srv_c2", "trace_loop"]
+    assert steps == ["pair", "serve_trace", "trace_srv_c1", "trace_srv_c2", "trace_srv_c4",
+                     "trace_loop"]
     loop = json.loads((out / "trace_loop.json").read_text())
     assert loop["args"]["tree_topk"] == 1 and set(loop["results"]) == {"goodput"}
-    for c in (1, 2):
+    for c in (1, 2, 4):
         table = (out / f"trace_c{c}.md").read_text()
         counts = next(line for line in table.splitlines() if line.startswith("| steps |"))
         served, closed = (int(x) for x in counts.strip("| ").split(" | ")[1:])

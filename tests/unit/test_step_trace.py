@@ -136,3 +136,18 @@ def test_verify_steps_carry_their_device_timing_on_cuda(tmp_path):
     out = table(["t"], [summarize(lines)])
     assert "| verify: draft device ms median | 1.20 |" in out
     assert "| verify: wall less span, median ms (host not hidden) | 2.50 |" in out
+
+
+def test_trace_report_sums_what_steps_captured_or_compiled_after_the_warm_up():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from trace_report import summarize, table
+
+    def step(t, ms, late=None):
+        return {"t_ms": t, "mode": "verify", "ms": ms, "gap_ms": 0.0, "batch": 4,
+                "generated": 8, "device_ms": None, **({"late": late} if late else {})}
+
+    steps = [step(0, 10), step(10, 300, {"captures": 2, "compiles": 1}), step(310, 10),
+             step(320, 90, {"captures": 0, "compiles": 1})]
+    out = table(["t"], [summarize(steps)])
+    assert "| after the warm-up: graphs captured, kernels compiled (their steps' wall ms) " \
+           "| 2, 2 (390) |" in out

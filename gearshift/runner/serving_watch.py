@@ -1,0 +1,92 @@
+"""One-off costs met while serving: a CUDA graph the start-up warm-up did not capture, or a
+Triton kernel compiled for a specialisation it did not meet. Either stalls the step that
+meets it for tens to hundreds of milliseconds, and every request in flight waits. After the
+warm-up each one is logged (WARNING, naming the shape or kernel) and counted:
+Engine.stats()["late"] (and so /metrics), and the step trace marks the step.
+
+Triton has one post-compile hook per process: the watch chains one in and it reports to the
+engine that started watching last (one engine a process when serving; tensor-parallel ranks
+are processes).
+
+Data flow: Engine.__init__ (after the warm-up) -> ServingWatch.start(runner);
+ShapeGraphs.run -> captured(key, ms); Triton's jit_post_compile_hook -> compiled(name).
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("gearshift.runner")
+
+_ACTIVE: ServingWatch | None = None  # the watch Triton's compiles are reported to
+_HOOK = None  # our hook, while it is Triton's
+_IN_HOOK = False  # inside our hook: a copy of it further down the chain does not count again
+
+
+class ServingWatch:
+    def __init__(self) -> None:
+        self.graph_captures = 0
+        self.capture_ms = 0.0
+        self.triton_compiles = 0
+        self.watching = False
+
+    def start(self, runner=None) -> ServingWatch:
+        """From now on (the warm-up is over), count and log what a step captures or
+        compiles; `runner`: its lazily captured graphs report here."""
+        global _ACTIVE
+        self.watching = True
+        if runner is not None and runner.shape_graphs is not None:
+            runner.shape_graphs.watch = self
+        _ACTIVE = self
+        _hook_triton()
+        return self
+
+    def captured(self, key: tuple, ms: float) -> None:
+        if not self.watching:
+            return
+        self.graph_captures += 1
+        self.capture_ms += ms
+        log.warning("captured a CUDA graph while serving (%.0f ms; the warm-up did not "
+                    "capture this shape): %s", ms, key)
+
+    def compiled(self, name: str) -> None:
+        if not self.watching:
+            return
+        self.triton_compiles += 1
+        log.warning("compiled Triton kernel %s while serving (the warm-up did not meet this "
+                    "specialisation)", name)
+
+    def stats(self) -> dict:
+        return {"graph_captures": self.graph_captures, "capture_ms": round(self.capture_ms, 1),
+                "triton_compiles": self.triton_compiles}
+
+    def counts(self) -> tuple[int, int]:
+        """(graph captures, Triton compiles) so far: the step trace's per-step deltas."""
+        return self.graph_captures, self.triton_compiles
+
+
+def _hook_triton() -> None:
+    """Chain a post-compile hook into Triton's unless ours is in place (nothing without
+    Triton). A bench's triton_compiles() block restores the hook it found on exit: a watch
+    started inside one puts ours back at its next start."""
+    global _HOOK
+    try:
+        import triton.knobs as knobs
+        runtime = knobs.runtime
+        prev = runtime.jit_post_compile_hook
+    except (ImportError, AttributeError):
+        return
+    if prev is not None and prev is _HOOK:
+        return
+
+    def hook(**kw):
+        global _IN_HOOK
+        if _ACTIVE is not None and not _IN_HOOK:
+            _ACTIVE.compiled(getattr(kw.get("fn"), "name", "?"))
+        outer, _IN_HOOK = _IN_HOOK, True
+        try:
+            return prev(**kw) if prev is not None else None
+        finally:
+            _IN_HOOK = outer
+
+    runtime.jit_post_compile_hook = _HOOK = hook

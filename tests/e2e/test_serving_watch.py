@@ -1,0 +1,89 @@
+"""What a step captures or compiles after the start-up warm-up is logged and counted
+(runner/serving_watch.py): Engine.stats()["late"], and the step trace marks the step.
+Graphs on the CPU emulation of ShapeGraphs (eager_graphs.SharedPoolGraphs); Triton's
+post-compile hook called as Triton calls it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+from checkpoints import random_prompts
+from eager_graphs import SharedPoolGraphs, install
+from eagle3_checkpoints import make_eagle3_checkpoint
+
+from gearshift import SamplingParams
+from gearshift.engine.step_trace import StepTrace
+from gearshift.engine.warmup import warm_up_speculation
+from gearshift.runner.serving_watch import ServingWatch
+
+
+@contextmanager
+def runner_log():
+    """The messages gearshift.runner logs inside the block (gearshift's loggers do not
+    propagate to the root, where caplog listens)."""
+    records: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = logging.getLogger("gearshift.runner")
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_graphs_captured_after_the_warm_up_are_logged_and_counted(make_llm, tiny_llama_dir,
+                                                                  tmp_path):
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=3, spec_policy="always", max_num_seqs=8)
+    eng = llm.engine
+    graphs = install(llm, SharedPoolGraphs())
+    warm_up_speculation(eng, sizes=[1])  # the warm-up's own captures are not counted
+    eng.watch.start(eng.runner)
+    assert graphs.watch is eng.watch and eng.stats()["late"]["graph_captures"] == 0
+    eng.step_stats.trace = StepTrace(str(tmp_path / "t.jsonl"), None, eng.watch)
+    before = len(graphs.entries)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    with runner_log() as messages:
+        llm.generate(random_prompts([5, 9, 3, 7], seed=1), params)  # batch 4: not warmed
+    late = eng.stats()["late"]
+    assert late["graph_captures"] == len(graphs.entries) - before > 0
+    assert sum("captured a CUDA graph while serving" in m for m in messages) \
+        == late["graph_captures"]
+    eng.step_stats.trace.flush()
+    lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert sum(x.get("late", {}).get("captures", 0) for x in lines) == late["graph_captures"]
+    with runner_log() as messages:  # the same shapes again
+        llm.generate(random_prompts([6, 8, 4, 7], seed=2), params)
+    assert eng.stats()["late"]["graph_captures"] == late["graph_captures"]
+    assert not messages
+
+
+def test_triton_compiles_while_serving_are_counted():
+    import triton.knobs as knobs
+
+    from gearshift.runner.jit_log import triton_compiles
+
+    quiet, loud = ServingWatch(), ServingWatch()
+    hook = lambda: knobs.runtime.jit_post_compile_hook  # noqa: E731
+    quiet.start()
+    assert hook() is not None
+    loud.start()  # the engine that started last hears of the process's compiles
+    with runner_log() as messages:
+        hook()(fn=SimpleNamespace(name="decode_attention"), key="k", repr="r", compile={})
+    assert (quiet.triton_compiles, loud.triton_compiles) == (0, 1)
+    assert any("decode_attention" in m for m in messages)
+    with triton_compiles() as bench:  # a bench's block around ours: each hears it once
+        loud.start()
+        hook()(fn=SimpleNamespace(name="y"), key="k", repr="r", compile={})
+    assert bench == ["y"] and loud.triton_compiles == 2
+    loud.start()  # that block restored the hook it found: the next start chains ours again
+    hook()(fn=SimpleNamespace(name="z"), key="k", repr="r", compile={})
+    assert loud.triton_compiles == 3
+    loud.watching = False  # before start(): nothing is counted
+    hook()(fn=SimpleNamespace(name="x"), key="k", repr="r", compile={})
+    assert loud.triton_compiles == 3
