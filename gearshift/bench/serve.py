@@ -92,9 +92,14 @@ def run_serve_bench(args) -> int:
     return 0 if result["failed"] == 0 else 1
 
 
-async def bench(args) -> dict:
+def auth_headers(args) -> dict:
+    """The bearer header of --api-key (else $GEARSHIFT_API_KEY), or none."""
     api_key = args.api_key or env.API_KEY.get()
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def bench(args) -> dict:
+    headers = auth_headers(args)
     limits = httpx.Limits(max_connections=args.concurrency + 4)
     timeout = httpx.Timeout(args.timeout, connect=30.0)
     async with httpx.AsyncClient(base_url=args.base_url.rstrip("/"), headers=headers,

@@ -17,8 +17,6 @@ import json
 
 import httpx
 
-from gearshift import env
-
 # Gearshift's and vLLM's admin route, then SGLang's
 RESET_ROUTES = ("/reset_prefix_cache", "/flush_cache")
 
@@ -35,7 +33,7 @@ def parse_rates(text: str) -> list[float]:
 
 def run_rate_sweep(args) -> int:
     from gearshift.bench import require_extras
-    from gearshift.bench.serve import bench
+    from gearshift.bench.serve import auth_headers, bench
 
     require_extras("rich", "matplotlib")
     rates = parse_rates(args.sweep_rates)
@@ -45,7 +43,7 @@ def run_rate_sweep(args) -> int:
     reset = args.reset_prefix_cache
     for rate in rates:
         for label in labels:
-            if reset and not reset_prefix_cache(args.base_url, args.api_key or env.API_KEY.get()):
+            if reset and not reset_prefix_cache(args.base_url, auth_headers(args)):
                 print(f"warning: {args.base_url} has none of {', '.join(RESET_ROUTES)}: runs "
                       "after the first may find their prompts in its prefix cache (see each "
                       "run's prefix_cache_hit_rate)")
@@ -66,9 +64,8 @@ def run_rate_sweep(args) -> int:
     return 0 if all(r["failed"] == 0 for rs in runs.values() for r in rs) else 1
 
 
-def reset_prefix_cache(base_url: str, api_key: str | None) -> bool:
+def reset_prefix_cache(base_url: str, headers: dict) -> bool:
     """Clear the server's prefix cache; False where it has no route for it."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     for route in RESET_ROUTES:
         try:
             r = httpx.post(base_url.rstrip("/") + route, headers=headers, timeout=60)
