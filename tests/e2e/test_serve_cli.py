@@ -62,8 +62,8 @@ def test_the_engine_steps_in_a_process_of_its_own_unless_told(tiny_llama_dir, fl
     with serve_process(tiny_llama_dir, "--cpu-threads", "1", *flags) as (base, proc):
         kids = _engine_children(proc.pid)
         assert len(kids) == engines
-        r = httpx.post(base + "/v1/completions", json={"prompt": "hello", "max_tokens": 4},
-                       timeout=60)
+        r = httpx.post(base + "/v1/completions", json={"prompt": "hello", "max_tokens": 4,
+                                                     "ignore_eos": True}, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         proc.terminate()
         proc.wait(timeout=30)
