@@ -20,8 +20,9 @@
 #               speculation warm-up), multi-turn chats (32 x 4 turns under one      60 + 45 s
 #               1,024-word system prompt) at 2 requests/s, then all at once
 #   prefix_on   the same with the prefix cache on; the server stays up for served
-#   served      corpus prompts at c = 1, 4, 32 with and without speculation (30 s    30 s each,
-#               each), then the rate sweep 2..32/s and all at once, both ways       the rest
+#   served      an untimed burst of 64 each way, then corpus prompts at c = 1, 4,   30 s each,
+#               32 with and without speculation (30 s each, the modes taking turns  the rest
+#               at going first), then the rate sweep 2..32/s and all at once
 #   trace       (its own call, STEPS="pair trace") a server with --step-trace at the      30 s each,
 #               served points' concurrencies and 64 at once (speculating), then the        160 s
 #               closed loop of goodput at the same c with --step-trace; trace_report.py
@@ -51,7 +52,8 @@ print(s.getsockname()[1])")}
   POINTS="1:2 2:4"  # concurrency:prompts, at the engine sweep's concurrencies
   TRACE_POINTS="$POINTS 4:4"
   WARMUP=1
-  RATES=(--concurrency 4 --num-prompts 3 --sweep-rates 8,inf)
+  BURST=(--concurrency 4 --num-prompts 3)
+  RATES=("${BURST[@]}" --sweep-rates 8,inf)
   SAMPLE=(--concurrency 1,2 --rounds 1 --passes 1 --min-requests 2 --settle 0 --input-len 16
           --output-len 8)
   LOOP=(--rounds 1 --passes 1 --min-requests 2 --settle 0)
@@ -67,7 +69,8 @@ else
   TRACE_POINTS="$POINTS 64:64"  # and the rate sweep's all-at-once burst
   WARMUP=2
   # 64 a rate: with 32 the p99 is the slowest request alone
-  RATES=(--concurrency 64 --num-prompts 64 --sweep-rates 2,4,8,16,32,inf)
+  BURST=(--concurrency 64 --num-prompts 64)
+  RATES=("${BURST[@]}" --sweep-rates 2,4,8,16,32,inf)
   SAMPLE=(--concurrency 1,8,64 --rounds 2 --passes 2 --min-requests 8 --input-len 128
           --output-len 128)
   LOOP=(--rounds 2 --passes 2 --min-requests 8)
@@ -161,9 +164,17 @@ fi
 if { wanted prefix_on || wanted served; } && start_server serve_on 150; then
   wanted prefix_on && multi_turn on
   if wanted served; then
+    # what the server pays once (its first batch of a size) must not fall on one mode:
+    # an untimed burst each way first, then the modes take turns at going first
+    for mode in spec nospec; do
+      flag=(); [ "$mode" = nospec ] && flag=(--no-speculative)
+      step "warm_burst_$mode" 30 "${BENCH[@]}" --dataset corpus "${LEN[@]}" "${BURST[@]}" \
+        --warmup 0 "${flag[@]}" --output-json "$OUT/warm_burst_$mode.json"
+    done
+    modes="spec nospec"
     for point in $POINTS; do
       c=${point%:*} n=${point#*:}
-      for mode in spec nospec; do
+      for mode in $modes; do
         flag=(); [ "$mode" = nospec ] && flag=(--no-speculative)
         # both modes meet the same prompts uncached: the second would find the first's KV
         python -c "import httpx, sys; httpx.post(sys.argv[1]).raise_for_status()" \
@@ -171,6 +182,7 @@ if { wanted prefix_on || wanted served; } && start_server serve_on 150; then
         step "srv_c${c}_$mode" 30 "${BENCH[@]}" --dataset corpus "${LEN[@]}" --concurrency "$c" \
           --num-prompts "$n" --warmup "$WARMUP" "${flag[@]}" --output-json "$OUT/srv_c${c}_$mode.json"
       done
+      modes=$(echo "$modes" | awk '{print $2, $1}')
     done
     step rates $((END - SECONDS - 5)) "${BENCH[@]}" --dataset corpus "${LEN[@]}" "${RATES[@]}" \
       --compare-speculative --output-json "$OUT/rates.json" --output-png "$OUT/rates.png"

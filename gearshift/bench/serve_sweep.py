@@ -5,8 +5,13 @@ throughput can be read against load on one plot. Every run sends the same prompt
 server's prefix cache is cleared before each (`--no-reset-prefix-cache` keeps it): else
 every run after the first finds its prompts cached and measures no prefill.
 
+Fairness between the modes: what a server pays once (the first batch of a new size, say)
+falls on whichever run meets it first. So the sweep starts with an untimed burst of all its
+prompts at once in each mode (`--no-sweep-warmup` skips it; its summaries are kept under
+"warmup"), and the modes take turns at going first from one rate to the next ("order").
+
 Data flow: args -> bench(args at each rate[, no_speculative]) -> summaries -> JSON
-{rates, runs: {label: [summary per rate]}} + PNG (TTFT p50 / p99, TPOT p50, output tok/s).
+{rates, runs: {label: [summary per rate]}, order, warmup} + PNG (TTFT p50 / p99, TPOT p50, output tok/s).
 """
 
 from __future__ import annotations
@@ -33,35 +38,52 @@ def parse_rates(text: str) -> list[float]:
 
 def run_rate_sweep(args) -> int:
     from gearshift.bench import require_extras
-    from gearshift.bench.serve import auth_headers, bench
 
     require_extras("rich", "matplotlib")
     rates = parse_rates(args.sweep_rates)
     labels = ["speculative", "plain"] if args.compare_speculative else \
         ["plain" if args.no_speculative else "default"]
     runs: dict[str, list[dict]] = {label: [] for label in labels}
-    reset = args.reset_prefix_cache
-    for rate in rates:
+    reset = [args.reset_prefix_cache]
+    warmup = {}
+    if args.sweep_warmup:
         for label in labels:
-            if reset and not reset_prefix_cache(args.base_url, auth_headers(args)):
-                print(f"warning: {args.base_url} has none of {', '.join(RESET_ROUTES)}: runs "
-                      "after the first may find their prompts in its prefix cache (see each "
-                      "run's prefix_cache_hit_rate)")
-                reset = False
-            run = copy.copy(args)
-            run.request_rate = rate
-            run.no_speculative = label == "plain" or (label == "default" and args.no_speculative)
-            result = asyncio.run(bench(run))
+            warmup[label] = _run(args, label, float("inf"), reset, warmup=0)
+            print(f"warm-up burst, {label}: TTFT p50 {warmup[label]['ttft_ms']['p50']} ms "
+                  f"(untimed)")
+    order = []
+    for i, rate in enumerate(rates):
+        order.append(labels if i % 2 == 0 else labels[::-1])  # neither mode always first
+        for label in order[-1]:
+            result = _run(args, label, rate, reset)
             runs[label].append(result)
             print(f"rate {rate:g}/s {label}: output tok/s {result['output_tok_per_s']:.1f}, "
                   f"TTFT p50 {result['ttft_ms']['p50']} ms, TPOT p50 {result['tpot_ms']['p50']} ms,"
                   f" failed {result['failed']}")
-    out = {"rates": rates, "runs": runs}
+    out = {"rates": rates, "runs": runs, "order": order, "warmup": warmup}
     with open(args.output_json, "w") as f:
         json.dump(out, f, indent=1)
     plot(out, args.output_png)
     print(f"wrote {args.output_json} and {args.output_png}")
     return 0 if all(r["failed"] == 0 for rs in runs.values() for r in rs) else 1
+
+
+def _run(args, label: str, rate: float, reset: list[bool], warmup: int | None = None) -> dict:
+    """One `bench serve` run at `rate` in mode `label`, after clearing the prefix cache
+    (reset[0]: still clearing; a server without the routes turns it off, with a warning)."""
+    from gearshift.bench.serve import auth_headers, bench
+
+    if reset[0] and not reset_prefix_cache(args.base_url, auth_headers(args)):
+        print(f"warning: {args.base_url} has none of {', '.join(RESET_ROUTES)}: runs "
+              "after the first may find their prompts in its prefix cache (see each "
+              "run's prefix_cache_hit_rate)")
+        reset[0] = False
+    run = copy.copy(args)
+    run.request_rate = rate
+    run.no_speculative = label == "plain" or (label == "default" and args.no_speculative)
+    if warmup is not None:
+        run.warmup = warmup
+    return asyncio.run(bench(run))
 
 
 def reset_prefix_cache(base_url: str, headers: dict) -> bool:

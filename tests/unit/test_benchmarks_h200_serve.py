@@ -23,7 +23,8 @@ TITLE = "## Serving: prefix cache and speculation through the server (H200)"
 KEPT = "<!-- Figures below are measured on CPU"
 SAMPLING = [f"samp_{t}_{m}" for t in ("0.7", "1.0") for m in ("coupled", "rejection")]
 STEPS = ["pair", "engine", *SAMPLING, "serve_off", "mt_off_r2", "mt_off_inf", "serve_on", "mt_on_r2",
-         "mt_on_inf", "srv_c1_spec", "srv_c1_nospec", "srv_c2_spec", "srv_c2_nospec", "rates"]
+         "mt_on_inf", "warm_burst_spec", "warm_burst_nospec", "srv_c1_spec", "srv_c1_nospec",
+         "srv_c2_nospec", "srv_c2_spec", "rates"]
 
 
 def _run(out: Path, cwd: Path, **env) -> subprocess.CompletedProcess:
@@ -70,6 +71,8 @@ def test_smoke_run_writes_every_figure_and_the_section(tmp_path):
     assert set(rates["runs"]) == {"speculative", "plain"}
     assert all(len(r) == len(rates["rates"]) == 2 for r in rates["runs"].values())
     assert (out / "rates.png").stat().st_size > 0
+    assert set(rates["warmup"]) == {"speculative", "plain"}  # the sweep's own bursts
+    assert rates["order"] == [["speculative", "plain"], ["plain", "speculative"]]
 
     # the section goes into a copy of the page just before the CPU figures, once
     page = tmp_path / "docs" / "benchmarks.md"
@@ -89,6 +92,7 @@ def test_smoke_run_writes_every_figure_and_the_section(tmp_path):
     assert "coupled against rejection" in section and "| 1.0 | 2 | " in section
     assert "vocabulary 8,192" in section and "`gearshift serve --model $P/target" in section
     assert "- server: the engine in a process of its own" in section
+    assert "The untimed bursts (3 prompts at once, speculation first)" in section
     assert (page.parent / "serve_rates.png").is_file()
 
     # report.py rewrites the page from an h200.sh run (here: none) and keeps the section

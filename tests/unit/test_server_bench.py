@@ -96,12 +96,30 @@ def test_rate_sweep_writes_each_rate_with_and_without_speculation(tmp_path):
                      str(out), "--output-png", str(png))
         assert run_serve_bench(args) == 0
         resets = srv.engine.prefix_cache_resets
+        speculative = [p.speculative for p in srv.engine.params_seen.values()]
     sweep = json.loads(out.read_text())
     assert sweep["rates"] == [50.0, float("inf")]
     assert [len(v) for v in sweep["runs"].values()] == [2, 2]
     assert sweep["runs"]["plain"][0]["config"]["no_speculative"] is True
     assert png.stat().st_size > 1000
-    assert resets == 4  # every run sends the same prompts: none finds the last one's cached
+    assert resets == 6  # every run sends the same prompts: none finds the last one's cached
+    # an untimed burst in each mode, then the modes take turns at going first
+    assert [r["completed"] for r in sweep["warmup"].values()] == [6, 6]
+    assert sweep["order"] == [["speculative", "plain"], ["plain", "speculative"]]
+    # (speculative, requests) in the order sent: the bursts, then 6 + 1 warm-up request a
+    # run, where rate inf's plain run follows rate 50's
+    assert _runs_of(speculative) == [(True, 6), (False, 6), (True, 7), (False, 14), (True, 7)]
+
+
+def _runs_of(flags: list) -> list[tuple]:
+    """Consecutive equal flags -> (flag, count): the runs a sweep sent, in order."""
+    out: list[list] = []
+    for f in flags:
+        if out and out[-1][0] == f:
+            out[-1][1] += 1
+        else:
+            out.append([f, 1])
+    return [tuple(r) for r in out]
 
 
 def test_rate_sweep_keeps_the_cache_when_told_and_warns_where_it_cannot(tmp_path, capsys):
