@@ -32,7 +32,8 @@
 # machine (same lease), STEPS="pair prefix_off prefix_on served". SERVE_FLAGS adds flags to
 # every server: SERVE_FLAGS=--no-engine-process STEPS="pair prefix_on served" measures the
 # engine on a thread of the server instead of in a process of its own.
-# Every server is killed on exit (trap) and leaves its log in $OUT/serve_{off,on}.log.
+# Every server is killed on exit (trap) and leaves its log in $OUT/serve_{off,on}.log and its
+# final /metrics in $OUT/serve_{off,on}_metrics.txt.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 STEPS=${STEPS:-pair engine sampling prefix_off prefix_on served}
@@ -81,9 +82,12 @@ URL=http://127.0.0.1:$PORT
 BENCH=("${G[@]}" bench serve --base-url "$URL")
 write_meta "$OUT/meta.json" port="$PORT"
 
-SERVER_PID=
+SERVER_PID= SERVER_NAME=
 stop_server() {  # SIGTERM, then SIGKILL after 20 s: a hung server must not hold the port
   [ -n "$SERVER_PID" ] || return 0
+  # its metrics first: the one-off costs it met after the warm-up (late.*) go on the page
+  python -c "import httpx, sys; open(sys.argv[2], 'w').write(httpx.get(sys.argv[1]).text)" \
+    "$URL/metrics" "$OUT/${SERVER_NAME}_metrics.txt" 2>/dev/null
   kill "$SERVER_PID" 2>/dev/null
   for _ in $(seq 40); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.5; done
   kill -9 "$SERVER_PID" 2>/dev/null
@@ -103,7 +107,7 @@ start_server() {
              --draft-model "$PAIR/head" "${SERVER[@]}" "$@")
   echo "[$TAG] $(date -u +%T) $name: start (up within ${cap} s)"
   "${cmd[@]}" > "$OUT/$name.log" 2>&1 &
-  SERVER_PID=$!
+  SERVER_PID=$! SERVER_NAME=$name
   python - "$URL/health" "$cap" "$SERVER_PID" <<'PY' && rc=0
 import os, sys, time
 import httpx

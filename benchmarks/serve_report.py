@@ -11,7 +11,8 @@ at c < 32, <= 1.0x from 32); the request-rate sweep (with speculation / without:
 or goes just before report.py's KEPT line; the rate sweep's plot goes beside the page.
 
 Data flow: OUT/{meta.json, steps.jsonl, target_config.json, engine_sweep.json, mt_*.json,
-srv_c*_{spec,nospec}.json, rates.json, rates.png} -> section() -> the page + serve_rates.png.
+srv_c*_{spec,nospec}.json, warm_burst_*.json, rates.json, rates.png, *_metrics.txt} ->
+section() -> the page + serve_rates.png.
 """
 
 from __future__ import annotations
@@ -165,6 +166,25 @@ def burst_lines(data: dict) -> list[str]:
             f"{plain['output_tok_per_s']:.0f}.", ""]
 
 
+def late_lines(out: Path) -> list[str]:
+    """What each server met after its warm-up (its final /metrics, `late.*`): one-off
+    stalls (graphs captured, kernels compiled, GEMM shapes timed) and allocator growth."""
+    lines = []
+    for path in sorted(out.glob("*_metrics.txt")):
+        late = {}
+        for line in path.read_text().splitlines():
+            if line.startswith('gearshift_engine_stat{name="late.'):
+                name, value = line.split('"')[1], line.rsplit(" ", 1)[1]
+                late[name.removeprefix("late.")] = float(value)
+        if late:
+            lines.append(f"- {path.name.removesuffix('_metrics.txt')}: "
+                         + ", ".join(f"{k} {v:g}" for k, v in late.items()))
+    if not lines:
+        return []
+    return ["After the warm-up, each server (from its final `/metrics`, `late.*`):", "",
+            *lines, ""]
+
+
 def rates_table(rates: dict) -> list[str]:
     spec, plain = rates["runs"].get("speculative", []), rates["runs"].get("plain", [])
     lines = ["| rate /s | TPOT p50 ms, spec / no spec | TPOT ratio | TTFT p50 ms, spec / no spec "
@@ -289,7 +309,8 @@ def section(data: dict, out: Path, commit: str, device: str, date: str, model: s
         lines += absent(data, "rates", "rates.json")
     failed = sum(r.get("failed", 0) for k, r in data.items() if k.startswith(("mt_", "srv_")))
     failed += sum(r["failed"] for rs in (rates or {}).get("runs", {}).values() for r in rs)
-    lines += [f"Failed requests: {failed}.", "", "Commands (`$OUT`: the output folder; "
+    lines += [f"Failed requests: {failed}.", ""] + late_lines(out)
+    lines += ["Commands (`$OUT`: the output folder; "
               "`$P`: the bench pair):", ""]
     if data["steps"]:
         pair = shlex.split(command(data, "pair", out)) + ["--out", "$P/target"]

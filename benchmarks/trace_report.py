@@ -14,7 +14,8 @@ median device ms, on CUDA a VERIFY step's draft device time, device span and the
 time outside that span (host work not hidden), VERIFY steps' K mix (request-steps by K;
 trees apart), the steps that carried a prefill chunk: how many, and how many of those
 speculated, what arrivals cost the decoders (`arrivals`), and the graphs captured and
-Triton kernels compiled after the warm-up (one-off stalls: runner/serving_watch.py).
+Triton kernels compiled and few-row GEMM shapes timed after the warm-up (one-off stalls:
+runner/serving_watch.py).
 
 Data flow: JSONL lines (gearshift/engine/step_trace.py) -> summarize() -> table().
 """
@@ -88,9 +89,9 @@ def summarize(steps: list[dict]) -> dict:
     prefill = [s for s in steps if s.get("prefill")]
     out["prefill_steps"] = len(prefill)
     out["prefill_steps_speculating"] = sum(1 for s in prefill if s["mode"] == "verify")
-    late = [s for s in steps if s.get("late")]  # captured a graph / compiled a kernel
-    out["late"] = (sum(s["late"]["captures"] for s in late),
-                   sum(s["late"]["compiles"] for s in late), sum(s["ms"] for s in late))
+    late = [s for s in steps if s.get("late")]  # captured, compiled or timed a GEMM
+    out["late"] = (*(sum(s["late"].get(k, 0) for s in late)
+                     for k in ("captures", "compiles", "choices")), sum(s["ms"] for s in late))
     out.update(arrivals(steps, span))
     return out
 
@@ -148,8 +149,10 @@ def table(names: list[str], sums: list[dict]) -> str:
              ("VERIFY wall median after one / after a VERIFY",
               [f"{_f(s.get('verify_after_arrival_ms'))} / {_f(s.get('verify_steady_ms'))}"
                for s in sums]),
-             ("after the warm-up: graphs captured, kernels compiled (their steps' wall ms)",
-              [("{}, {} ({:.0f})".format(*s["late"]) if "late" in s else "-") for s in sums])]
+             ("after the warm-up: graphs captured, kernels compiled, GEMM shapes timed "
+              "(their steps' wall ms)",
+              [("{}, {}, {} ({:.0f})".format(*s["late"]) if "late" in s else "-")
+               for s in sums])]
     lines = ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
     return "\n".join(lines)

@@ -15,8 +15,9 @@ served run and the engine's closed loop can be compared step by step
     ks          a VERIFY step's requests by K ({K: requests}), tree width `topk`
     prefill     requests with a prefill chunk in the step, and their tokens
     generated   tokens the step returned to the caller
-    late        graphs the step captured and Triton kernels it compiled after the warm-up
-                ({"captures": n, "compiles": n}; only on such steps: runner/serving_watch.py)
+    late        graphs the step captured, Triton kernels it compiled and few-row GEMM shapes
+                it timed after the warm-up ({"captures": n, "compiles": n, "choices": n};
+                only on such steps: runner/serving_watch.py)
 
 Opened after the start-up warm-up; a disabled trace costs one attribute test per step.
 Lines reach the file every FLUSH_EVERY steps, whenever the engine runs out of requests
@@ -41,7 +42,7 @@ class StepTrace:
     def __init__(self, path: str, spec=None, watch=None) -> None:
         self.path = path
         self.watch = watch  # the engine's ServingWatch: what each step captured or compiled
-        self._late = watch.counts() if watch is not None else (0, 0)
+        self._late = watch.counts() if watch is not None else (0, 0, 0)
         # VERIFY steps' draft and span device times (CUDA events; speculative/timing.py)
         self.spec = spec if spec is not None and spec.runner.device.type == "cuda" else None
         if self.spec is not None:
@@ -73,9 +74,10 @@ class StepTrace:
         if chunks:
             rec["prefill"] = {"requests": len(chunks), "tokens": sum(chunks)}
         if self.watch is not None and self.watch.counts() != self._late:
-            (c0, k0), (c1, k1) = self._late, self.watch.counts()
-            rec["late"] = {"captures": c1 - c0, "compiles": k1 - k0}
-            self._late = (c1, k1)
+            now = self.watch.counts()
+            rec["late"] = {k: b - a for k, a, b in
+                           zip(("captures", "compiles", "choices"), self._late, now)}
+            self._late = now
         self._lines.append(json.dumps(rec))
         if len(self._lines) >= FLUSH_EVERY:
             self.flush()

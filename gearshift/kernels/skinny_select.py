@@ -33,6 +33,7 @@ cuBLAS form through cuBLASLt).
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 from triton.runtime.errors import OutOfResources
@@ -132,6 +133,7 @@ class SkinnyChooser:
         # tensor parallelism (distributed/comm.py): choice -> rank 0's choice. Ranks run some
         # products replicated (the draft); the same kernel keeps their results bit-identical
         self.agree = None
+        self.watch = None  # after the warm-up, a ServingWatch told of each measurement
 
     def choose(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                kind: str = "plain") -> SkinnyConfig | str | None:
@@ -149,8 +151,11 @@ class SkinnyChooser:
         if torch.cuda.is_current_stream_capturing():
             self.skipped_in_capture += 1
             return None  # never time inside a capture; this graph keeps cuBLAS
+        t0 = time.perf_counter()
         choice = self._measure(key, weight, bias)
         self.table[key] = choice if self.agree is None else self.agree(choice)
+        if self.watch is not None:  # a step waited for this measurement
+            self.watch.chose(key, (time.perf_counter() - t0) * 1e3)
         return self.table[key]
 
     def _measure(self, key: tuple, weight: torch.Tensor,

@@ -1,15 +1,19 @@
-"""One-off costs met while serving: a CUDA graph the start-up warm-up did not capture, or a
-Triton kernel compiled for a specialisation it did not meet. Either stalls the step that
-meets it for tens to hundreds of milliseconds, and every request in flight waits. After the
-warm-up each one is logged (WARNING, naming the shape or kernel) and counted:
-Engine.stats()["late"] (and so /metrics), and the step trace marks the step.
+"""One-off costs met while serving: a CUDA graph the start-up warm-up did not capture, a
+Triton kernel compiled for a specialisation it did not meet, or a few-row GEMM shape the
+chooser had not timed (kernels/skinny_select.py). Each stalls the step that meets it for
+tens to hundreds of milliseconds, and every request in flight waits. After the warm-up each
+one is logged (WARNING, naming the shape or kernel) and counted: Engine.stats()["late"]
+(and so /metrics), and the step trace marks the step. The stats also count the device
+memory segments the caching allocator took since (cudaMalloc: a larger batch than any
+before, say), read when asked, not per step.
 
 Triton has one post-compile hook per process: the watch chains one in and it reports to the
 engine that started watching last (one engine a process when serving; tensor-parallel ranks
 are processes).
 
 Data flow: Engine.__init__ (after the warm-up) -> ServingWatch.start(runner);
-ShapeGraphs.run -> captured(key, ms); Triton's jit_post_compile_hook -> compiled(name).
+ShapeGraphs.run -> captured(key, ms); Triton's jit_post_compile_hook -> compiled(name);
+SkinnyChooser.choose -> chose(key, ms).
 """
 
 from __future__ import annotations
@@ -28,7 +32,11 @@ class ServingWatch:
         self.graph_captures = 0
         self.capture_ms = 0.0
         self.triton_compiles = 0
+        self.gemm_choices = 0
+        self.choice_ms = 0.0
         self.watching = False
+        self._device = None  # CUDA: the allocator's segments are counted from start()
+        self._segments = 0
 
     def start(self, runner=None) -> ServingWatch:
         """From now on (the warm-up is over), count and log what a step captures or
@@ -37,32 +45,56 @@ class ServingWatch:
         self.watching = True
         if runner is not None and runner.shape_graphs is not None:
             runner.shape_graphs.watch = self
+        if runner is not None and runner.device.type == "cuda":
+            from gearshift.kernels.skinny_select import CHOOSER
+
+            CHOOSER.watch = self
+            self._device = runner.device
+            self._segments = device_segments(self._device)
         _ACTIVE = self
         _hook_triton()
         return self
 
     def captured(self, key: tuple, ms: float) -> None:
-        if not self.watching:
-            return
-        self.graph_captures += 1
-        self.capture_ms += ms
-        log.warning("captured a CUDA graph while serving (%.0f ms; the warm-up did not "
-                    "capture this shape): %s", ms, key)
+        if self.watching:
+            self.graph_captures += 1
+            self.capture_ms += ms
+            log.warning("captured a CUDA graph while serving (%.0f ms; the warm-up did not "
+                        "capture this shape): %s", ms, key)
 
     def compiled(self, name: str) -> None:
-        if not self.watching:
-            return
-        self.triton_compiles += 1
-        log.warning("compiled Triton kernel %s while serving (the warm-up did not meet this "
-                    "specialisation)", name)
+        if self.watching:
+            self.triton_compiles += 1
+            log.warning("compiled Triton kernel %s while serving (the warm-up did not meet "
+                        "this specialisation)", name)
+
+    def chose(self, key: tuple, ms: float) -> None:
+        """The GEMM chooser timed a (row bucket, N, K, dtype, bias, kind) it had not met."""
+        if self.watching:
+            self.gemm_choices += 1
+            self.choice_ms += ms
+            log.warning("timed GEMM candidates while serving (%.0f ms; the warm-up did not "
+                        "run this few-row shape): rows %s, N %s, K %s, %s", ms, *key[:3], key[-1])
 
     def stats(self) -> dict:
-        return {"graph_captures": self.graph_captures, "capture_ms": round(self.capture_ms, 1),
-                "triton_compiles": self.triton_compiles}
+        out = {"graph_captures": self.graph_captures, "capture_ms": round(self.capture_ms, 1),
+               "triton_compiles": self.triton_compiles, "gemm_choices": self.gemm_choices,
+               "gemm_choice_ms": round(self.choice_ms, 1)}
+        if self._device is not None:
+            out["device_mallocs"] = device_segments(self._device) - self._segments
+        return out
 
-    def counts(self) -> tuple[int, int]:
-        """(graph captures, Triton compiles) so far: the step trace's per-step deltas."""
-        return self.graph_captures, self.triton_compiles
+    def counts(self) -> tuple[int, int, int]:
+        """(graph captures, Triton compiles, GEMM choices) so far: the step trace's
+        per-step deltas."""
+        return self.graph_captures, self.triton_compiles, self.gemm_choices
+
+
+def device_segments(device) -> int:
+    """Segments the caching allocator has taken from the device (cudaMalloc calls) so far."""
+    import torch
+
+    return int(torch.cuda.memory_stats(device).get("segment.all.allocated", 0))
 
 
 def _hook_triton() -> None:

@@ -1,7 +1,8 @@
 """What a step captures or compiles after the start-up warm-up is logged and counted
 (runner/serving_watch.py): Engine.stats()["late"], and the step trace marks the step.
 Graphs on the CPU emulation of ShapeGraphs (eager_graphs.SharedPoolGraphs); Triton's
-post-compile hook called as Triton calls it."""
+post-compile hook called as Triton calls it; the GEMM chooser with its measurement stubbed
+(it times on CUDA only)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,30 @@ def test_triton_compiles_while_serving_are_counted():
     loud.watching = False  # before start(): nothing is counted
     hook()(fn=SimpleNamespace(name="x"), key="k", repr="r", compile={})
     assert loud.triton_compiles == 3
+
+
+def test_gemm_shapes_timed_while_serving_are_counted(monkeypatch):
+    import torch
+
+    from gearshift.kernels import skinny_select
+
+    chooser, watch = skinny_select.SkinnyChooser("auto"), ServingWatch().start()
+    chooser.watch = watch
+    timed = []
+    monkeypatch.setattr(chooser, "_measure", lambda key, w, b: timed.append(key))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    def tensor(*shape):  # what choose() reads of a CUDA tensor
+        return SimpleNamespace(is_cuda=True, shape=shape, dtype=torch.bfloat16,
+                               dim=lambda: len(shape), stride=lambda d: 1)
+
+    w = tensor(256, 64)
+    with runner_log() as messages:
+        for rows in (3, 4, 3, 9):  # buckets 4, 4, 4, 16: two shapes timed
+            chooser.choose(tensor(rows, 64), w, None)
+    assert len(timed) == 2 and watch.stats()["gemm_choices"] == 2 == len(messages)
+    assert "rows 16, N 256, K 64" in messages[1]
+    assert watch.counts() == (0, 0, 2)
+    watch.watching = False  # not yet started (the warm-up): measured, not counted
+    chooser.choose(tensor(40, 64), w, None)
+    assert len(timed) == 3 and watch.stats()["gemm_choices"] == 2

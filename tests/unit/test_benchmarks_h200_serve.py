@@ -93,6 +93,8 @@ def test_smoke_run_writes_every_figure_and_the_section(tmp_path):
     assert "vocabulary 8,192" in section and "`gearshift serve --model $P/target" in section
     assert "- server: the engine in a process of its own" in section
     assert "The untimed bursts (3 prompts at once, speculation first)" in section
+    assert "- serve_on: graph_captures 0, capture_ms 0, triton_compiles 0, gemm_choices 0" \
+        in section  # from the server's final /metrics
     assert (page.parent / "serve_rates.png").is_file()
 
     # report.py rewrites the page from an h200.sh run (here: none) and keeps the section

@@ -146,8 +146,9 @@ def test_trace_report_sums_what_steps_captured_or_compiled_after_the_warm_up():
         return {"t_ms": t, "mode": "verify", "ms": ms, "gap_ms": 0.0, "batch": 4,
                 "generated": 8, "device_ms": None, **({"late": late} if late else {})}
 
-    steps = [step(0, 10), step(10, 300, {"captures": 2, "compiles": 1}), step(310, 10),
-             step(320, 90, {"captures": 0, "compiles": 1})]
+    steps = [step(0, 10), step(10, 300, {"captures": 2, "compiles": 1, "choices": 0}),
+             step(310, 10), step(320, 90, {"captures": 0, "compiles": 1}),  # an older trace
+             step(410, 60, {"captures": 0, "compiles": 0, "choices": 3})]
     out = table(["t"], [summarize(steps)])
-    assert "| after the warm-up: graphs captured, kernels compiled (their steps' wall ms) " \
-           "| 2, 2 (390) |" in out
+    assert "| after the warm-up: graphs captured, kernels compiled, GEMM shapes timed (their " \
+           "steps' wall ms) | 2, 2, 3 (450) |" in out
