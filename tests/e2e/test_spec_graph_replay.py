@@ -95,7 +95,7 @@ def test_sampled_chain_expansion_replays(make_llm, tiny_llama_dir, tmp_path):
                             ignore_eos=True)
     outs = llm.generate(random_prompts([6, 11], seed=2), params)
     assert [len(o.token_ids) for o in outs] == [12, 12]
-    sampled = [k for k in graphs.entries if k[:2] == ("eagle3", "expand") and not k[-4]]
+    sampled = [k for k in graphs.entries if k[:2] == ("eagle3", "expand") and not k[-2]]
     assert sampled and not any(k[0] == "verify-greedy" for k in graphs.entries)
 
 
@@ -118,7 +118,7 @@ def test_coupled_sampling_replays_and_keeps_the_seeded_text(make_llm, tiny_llama
     if chain_as_extend:
         llm.engine.spec.split_k_verify_below = 0
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
-    expand = [k for k in graphs.entries if k[:2] == ("eagle3", "expand") and k[-6]]
+    expand = [k for k in graphs.entries if k[:2] == ("eagle3", "expand") and k[-4]]
     greedy = [k for k in graphs.entries if k[0] == "verify-greedy"]
     assert expand and greedy
     assert max(graphs.replays[k] for k in expand + greedy) > 1

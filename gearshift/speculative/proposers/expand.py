@@ -265,13 +265,16 @@ def graphed_expand(graphs, name: str, x: ExpandInputs, first, step: StepFn, sb: 
     fields = SAMPLING_FIELDS if (x.topk == 1 or couples) and not sb.all_greedy else ()
     fields += ("coupled",) if couples else ()
     base = x.base_scratch if x.base_scratch.shape[1] else None
+    # one filter flag: top-k and top-p share their sort, and a row without either keeps
+    # every token, so a batch asking for one runs both (half the graph variants to warm up)
+    filters = sb.need_top_k or sb.need_top_p
 
     def fn(s):
         logits, hidden = first(s)
         xs = replace(x, roots=s["roots"], first_logits=logits, first_hidden=hidden,
                      prefix_lens=s["prefix"], rows=s["rows"], scratch=s["scratch"],
                      base_scratch=s["base"] if base is not None else x.base_scratch)
-        sbs = replace(sb, **{f: s[f] for f in fields})
+        sbs = replace(sb, need_top_k=filters, need_top_p=filters, **{f: s[f] for f in fields})
         tree = expand(xs, step, sbs, to_target, target_vocab)
         tree.ancestors = ancestor_mask(tree.parents, x.depth)
         return tree
@@ -280,7 +283,7 @@ def graphed_expand(graphs, name: str, x: ExpandInputs, first, step: StepFn, sb: 
               **({"base": base} if base is not None else {}), **{f: getattr(sb, f) for f in fields}}
     if graphs is None or sb.penalties is not None or sb.grammar is not None:  # eager
         return fn(inputs)
+    # the body reads these host flags (any_greedy it does not: greedy rows are masked)
     key = (name, "expand", x.roots.shape[0], x.depth, x.topk, x.num_nodes, x.scratch.shape[1],
-           x.base_scratch.shape[1], couples, sb.all_coupled, sb.all_greedy, sb.any_greedy,
-           sb.need_top_k, sb.need_top_p)
+           x.base_scratch.shape[1], couples, sb.all_coupled, sb.all_greedy, filters)
     return graphs.run(key, fn, inputs)
