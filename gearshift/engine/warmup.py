@@ -19,6 +19,8 @@ through the real step pipeline, so that
                                  verified as one extend: each deepest K and token bucket
                                  bs * j, j = 2 .. K + 1 (graphs.mixed_verify_tokens)
         abort them (slots and rows back to the pool)
+        sampled, then nucleus:   bs sampled requests (top-p the second time), untimed, one
+                                 step a gear: their draft expansions' graphs
     -> {gear: [(bs, ms)]} -> policy.cost.set_measured(...)
 
 Counters (engine stats, speculation stats, the population's acceptance evidence, the
@@ -61,6 +63,33 @@ def apply_measured(policy, measured: dict | None) -> None:
     if cost is not None and measured:
         for k, pts in measured.items():
             cost.set_measured(k, pts)
+
+
+# sampled requests expand their drafts on graphs of their own (per spec_sampling mode and
+# whether top-k / top-p filter): warmed in the engine's mode, with and without the filter
+SAMPLED = {"sampled": dict(temperature=1.0), "nucleus": dict(temperature=1.0, top_p=0.95)}
+
+
+def _admit(engine, bs: int, name: str, params: SamplingParams) -> list[str]:
+    """bs dummy requests of PROMPT_LEN tokens, prefilled at K = 0. -> their ids."""
+    ids = [f"__warmup-{name}-{bs}-{i}" for i in range(bs)]
+    for i, rid in enumerate(ids):
+        engine.add_request(rid, [(7 * i + j) % engine.model_config.vocab_size + 1
+                                 for j in range(PROMPT_LEN)], params)
+    engine.set_policy(AlwaysPolicy(0))
+    sched = engine.scheduler
+    while sched.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids)
+                               for r in sched.running):
+        engine.step()
+    return ids
+
+
+def _drop(engine, ids: list[str]) -> None:
+    """Abort the dummy requests: their slots and rows back to the pool."""
+    for rid in ids:
+        engine.abort_request(rid)
+    while engine.has_unfinished_requests():
+        engine.step()
 
 
 class _Planned(Policy):
@@ -123,14 +152,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
         try:
             for bs in progress(sorted(sizes, reverse=True), desc="speculation warm-up",
                                unit="batch size"):  # largest first: smaller graphs reuse its pool
-                ids = [f"__warmup-{bs}-{i}" for i in range(bs)]
-                for i, rid in enumerate(ids):
-                    engine.add_request(rid, [(7 * i + j) % engine.model_config.vocab_size + 1
-                                             for j in range(PROMPT_LEN)], params)
-                engine.set_policy(AlwaysPolicy(0))
-                while sched.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids)
-                                           for r in sched.running):
-                    engine.step()
+                ids = _admit(engine, bs, "greedy", params)
                 for k, n, timed in schedule:
                     engine.set_policy(AlwaysPolicy(min(k, num_draft), spec.topk if k > num_draft else 1))
                     times = []
@@ -145,10 +167,15 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                 for ks in mixed_plans(bs, num_draft) if not spec.split_k_chains(bs) else []:
                     engine.set_policy(_Planned(ks))
                     engine.step()
-                for rid in ids:
-                    engine.abort_request(rid)
-                while engine.has_unfinished_requests():
-                    engine.step()
+                _drop(engine, ids)
+                for name, sampled in SAMPLED.items():  # their draft expansions, one step a gear
+                    ids = _admit(engine, bs, name, SamplingParams(
+                        max_tokens=generated + 1, ignore_eos=True, seed=0, **sampled))
+                    for k in range(num_draft + tree, 0, -1):
+                        engine.set_policy(AlwaysPolicy(min(k, num_draft),
+                                                       spec.topk if k > num_draft else 1))
+                        engine.step()
+                    _drop(engine, ids)
         finally:
             engine.set_policy(saved_policy)
             engine.reset_prefix_cache()  # its dummy prompts are nobody's prefix

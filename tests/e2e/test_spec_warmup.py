@@ -4,6 +4,9 @@ engine is left exactly as it was (no requests, slots, counters), and output is u
 
 from __future__ import annotations
 
+import itertools
+
+import pytest
 from checkpoints import random_prompts
 from eager_graphs import install
 from eagle3_checkpoints import make_eagle3_checkpoint
@@ -11,6 +14,7 @@ from eagle3_checkpoints import make_eagle3_checkpoint
 from gearshift import SamplingParams
 from gearshift.engine.warmup import warm_up_speculation
 from gearshift.policy.base import PolicyView
+from gearshift.policy.static import AlwaysPolicy
 
 
 def test_warm_up_captures_every_shape_and_measures_costs(make_llm, tiny_llama_dir, tmp_path):
@@ -181,3 +185,30 @@ def test_a_burst_of_chunked_prompts_replays_what_the_warm_up_captured(make_llm, 
         eng.step()
     assert llm.spec_stats()["proposed"] > 0
     assert set(graphs.keys) == captured
+
+
+@pytest.mark.parametrize("topk", [1, 2])
+def test_sampled_requests_replay_what_the_warm_up_captured(make_llm, tiny_llama_dir, tmp_path,
+                                                           topk):
+    """Sampled requests, alone or beside greedy ones, with or without top-k / top-p, at
+    every K (and the tree): the warm-up captured their draft expansions and verifications,
+    so none is captured while they run."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=3, draft_topk=topk, max_num_seqs=8)
+    graphs = install(llm)
+    eng = llm.engine
+    warm_up_speculation(eng, sizes=[1, 2, 4, 8])
+    captured = set(graphs.keys)
+    kinds = [dict(temperature=0.8), dict(temperature=1.0, top_p=0.9),
+             dict(temperature=0.7, top_k=20), dict(temperature=0.0)]
+    for burst, mix in enumerate([[0] * 8, [1, 3] * 4, [2] * 3, [0, 2, 3, 1, 3]]):
+        for i, kind in enumerate(mix):
+            eng.add_request(f"b{burst}r{i}", random_prompts([6 + i], seed=i)[0],
+                            SamplingParams(max_tokens=10, seed=i, ignore_eos=True, **kinds[kind]))
+        gears = itertools.cycle([(k, 1) for k in (3, 1, 2)] + [(3, topk)] * (topk > 1))
+        while eng.has_unfinished_requests():
+            eng.set_policy(AlwaysPolicy(*next(gears)))
+            eng.step()
+    assert llm.spec_stats()["proposed"] > 0
+    assert sorted(map(str, set(graphs.keys) - captured)) == []
