@@ -31,6 +31,7 @@ from gearshift.request import Request
 from gearshift.runner.batch import BatchBuilder, Stager, forward_batch, stage_forward
 from gearshift.runner.model_runner import ModelRunner, device_ms, graph_inputs, rebuild_batch
 from gearshift.scheduler.plan import StepPlan
+from gearshift.speculative.follow_up import accepted, extend_batch
 from gearshift.speculative.proposers.base import Proposer
 
 
@@ -148,6 +149,47 @@ class DraftFollower:
                 lambda s: self.proposer.draft_extend(rebuild_batch(fb, s), s.get("feats")), inputs)
         for req, p, n in zip(reqs, prefix, extend):
             req.draft_rows = p + n
+
+    def follows_early(self, plan: StepPlan) -> bool:
+        """Whether a VERIFY step of `plan` can launch the follow-up over its accepted tokens
+        before the host reads them (follow_up.py): a stateful draft extending on graphs,
+        every request decoding (no chunk riding along) and K_max + 1 rows past every
+        prefix inside the RoPE table."""
+        return (self.proposer.keeps_state and self.proposer.graph_extend
+                and self.runner.shape_graphs is not None and all(plan.decoding)
+                and max(plan.prefix_lens) + self.num_draft_tokens + 1 <= self.runner.max_positions)
+
+    def follow_accepted(self, plan: StepPlan, extend: list[int], store: list[int],
+                        packed: torch.Tensor, staged: dict[str, torch.Tensor],
+                        offsets: list[int], aux: torch.Tensor | None) -> None:
+        """The draft extends over the accepted tokens of batch rows `extend` (padded to
+        K_max + 1 each: the graph the warm-up captured) and the kept tokens' features of
+        rows `store` are stored, laid out on the device from `packed` (follow_up.py). The
+        caller sets draft_rows once it has read the accepted counts."""
+        width, b = self.num_draft_tokens + 1, len(plan.reqs)
+        node_slots = staged["node_slots"].view(b, -1)
+        offs = _device_index(offsets, packed)
+        shift = 1 if self.proposer.shifted_inputs else 0
+        if store and aux is not None and self.proposer.needs_features:
+            acc = accepted(packed, _device_index(store, packed), staged["roots"], node_slots,
+                           offs, width, shift)
+            self.proposer.store_features(acc.slots.flatten(),
+                                         aux.index_select(0, acc.feats.flatten()))
+        if not extend:
+            return
+        index = _device_index(extend, packed)
+        acc = accepted(packed, index, staged["roots"], node_slots, offs, width, shift)
+        fb = extend_batch(acc, staged["rows"].index_select(0, index),
+                          staged["prefix"].index_select(0, index),
+                          [plan.prefix_lens[i] for i in extend], self.runner.decode_pad(len(extend)))
+        inputs = graph_inputs(fb)
+        if aux is not None:  # dummy rows read feature row 0
+            rows = torch.cat([acc.feats.flatten(),
+                              acc.feats.new_zeros((fb.batch_size - len(extend)) * width)])
+            inputs["feats"] = aux.index_select(0, rows)
+        self.runner.shape_graphs.run(
+            ("draft_extend", fb.batch_size, width, None if aux is None else aux.shape[-1]),
+            lambda s: self.proposer.draft_extend(rebuild_batch(fb, s), s.get("feats")), inputs)
 
     def _graph_width(self, prefix: list[int], extend: list[int]) -> int | None:
         """Tokens per request of a graphed draft-extend: always K+1 (accepted drafts +

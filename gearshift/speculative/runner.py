@@ -6,10 +6,14 @@
                 -> penalties, grammar masks per node (verify_logits / _grammar.py)
                 -> verification: accepted path + bonus per request (rejection
                    sampling, or coupled to the plain sampler: coupled.py)      (device)
-                -> before_sync() (the policy's next plan) -> one host sync
+                -> on graphs: the draft's follow-up over the accepted tokens,
+                   laid out from the packed result (follow_up.py)              (device)
+                -> before_sync() (the policy's next plan) -> one host sync (on the
+                   result alone: the follow-up runs on while the host commits)
                 -> StepResult (tokens, accepted node indices)
       -> Scheduler.commit (keep the path's slots, free the rest)
-      -> after_commit(): the draft extends over the accepted tokens; acceptance counters
+      -> after_commit(): the draft's rows move on (else the follow-up runs here, laid out
+         on the host); acceptance counters
     plain plan -> ModelRunner.run -> after_plain(): the draft's state follows at K = 0
 
 Data flow: Engine.step -> SpecRunner.run / after_commit (VERIFY plans), after_plain (plain).
@@ -240,9 +244,11 @@ class SpecRunner:
             lp.start_copy()  # read after the sync below
         if timing is not None:
             timing.mark(3)
+        read = self._read_later(packed)
+        early = self._follow_early(plan, packed, d, offsets, aux)
         if before_sync is not None:
             before_sync()
-        packed = packed.tolist()  # the step's one host sync
+        packed = read() if read is not None else packed.tolist()  # the step's one host sync
         if timing is not None:
             timing.read()
         if self.follow.catch_up_rows:  # what leaving K = 0 cost (its events are done now)
@@ -260,27 +266,65 @@ class SpecRunner:
             if ks[i]:  # the request's own counters before commit: its outputs carry them
                 reqs[i].spec_proposed += n_nodes[i] - 1
                 reqs[i].spec_accepted += a
-        self._last = (aux, offsets, n_nodes, packed, depth)
+        self._last = (aux, offsets, n_nodes, packed, depth, early)
         return StepResult(batch.slots, tokens, kept=paths)
+
+    def _read_later(self, packed: torch.Tensor):
+        """On CUDA: start copying the step's result to the host and mark it, so that the
+        sync waits for it alone and not for device work launched after it. -> the read."""
+        if not packed.is_cuda:
+            return None
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def read() -> list:
+            done.synchronize()
+            return host.tolist()
+        return read
+
+    def _groups(self, plan: StepPlan) -> tuple[list[int], list[int]]:
+        """Batch rows whose draft extends over the accepted tokens (it is current for them)
+        and rows whose kept tokens' features are stored for a later catch-up. With the
+        prefix cache every committed token's features are kept (a cache hit's draft catches
+        up from them), so the finished and opted-out requests' too."""
+        reqs, prefix = plan.reqs, plan.prefix_lens
+        live = [i for i, r in enumerate(reqs) if not r.is_finished and r.params.speculative]
+        extend = [i for i in live if reqs[i].draft_rows == prefix[i]]
+        store = list(range(len(reqs))) if self.follow.every_token else \
+            [i for i in live if reqs[i].draft_rows != prefix[i]]
+        return extend, store
+
+    def _follow_early(self, plan: StepPlan, packed: torch.Tensor, staged: dict,
+                      offsets: list[int], aux: torch.Tensor | None) -> list[int] | None:
+        """Launch the draft's follow-up over the accepted tokens before the host reads them,
+        laid out on the device (follow_up.py), where its graphed shape applies: the draft
+        runs while the host commits. Requests this step finishes are followed too (their
+        slots are freed after, in stream order). -> the rows extended, or None."""
+        if not self.follow.follows_early(plan):
+            return None
+        extend, store = self._groups(plan)
+        self.follow.follow_accepted(plan, extend, store, packed, staged, offsets, aux)
+        return extend
 
     def after_commit(self, plan: StepPlan, result: StepResult) -> None:
         """The draft follows the committed tokens: it extends over the accepted ones where it
-        is current, else their features are stored for a later catch-up; then the step's
-        acceptance is recorded (while the device runs the draft)."""
-        aux, offsets, n_nodes, packed, depth = self._last
+        is current, else their features are stored for a later catch-up (unless run()
+        launched both already: then only the draft's rows move); then the step's acceptance
+        is recorded (while the device runs the draft)."""
+        aux, offsets, n_nodes, packed, depth, early = self._last
         self._last = None
         reqs, prefix = plan.reqs, plan.prefix_lens
-        live = [i for i, r in enumerate(reqs) if not r.is_finished and r.params.speculative]
-        # both groups are split before either runs: extending moves draft_rows. With the
-        # prefix cache every committed token's features are kept (a cache hit's draft
-        # catches up from them), so the finished and opted-out ones too
-        extend = [i for i in live if reqs[i].draft_rows == prefix[i]]
-        store = range(len(reqs)) if self.follow.every_token else \
-            [i for i in live if reqs[i].draft_rows != prefix[i]]
-        for group, stage in ((extend, self.follow.extend), (store, self.follow.store)):
-            stage([reqs[i] for i in group], [prefix[i] for i in group],
-                  [len(result.kept[i]) for i in group], aux,
-                  [offsets[i] + j for i in group for j in result.kept[i]])
+        if early is not None:
+            for i in early:
+                reqs[i].draft_rows = prefix[i] + len(result.kept[i])
+        else:  # both groups are split before either runs: extending moves draft_rows
+            extend, store = self._groups(plan)
+            for group, stage in ((extend, self.follow.extend), (store, self.follow.store)):
+                stage([reqs[i] for i in group], [prefix[i] for i in group],
+                      [len(result.kept[i]) for i in group], aux,
+                      [offsets[i] + j for i in group for j in result.kept[i]])
         self.acceptance.record_step(plan.num_draft_tokens)
         for i, d in enumerate(plan.decoding):
             if d:
