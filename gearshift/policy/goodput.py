@@ -82,6 +82,7 @@ class GoodputPolicy(Policy):
         self.quiet_ratio, self.quiet_steps = quiet_ratio, quiet_steps
         self._quiet: tuple[int, int] | None = None  # (padded bs, plans left)
         self._prepared: tuple | None = None  # ((padded bs, top gear), scores) from prepare()
+        self._prepared_ks: tuple | None = None  # (request ids, K_i) from prepare()
         # the running gear's drift moves its neighbours' prices (CostModel.shared) once it has
         # run `share_after` steps: its first steps correct its own price (chosen when noise
         # made it look best), which is not drift
@@ -120,10 +121,15 @@ class GoodputPolicy(Policy):
 
     def prepare(self, view: PolicyView) -> None:
         """Score the gears for these requests while the device runs their VERIFY step (unless
-        the next plan keeps its gear unscored): the next plan() uses the scores at the same
-        padded batch size and top gear. They lag one step of evidence (EMA steps ~10%)."""
+        the next plan keeps its gear unscored), and with per_request allocate their K_i:
+        the next plan() uses the scores at the same padded batch size and top gear, and the
+        allocation for the same requests. They lag one step of evidence (EMA steps ~10%)."""
         top, bs = self.top_gear(view), self.pad(len(view.requests))
         self._prepared = None if self._reuse_due(bs, top) else ((bs, top), self.scores(view, top))
+        # per request: the allocation too (a step of 64 requests prices 256 draft prefixes),
+        # used by the next plan if it allocates for the same requests
+        self._prepared_ks = None if not self.per_request else (
+            tuple(r.request_id for r in view.requests), self._marginal(view))
 
     def _reuse_due(self, bs: int, top: int) -> bool:
         """Does the next plan, at padded batch size `bs` with top gear `top`, keep the running
@@ -137,6 +143,7 @@ class GoodputPolicy(Policy):
     def plan(self, view: PolicyView) -> list[int]:
         self._topk = 1
         prepared, self._prepared = self._prepared, None  # for this plan only
+        prepared_ks, self._prepared_ks = self._prepared_ks, None
         if not any(self.eligible(r) for r in view.requests):
             return [0] * len(view.requests)
         top = self.top_gear(view)
@@ -146,12 +153,21 @@ class GoodputPolicy(Policy):
         if gear > self.num_draft_tokens:
             self._topk = view.topk
         elif self.per_request and self.last_reason in ("scored", "kept"):
-            return self._allocate(view)  # exploration steps keep their uniform gear
+            return self._allocate(view, prepared_ks)  # exploration keeps its uniform gear
         k = min(gear, self.num_draft_tokens)
         return [k if self.eligible(r) else 0 for r in view.requests]
 
-    def _allocate(self, view: PolicyView) -> list[int]:
-        """K_i by marginal value against the step-time model (policy/allocation.py)."""
+    def _allocate(self, view: PolicyView, prepared: tuple | None = None) -> list[int]:
+        """K_i by marginal value against the step-time model (policy/allocation.py): the
+        allocation prepare() made for these requests, else one made now."""
+        reqs = view.requests
+        ids = tuple(r.request_id for r in reqs)
+        ks = prepared[1] if prepared is not None and prepared[0] == ids else self._marginal(view)
+        self._held = dict(zip(ids, ks))
+        self._allocated[self.pad(len(reqs))] = chain_gear(ks)
+        return ks
+
+    def _marginal(self, view: PolicyView) -> list[int]:
         reqs, kmax = view.requests, min(self.num_draft_tokens, view.num_draft_tokens)
         n, bs = len(reqs), self.pad(len(view.requests))
         ctx = sum(r.num_tokens for r in reqs)
@@ -161,10 +177,7 @@ class GoodputPolicy(Policy):
         limits = [kmax if self.eligible(r) else 0 for r in reqs]
         held = [self._held.get(r.request_id, 0) for r in reqs]
         step_ms = self.cost.verified_pricer(n, ctx, kmax, padded_bs=bs, bucket=self._bucket(n))
-        ks = allocate(alphas, limits, step_ms, held, self.margin)
-        self._held = {r.request_id: k for r, k in zip(reqs, ks)}
-        self._allocated[bs] = chain_gear(ks)
-        return ks
+        return allocate(alphas, limits, step_ms, held, self.margin)
 
     def _bucket(self, n: int):
         """tokens -> the tokens a VERIFY pass of n requests mixing K runs over (None: as

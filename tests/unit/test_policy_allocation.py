@@ -151,3 +151,33 @@ def test_goodput_request_prices_its_allocation_with_the_engine_s_buckets():
     # steps are flat up to 16 tokens: 15 real ones fill that bucket (16 would need the
     # next, 24: one padding token is always verified)
     assert len(set(ks)) > 1 and 8 + sum(ks) == 15
+
+
+def test_the_allocation_is_made_in_prepare_and_used_by_the_next_plan(monkeypatch):
+    """Allocating K_i prices every draft prefix (hundreds at 64 requests): prepare(), while
+    the device runs a VERIFY step, makes it for that step's requests and the next plan uses
+    it; a plan for other requests allocates anew, and a prepared allocation serves one plan."""
+    from gearshift.policy import goodput
+
+    rs = reqs(16, 0.9, ctx=1) + reqs(16, 0.3, ctx=1)
+    for i, r in enumerate(rs):
+        r.request_id = str(i)
+    pol = GoodputPolicy(memory_bound_costs(), 5, margin=0.0, per_request=True)
+    calls = []
+    real = goodput.allocate
+    monkeypatch.setattr(goodput, "allocate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    first = pol.plan(PolicyView(rs, 0, 5))
+    assert len(calls) == 1 and len(set(first)) > 1
+    pol.prepare(PolicyView(rs, 0, 5))
+    assert len(calls) == 2
+    assert pol.plan(PolicyView(rs, 0, 5)) == first and len(calls) == 2  # the prepared one
+    pol.prepare(PolicyView(rs, 0, 5))
+    other = reqs(1, 0.9, ctx=1) + rs[1:]  # one request left, another came
+    other[0].request_id = "new"
+    pol.plan(PolicyView(other, 0, 5))
+    assert pol.last_reason == "scored" and len(calls) == 4  # allocated anew
+    pol.prepare(PolicyView(other, 0, 5))
+    pol.plan(PolicyView(other, 0, 5))  # an exploration step: its uniform gear
+    assert pol.last_reason == "fresh"
+    pol.plan(PolicyView(other, 0, 5))  # the allocation prepared before it is not used
+    assert pol.last_reason == "scored" and len(calls) == 6
