@@ -5,7 +5,8 @@ tens to hundreds of milliseconds, and every request in flight waits. After the w
 one is logged (WARNING, naming the shape or kernel) and counted: Engine.stats()["late"]
 (and so /metrics), and the step trace marks the step. The stats also count the device
 memory segments the caching allocator took since (cudaMalloc: a larger batch than any
-before, say), read when asked, not per step.
+before, say) and its retries (the device full: every cached block freed, then the
+allocation again), read when asked, not per step.
 
 Triton has one post-compile hook per process: the watch chains one in and it reports to the
 engine that started watching last (one engine a process when serving; tensor-parallel ranks
@@ -36,7 +37,7 @@ class ServingWatch:
         self.choice_ms = 0.0
         self.watching = False
         self._device = None  # CUDA: the allocator's segments are counted from start()
-        self._segments = 0
+        self._allocator = (0, 0)  # (segments taken, retries) when watching started
 
     def start(self, runner=None) -> ServingWatch:
         """From now on (the warm-up is over), count and log what a step captures or
@@ -50,7 +51,7 @@ class ServingWatch:
 
             CHOOSER.watch = self
             self._device = runner.device
-            self._segments = device_segments(self._device)
+            self._allocator = allocator_counts(self._device)
         _ACTIVE = self
         _hook_triton()
         return self
@@ -81,7 +82,9 @@ class ServingWatch:
                "triton_compiles": self.triton_compiles, "gemm_choices": self.gemm_choices,
                "gemm_choice_ms": round(self.choice_ms, 1)}
         if self._device is not None:
-            out["device_mallocs"] = device_segments(self._device) - self._segments
+            segments, retries = allocator_counts(self._device)
+            out["device_mallocs"] = segments - self._allocator[0]
+            out["alloc_retries"] = retries - self._allocator[1]
         return out
 
     def counts(self) -> tuple[int, int, int]:
@@ -90,11 +93,14 @@ class ServingWatch:
         return self.graph_captures, self.triton_compiles, self.gemm_choices
 
 
-def device_segments(device) -> int:
-    """Segments the caching allocator has taken from the device (cudaMalloc calls) so far."""
+def allocator_counts(device) -> tuple[int, int]:
+    """The caching allocator's counts so far: segments taken from the device (cudaMalloc
+    calls), and allocations retried after freeing every cached block (the device was full:
+    each retry synchronises and frees, a stall of its own)."""
     import torch
 
-    return int(torch.cuda.memory_stats(device).get("segment.all.allocated", 0))
+    stats = torch.cuda.memory_stats(device)
+    return int(stats.get("segment.all.allocated", 0)), int(stats.get("num_alloc_retries", 0))
 
 
 def _hook_triton() -> None:

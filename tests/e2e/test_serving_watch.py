@@ -115,3 +115,23 @@ def test_gemm_shapes_timed_while_serving_are_counted(monkeypatch):
     watch.watching = False  # not yet started (the warm-up): measured, not counted
     chooser.choose(tensor(40, 64), w, None)
     assert len(timed) == 3 and watch.stats()["gemm_choices"] == 2
+
+
+def test_allocator_growth_and_retries_after_the_warm_up_are_counted(monkeypatch):
+    """On CUDA the stats carry the caching allocator's segments taken and retries since
+    watching started (torch's counters, stubbed here), and the GEMM chooser reports to
+    the watch."""
+    import torch
+
+    from gearshift.kernels.skinny_select import CHOOSER
+
+    monkeypatch.setattr(CHOOSER, "watch", None)
+    counts = {"segment.all.allocated": 40, "num_alloc_retries": 1}
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: dict(counts))
+    runner = SimpleNamespace(shape_graphs=None, device=SimpleNamespace(type="cuda"))
+    watch = ServingWatch().start(runner)
+    assert CHOOSER.watch is watch
+    assert (watch.stats()["device_mallocs"], watch.stats()["alloc_retries"]) == (0, 0)
+    counts.update({"segment.all.allocated": 43, "num_alloc_retries": 3})
+    assert (watch.stats()["device_mallocs"], watch.stats()["alloc_retries"]) == (3, 2)
+    assert "device_mallocs" not in ServingWatch().start().stats()  # not on CUDA: no counts
