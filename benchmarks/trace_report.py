@@ -13,9 +13,10 @@ in host gaps between steps (the caller's work), steps and median / p90 wall ms p
 median device ms, on CUDA a VERIFY step's draft device time, device span and the wall
 time outside that span (host work not hidden), VERIFY steps' K mix (request-steps by K;
 trees apart), the steps that carried a prefill chunk: how many, and how many of those
-speculated, what arrivals cost the decoders (`arrivals`), and the graphs captured and
-Triton kernels compiled and few-row GEMM shapes timed after the warm-up (one-off stalls:
-runner/serving_watch.py).
+speculated, how long new requests waited for their first chunk (from arrival at the
+engine: behind the step in flight, or queued), what arrivals cost the decoders
+(`arrivals`), and the graphs captured, Triton kernels compiled and few-row GEMM shapes
+timed after the warm-up (one-off stalls: runner/serving_watch.py).
 
 Data flow: JSONL lines (gearshift/engine/step_trace.py) -> summarize() -> table().
 """
@@ -89,6 +90,10 @@ def summarize(steps: list[dict]) -> dict:
     prefill = [s for s in steps if s.get("prefill")]
     out["prefill_steps"] = len(prefill)
     out["prefill_steps_speculating"] = sum(1 for s in prefill if s["mode"] == "verify")
+    waits = [w for s in prefill for w in s["prefill"].get("waits_ms", ())]
+    if waits:  # arrival at the engine -> the start of the step with its first chunk
+        out["waits_ms"] = (statistics.median(waits), percentile(waits, 0.99), max(waits),
+                           len(waits))
     late = [s for s in steps if s.get("late")]  # captured, compiled or timed a GEMM
     out["late"] = (*(sum(s["late"].get(k, 0) for s in late)
                      for k in ("captures", "compiles", "choices")), sum(s["ms"] for s in late))
@@ -149,6 +154,9 @@ def table(names: list[str], sums: list[dict]) -> str:
              ("VERIFY wall median after one / after a VERIFY",
               [f"{_f(s.get('verify_after_arrival_ms'))} / {_f(s.get('verify_steady_ms'))}"
                for s in sums]),
+             ("new requests' wait for their first chunk, ms p50 / p99 / max (n)",
+              [("{:.2f} / {:.2f} / {:.2f} ({})".format(*s["waits_ms"]) if "waits_ms" in s
+                else "-") for s in sums]),
              ("after the warm-up: graphs captured, kernels compiled, GEMM shapes timed "
               "(their steps' wall ms)",
               [("{}, {}, {} ({:.0f})".format(*s["late"]) if "late" in s else "-")

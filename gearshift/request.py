@@ -186,6 +186,7 @@ class Request:
     # engine (at arrival): speculation verifies it by coupling (params.spec_sampling, else
     # the engine's spec_sampling)
     coupled: bool = False
+    arrival_time: float = 0.0  # engine (at arrival): perf_counter; the step trace's waits
 
     def __post_init__(self) -> None:
         p = self.params

@@ -138,17 +138,16 @@ class Engine:
         if bad:  # the sampler indexes the vocabulary with them
             raise SamplingParamsError(f"logit_bias: token id {bad[0]} is out of range [0, {vocab})")
         if n + params.max_tokens > self.max_model_len:
-            raise PromptError(
-                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the maximum "
-                f"context length {self.max_model_len}"
-            )
+            raise PromptError(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                              f"the maximum context length {self.max_model_len}")
         so = params.structured_output  # an invalid one: StructuredOutputError names the field
         grammar = self.grammars.grammar(so) if so is not None else None
         seed = params.seed if params.seed is not None else draw_seed(self._seed_rng)
         self.scheduler.add(Request(
             request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
             sampling_seed=mix_seed(seed), eos_token_ids=self.eos_token_ids, grammar=grammar,
-            coupled=(params.spec_sampling or self.config.spec_sampling) == "coupled"))
+            coupled=(params.spec_sampling or self.config.spec_sampling) == "coupled",
+            arrival_time=time.perf_counter()))
         return seed
 
     def abort_request(self, request_id: str, reason: str = "abort") -> None:

@@ -13,7 +13,9 @@ served run and the engine's closed loop can be compared step by step
                 device span from the catch-up to verification's end (CUDA only)
     mode, batch, tokens, gear    as Engine.last_step
     ks          a VERIFY step's requests by K ({K: requests}), tree width `topk`
-    prefill     requests with a prefill chunk in the step, and their tokens
+    prefill     requests with a prefill chunk in the step, and their tokens; `waits_ms`:
+                how long each request whose first chunk this is waited from its arrival at
+                the engine to this step's start (behind the step in flight, or a queue)
     generated   tokens the step returned to the caller
     late        graphs the step captured, Triton kernels it compiled and few-row GEMM shapes
                 it timed after the warm-up ({"captures": n, "compiles": n, "choices": n};
@@ -73,6 +75,12 @@ class StepTrace:
         chunks = [n for n, dec in zip(plan.extend_lens, plan.decoding) if not dec]
         if chunks:
             rec["prefill"] = {"requests": len(chunks), "tokens": sum(chunks)}
+            waits = [round((start - r.arrival_time) * 1e3, 3) for r, p, dec in
+                     zip(plan.reqs, plan.prefix_lens, plan.decoding)
+                     if not dec and p == r.num_cached_tokens and r.arrival_time
+                     and len(r.output_token_ids) == r.num_pending]  # none committed yet
+            if waits:
+                rec["prefill"]["waits_ms"] = waits
         if self.watch is not None and self.watch.counts() != self._late:
             now = self.watch.counts()
             rec["late"] = {k: b - a for k, a, b in

@@ -152,3 +152,18 @@ def test_trace_report_sums_what_steps_captured_or_compiled_after_the_warm_up():
     out = table(["t"], [summarize(steps)])
     assert "| after the warm-up: graphs captured, kernels compiled, GEMM shapes timed (their " \
            "steps' wall ms) | 2, 2, 3 (450) |" in out
+
+
+def test_new_requests_waits_for_their_first_chunk(make_llm, tiny_llama_dir, tmp_path):
+    """Each request's first chunk carries its wait since it reached the engine, once (later
+    chunks do not); requests admitted in later steps waited longer. The report sums them."""
+    lines, _, _ = _run(make_llm, tiny_llama_dir, tmp_path / "t.jsonl", max_num_batched_tokens=8)
+    waits = [x["prefill"].get("waits_ms", []) for x in lines if x.get("prefill")]
+    assert sum(map(len, waits)) == 4  # four prompts, each once
+    firsts = [w for w in waits if w]
+    assert len(firsts) > 1 and all(w >= 0 for ws in firsts for w in ws)
+    assert min(firsts[-1]) > max(firsts[0])  # admitted later: waited longer
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_report.py"),
+                          str(tmp_path / "t.jsonl")], capture_output=True, text=True, timeout=60)
+    row = next(line for line in run.stdout.splitlines() if "wait for their first chunk" in line)
+    assert row.endswith("(4) |")
