@@ -65,8 +65,9 @@ def add_serve_bench_args(p) -> None:
                    help="--sweep-rates: clear the server's prefix cache before each run (every "
                         "run sends the same prompts)")
     p.add_argument("--sweep-warmup", action=argparse.BooleanOptionalAction, default=True,
-                   help="--sweep-rates: first an untimed burst of every prompt at once in each "
-                        "mode, so that no timed run pays the server's first large batch")
+                   help="--sweep-rates: first an untimed burst of --concurrency prompts at "
+                        "once in each mode, so that no timed run pays the server's first "
+                        "large batch")
     p.add_argument("--output-png", default="bench_serve.png")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)

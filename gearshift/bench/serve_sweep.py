@@ -6,9 +6,10 @@ server's prefix cache is cleared before each (`--no-reset-prefix-cache` keeps it
 every run after the first finds its prompts cached and measures no prefill.
 
 Fairness between the modes: what a server pays once (the first batch of a new size, say)
-falls on whichever run meets it first. So the sweep starts with an untimed burst of all its
-prompts at once in each mode (`--no-sweep-warmup` skips it; its summaries are kept under
-"warmup"), and the modes take turns at going first from one rate to the next ("order").
+falls on whichever run meets it first. So the sweep starts with an untimed burst of its
+prompts at once in each mode, as many as --concurrency allows in flight (`--no-sweep-warmup`
+skips it; its summaries are kept under "warmup"), and the modes take turns at going first
+from one rate to the next ("order").
 
 Data flow: args -> bench(args at each rate[, no_speculative]) -> summaries -> JSON
 {rates, runs: {label: [summary per rate]}, order, warmup} + PNG (TTFT p50 / p99, TPOT p50, output tok/s).
@@ -48,7 +49,8 @@ def run_rate_sweep(args) -> int:
     warmup = {}
     if args.sweep_warmup:
         for label in labels:
-            warmup[label] = _run(args, label, float("inf"), reset, warmup=0)
+            warmup[label] = _run(args, label, float("inf"), reset, warmup=0,
+                                 prompts=min(args.num_prompts, args.concurrency))
             print(f"warm-up burst, {label}: TTFT p50 {warmup[label]['ttft_ms']['p50']} ms "
                   f"(untimed)")
     order = []
@@ -68,9 +70,11 @@ def run_rate_sweep(args) -> int:
     return 0 if all(r["failed"] == 0 for rs in runs.values() for r in rs) else 1
 
 
-def _run(args, label: str, rate: float, reset: list[bool], warmup: int | None = None) -> dict:
-    """One `bench serve` run at `rate` in mode `label`, after clearing the prefix cache
-    (reset[0]: still clearing; a server without the routes turns it off, with a warning)."""
+def _run(args, label: str, rate: float, reset: list[bool], warmup: int | None = None,
+         prompts: int | None = None) -> dict:
+    """One `bench serve` run at `rate` in mode `label` (`prompts` of them: all by default),
+    after clearing the prefix cache (reset[0]: still clearing; a server without the
+    routes turns it off, with a warning)."""
     from gearshift.bench.serve import auth_headers, bench
 
     if reset[0] and not reset_prefix_cache(args.base_url, auth_headers(args)):
@@ -83,6 +87,8 @@ def _run(args, label: str, rate: float, reset: list[bool], warmup: int | None = 
     run.no_speculative = label == "plain" or (label == "default" and args.no_speculative)
     if warmup is not None:
         run.warmup = warmup
+    if prompts is not None:
+        run.num_prompts = prompts
     return asyncio.run(bench(run))
 
 

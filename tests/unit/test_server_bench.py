@@ -92,8 +92,8 @@ def test_rate_sweep_writes_each_rate_with_and_without_speculation(tmp_path):
     out, png = tmp_path / "s.json", tmp_path / "s.png"
     with fake_server(step_delay=0.001) as srv:
         args = _args("--base-url", srv.base_url, "--num-prompts", "6", "--output-len", "4",
-                     "--sweep-rates", "50,inf", "--compare-speculative", "--output-json",
-                     str(out), "--output-png", str(png))
+                     "--concurrency", "4", "--sweep-rates", "50,inf", "--compare-speculative",
+                     "--output-json", str(out), "--output-png", str(png))
         assert run_serve_bench(args) == 0
         resets = srv.engine.prefix_cache_resets
         speculative = [p.speculative for p in srv.engine.params_seen.values()]
@@ -103,12 +103,13 @@ def test_rate_sweep_writes_each_rate_with_and_without_speculation(tmp_path):
     assert sweep["runs"]["plain"][0]["config"]["no_speculative"] is True
     assert png.stat().st_size > 1000
     assert resets == 6  # every run sends the same prompts: none finds the last one's cached
-    # an untimed burst in each mode, then the modes take turns at going first
-    assert [r["completed"] for r in sweep["warmup"].values()] == [6, 6]
+    # an untimed burst of --concurrency prompts in each mode, then the modes take turns at
+    # going first
+    assert [r["completed"] for r in sweep["warmup"].values()] == [4, 4]
     assert sweep["order"] == [["speculative", "plain"], ["plain", "speculative"]]
     # (speculative, requests) in the order sent: the bursts, then 6 + 1 warm-up request a
     # run, where rate inf's plain run follows rate 50's
-    assert _runs_of(speculative) == [(True, 6), (False, 6), (True, 7), (False, 14), (True, 7)]
+    assert _runs_of(speculative) == [(True, 4), (False, 4), (True, 7), (False, 14), (True, 7)]
 
 
 def _runs_of(flags: list) -> list[tuple]:
