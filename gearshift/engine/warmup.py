@@ -143,6 +143,10 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     # online observation replaces, so one pass suffices)
     schedule = [*((k, repeats + 1, True) for k in range(num_draft + tree, 0, -1)),
                 (0, repeats + 2, True), (num_draft, 1, False), (0, 1, False), (num_draft, 1, False)]
+
+    def gear(k: int) -> AlwaysPolicy:  # gear num_draft + 1: the tree
+        return AlwaysPolicy(min(k, num_draft), spec.topk if k > num_draft else 1)
+
     t0 = time.perf_counter()
     # counters, incl. the population's acceptance evidence: dummy prompts are no evidence
     saved_policy, saved_counters = sched.policy, engine.counters()
@@ -154,7 +158,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                                unit="batch size"):  # largest first: smaller graphs reuse its pool
                 ids = _admit(engine, bs, "greedy", params)
                 for k, n, timed in schedule:
-                    engine.set_policy(AlwaysPolicy(min(k, num_draft), spec.topk if k > num_draft else 1))
+                    engine.set_policy(gear(k))
                     times = []
                     for i in range(n):
                         seen = engine._num_graphs()
@@ -172,8 +176,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                     ids = _admit(engine, bs, name, SamplingParams(
                         max_tokens=generated + 1, ignore_eos=True, seed=0, **sampled))
                     for k in range(num_draft + tree, 0, -1):
-                        engine.set_policy(AlwaysPolicy(min(k, num_draft),
-                                                       spec.topk if k > num_draft else 1))
+                        engine.set_policy(gear(k))
                         engine.step()
                     _drop(engine, ids)
         finally:

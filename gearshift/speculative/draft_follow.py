@@ -141,12 +141,7 @@ class DraftFollower:
             fb, ids, feat_idx = self._padded_extend(reqs, prefix, extend, token_idx, width,
                                                     shift)
             self._resolve(fb, ids)
-            inputs = graph_inputs(fb)
-            if aux is not None:
-                inputs["feats"] = aux.index_select(0, feat_idx)
-            self.runner.shape_graphs.run(
-                ("draft_extend", fb.batch_size, width, None if aux is None else aux.shape[-1]),
-                lambda s: self.proposer.draft_extend(rebuild_batch(fb, s), s.get("feats")), inputs)
+            self._replay_extend(fb, width, aux, feat_idx)
         for req, p, n in zip(reqs, prefix, extend):
             req.draft_rows = p + n
 
@@ -155,9 +150,8 @@ class DraftFollower:
         before the host reads them (follow_up.py): a stateful draft extending on graphs,
         every request decoding (no chunk riding along) and K_max + 1 rows past every
         prefix inside the RoPE table."""
-        return (self.proposer.keeps_state and self.proposer.graph_extend
-                and self.runner.shape_graphs is not None and all(plan.decoding)
-                and max(plan.prefix_lens) + self.num_draft_tokens + 1 <= self.runner.max_positions)
+        return (self.proposer.keeps_state and all(plan.decoding)
+                and self._graph_width(plan.prefix_lens, [1]) is not None)
 
     def follow_accepted(self, plan: StepPlan, extend: list[int], store: list[int],
                         packed: torch.Tensor, staged: dict[str, torch.Tensor],
@@ -170,23 +164,32 @@ class DraftFollower:
         node_slots = staged["node_slots"].view(b, -1)
         offs = _device_index(offsets, packed)
         shift = 1 if self.proposer.shifted_inputs else 0
+        index = _device_index(extend, packed) if extend else None
+        acc = accepted(packed, index, staged["roots"], node_slots, offs, width, shift) \
+            if extend else None
         if store and aux is not None and self.proposer.needs_features:
-            acc = accepted(packed, _device_index(store, packed), staged["roots"], node_slots,
-                           offs, width, shift)
-            self.proposer.store_features(acc.slots.flatten(),
-                                         aux.index_select(0, acc.feats.flatten()))
+            kept = acc if store == extend else accepted(
+                packed, _device_index(store, packed), staged["roots"], node_slots, offs,
+                width, shift)  # usually the same rows: every request of the step
+            self.proposer.store_features(kept.slots.flatten(),
+                                         aux.index_select(0, kept.feats.flatten()))
         if not extend:
             return
-        index = _device_index(extend, packed)
-        acc = accepted(packed, index, staged["roots"], node_slots, offs, width, shift)
         fb = extend_batch(acc, staged["rows"].index_select(0, index),
                           staged["prefix"].index_select(0, index),
                           [plan.prefix_lens[i] for i in extend], self.runner.decode_pad(len(extend)))
+        # dummy rows read feature row 0
+        rows = torch.cat([acc.feats.flatten(),
+                          acc.feats.new_zeros((fb.batch_size - len(extend)) * width)])
+        self._replay_extend(fb, width, aux, rows)
+
+    def _replay_extend(self, fb: ForwardBatch, width: int, aux: torch.Tensor | None,
+                       feat_rows: torch.Tensor) -> None:
+        """A padded draft-extend batch on its graph (`width` tokens a row), fed the features
+        at aux rows `feat_rows` (EAGLE-3; none for a draft model)."""
         inputs = graph_inputs(fb)
-        if aux is not None:  # dummy rows read feature row 0
-            rows = torch.cat([acc.feats.flatten(),
-                              acc.feats.new_zeros((fb.batch_size - len(extend)) * width)])
-            inputs["feats"] = aux.index_select(0, rows)
+        if aux is not None:
+            inputs["feats"] = aux.index_select(0, feat_rows)
         self.runner.shape_graphs.run(
             ("draft_extend", fb.batch_size, width, None if aux is None else aux.shape[-1]),
             lambda s: self.proposer.draft_extend(rebuild_batch(fb, s), s.get("feats")), inputs)
