@@ -24,7 +24,7 @@ from gearshift.runner.batch import Stager, forward_batch, stage_forward
 from gearshift.runner.graphs import mixed_verify_tokens
 from gearshift.runner.model_runner import ModelRunner
 from gearshift.speculative.tree import DraftTree, ancestor_mask
-from gearshift.speculative.verify_device import greedy_packed, pad_greedy_inputs
+from gearshift.speculative.verify_device import greedy_packed, pad_flat, pad_greedy_inputs
 
 
 def chain_batch(runner: ModelRunner, reqs: list[Request], prefix: list[int], tree: DraftTree,
@@ -187,6 +187,8 @@ def greedy_verify(runner: ModelRunner, tree: DraftTree, target, flat, node_tok, 
     pb = runner.decode_pad(b)
     if pb > b:
         pad_greedy_inputs(inputs, b, pb, n, per_row, pad_tok)
+    if node_tok is not None or target.shape[0] >= pb * n:  # sink nodes read a real row
+        pad_flat(inputs, pb, n)
 
     def fn(s):
         return greedy_packed(s, pb, n, depth, req_to_token)

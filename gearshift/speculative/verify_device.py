@@ -1,8 +1,8 @@
 """Device side of a VERIFY step's result, graph-safe (no host sync): which nodes went
 through the target (`node_valid`), greedy verification as one graph body over static
-inputs (`greedy_packed`, its batch padded by `pad_greedy_inputs`), the accepted paths'
-slots written to req_to_token (`record_paths`), and the [B, 2 * D + 4] result the host
-reads in the step's one copy (`pack`).
+inputs (`greedy_packed`, its batch padded by `pad_greedy_inputs` and `pad_flat`), the
+accepted paths' slots written to req_to_token (`record_paths`), and the [B, 2 * D + 4]
+result the host reads in the step's one copy (`pack`).
 
 Data flow: SpecRunner.run -> greedy_packed / verify + pack -> .tolist() (host).
 """
@@ -46,11 +46,24 @@ def pad_greedy_inputs(s: dict[str, torch.Tensor], b: int, pb: int, n: int, per_r
         s["rows"], s["prefix"], s["slots"] = (rows_like(s[x], 0) for x in ("rows", "prefix", "slots"))
 
 
+def pad_flat(s: dict[str, torch.Tensor], b: int, n: int) -> None:
+    """Pad `flat` in place to b * n entries with the sink node b * n, which counts for
+    nothing, so that a graph's shape does not depend on how many nodes the requests' own K
+    add up to (a split-K step of chains with different K verifies only each one's nodes)."""
+    extra = b * n - s["flat"].shape[0]
+    if extra <= 0:
+        return
+    s["flat"] = torch.cat([s["flat"], s["flat"].new_full((extra,), b * n)])
+    if "node_tok" in s:
+        s["node_tok"] = torch.cat([s["node_tok"], s["node_tok"].new_zeros(extra)])
+
+
 def node_valid(flat: torch.Tensor, k: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
-    """[B, N] bool: the node went through the target and is within its request's own K."""
+    """[B, N] bool: the node went through the target and is within its request's own K
+    (`flat` may name the sink node B * N: see pad_flat)."""
     b, n = depths.shape
-    valid = torch.zeros(b * n, dtype=torch.bool, device=flat.device).index_fill_(0, flat, True)
-    return valid.view(b, n) & (depths <= k[:, None])
+    valid = torch.zeros(b * n + 1, dtype=torch.bool, device=flat.device).index_fill_(0, flat, True)
+    return valid[: b * n].view(b, n) & (depths <= k[:, None])
 
 
 def pack(res: VerifyResult) -> torch.Tensor:
@@ -76,7 +89,8 @@ def greedy_packed(s: dict[str, torch.Tensor], b: int, n: int, depth: int,
     """Graph body of greedy verification over static inputs `s` (see _verify_greedy)."""
     flat = s["flat"]
     tgt = s["target"][s["node_tok"]] if "node_tok" in s else s["target"][: flat.shape[0]]
-    target = torch.zeros(b * n, dtype=tgt.dtype, device=tgt.device).index_copy_(0, flat, tgt)
+    target = torch.zeros(b * n + 1, dtype=tgt.dtype, device=tgt.device).index_copy_(0, flat, tgt)
+    target = target[: b * n]  # without the sink
     tree = DraftTree(s["tokens"], s["parents"], s["depths"])
     res = verify_greedy_ids(tree, node_valid(flat, s["k"], s["depths"]), target.view(b, n), depth)
     if req_to_token is not None:
