@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from gearshift.runner import sampler
 from gearshift.runner.sampler import (
     U_MAX,
     SamplingBatch,
@@ -154,3 +155,31 @@ def test_top_p_one_rows_never_depend_on_the_rest_of_the_batch():
     probs = probs.expand(2, -1)
     drop = top_k_top_p_drop(probs, torch.tensor([-1, -1]), torch.tensor([1.0, 0.5]), False, True)
     assert not drop[0].any() and drop[1, 1:].all()
+
+
+def test_the_filter_sorts_a_block_of_rows_at_a_time(monkeypatch):
+    """A large batch is filtered in blocks of rows (bounded scratch: a sort of every row of
+    a 256-request VERIFY step at once ran a GPU out of memory), with the same result."""
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(10, 64, generator=g) * 3
+    sb = batch(10, top_k=5)
+    sb.top_p = torch.rand(10, generator=g) * 0.5 + 0.3
+    sb.need_top_p = True
+    sb.temperatures[3] = 0.0
+    sb.any_greedy = True
+    whole = top_k_top_p_filter(logits, sb)
+    probs = torch.softmax(logits, -1)
+    whole_drop = top_k_top_p_drop(probs, sb.top_k, sb.top_p, True, True)
+    sizes = []
+    real_block = sampler._drop_block
+
+    def spy(p, *args):
+        sizes.append(p.shape[0])
+        return real_block(p, *args)
+
+    monkeypatch.setattr(sampler, "_drop_block", spy)
+    monkeypatch.setattr(sampler, "FILTER_BLOCK_TOKENS", 3 * 64)
+    assert torch.equal(top_k_top_p_filter(logits, sb), whole)
+    assert torch.equal(top_k_top_p_drop(probs, sb.top_k, sb.top_p, True, True), whole_drop)
+    assert sizes == [3, 3, 3, 1] * 2
+    assert torch.isinf(whole).any() and torch.equal(whole[3], logits[3])
