@@ -14,8 +14,11 @@ class EagerGraphs:
     def __init__(self) -> None:
         self.keys: set = set()
         self.entries: dict = {}  # like ShapeGraphs: one entry per captured shape
+        self.watch = None  # like ShapeGraphs: told of each new shape (serving_watch.py)
 
     def run(self, key, fn, inputs):
+        if key not in self.keys and self.watch is not None:
+            self.watch.captured(key, 0.0)
         self.keys.add(key)
         self.entries.setdefault(key, None)
         static = {k: v.clone() for k, v in inputs.items()}

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from contextlib import nullcontext
 
 from gearshift.engine.gc_control import gc_paused
 from gearshift.policy.base import Policy, PolicyView
@@ -152,7 +153,9 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     saved_policy, saved_counters = sched.policy, engine.counters()
     measured: dict[int, list[list[float]]] = {k: [] for k in range(num_draft + 1 + tree)}
     params = SamplingParams(max_tokens=generated + 1, temperature=0.0, ignore_eos=True)
-    with gc_paused():  # a collection inside a timed step is not that gear's cost
+    watch = getattr(engine, "watch", None)  # set: a warm-up after the engine's own (a bench's)
+    # a collection inside a timed step is not that gear's cost, nor its captures late ones
+    with gc_paused(), watch.paused() if watch is not None else nullcontext():
         try:
             for bs in progress(sorted(sizes, reverse=True), desc="speculation warm-up",
                                unit="batch size"):  # largest first: smaller graphs reuse its pool

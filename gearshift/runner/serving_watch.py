@@ -20,6 +20,7 @@ SkinnyChooser.choose -> chose(key, ms).
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
 log = logging.getLogger("gearshift.runner")
 
@@ -55,6 +56,18 @@ class ServingWatch:
         _ACTIVE = self
         _hook_triton()
         return self
+
+    @contextmanager
+    def paused(self):
+        """Count nothing inside (a warm-up run after start(), as a bench's sweep runs one);
+        the allocator's counts start again from its end."""
+        was, self.watching = self.watching, False
+        try:
+            yield self
+        finally:
+            self.watching = was
+            if self._device is not None:
+                self._allocator = allocator_counts(self._device)
 
     def captured(self, key: tuple, ms: float) -> None:
         if self.watching:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 from checkpoints import random_prompts
 from eager_graphs import install
 from eagle3_checkpoints import make_eagle3_checkpoint
@@ -220,3 +221,17 @@ def test_sampled_requests_replay_what_the_warm_up_captured(make_llm, tiny_llama_
     assert llm.spec_stats()["proposed"] > 0
     assert sorted(map(str, set(graphs.keys) - captured)) == []
 
+
+def test_a_warm_up_after_start_up_is_not_counted_as_serving(make_llm, tiny_llama_dir, tmp_path):
+    """`bench sweep` warms speculation up on an engine already started (and watching): what
+    that warm-up captures is not a late capture, and the watch counts again after it."""
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=2)
+    graphs = install(llm)
+    eng = llm.engine
+    eng.watch.start(eng.runner)  # as Engine.__init__ does, now that the stand-in has graphs
+    warm_up_speculation(eng, sizes=[1, 2])
+    assert graphs.keys and eng.stats()["late"]["graph_captures"] == 0
+    eng.runner.shape_graphs.run(("new",), lambda s: s["x"] + 1, {"x": torch.zeros(2)})
+    assert eng.stats()["late"]["graph_captures"] == 1
