@@ -28,7 +28,13 @@ from __future__ import annotations
 
 import torch
 
-from gearshift.runner.sampler import SamplingBatch, race_scores, sample, top_k_top_p_filter
+from gearshift.runner.sampler import (
+    SamplingBatch,
+    filter_blocks,
+    race_scores,
+    sample,
+    top_k_top_p_filter,
+)
 from gearshift.speculative.tree import DraftTree
 
 
@@ -55,7 +61,10 @@ def row_targets(logits_t: torch.Tensor, rows_t: torch.Tensor, flat: torch.Tensor
     plain decoding would; other rows (a rider's chunk, graph padding) 0."""
     n = tree.num_nodes
     req, node = flat // n, flat % n
-    tok = node_tokens(logits_t[rows_t], req, tree.depths[req, node], sb)
+    depth = tree.depths[req, node]
+    # a block of rows at a time: a large tree step has thousands of [V] rows to sample
+    tok = torch.cat([node_tokens(logits_t[rows_t[r]], req[r], depth[r], sb)
+                     for r in filter_blocks(rows_t.shape[0], logits_t.shape[-1])])
     return torch.zeros(logits_t.shape[0], dtype=torch.long,
                        device=logits_t.device).index_copy_(0, rows_t, tok)
 

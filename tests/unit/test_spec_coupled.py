@@ -29,7 +29,9 @@ from test_spec_verify import (
 
 from gearshift.config import ConfigError, EngineConfig
 from gearshift.request import SamplingParams, SamplingParamsError
+from gearshift.runner import sampler
 from gearshift.runner.sampler import race_scores, sample_ref
+from gearshift.speculative import coupled
 from gearshift.speculative.coupled import draft_scores, node_batch
 from gearshift.speculative.tree import DraftTree, chain_tree
 from gearshift.speculative.verify import verify, verify_greedy_ids
@@ -163,3 +165,24 @@ def test_spec_sampling_is_validated():
         SamplingParams(spec_sampling="exact")
     with pytest.raises(ConfigError, match="spec_sampling"):
         EngineConfig(model="m", spec_sampling="exact")
+
+
+def test_row_targets_sample_a_block_of_rows_at_a_time(monkeypatch):
+    """A large step's verified rows are sampled in blocks (bounded [rows, V] scratch), each
+    row still plain decoding's token at its node's output index; other rows 0."""
+    g = torch.Generator().manual_seed(3)
+    b, v = 8, 50
+    tree = random_tree(b, v, g)
+    flat = torch.arange(b * 9)[torch.rand(b * 9, generator=g) > 0.2]
+    rows_t = torch.arange(flat.shape[0]) + 2  # two rider rows first
+    logits_t = torch.randn(flat.shape[0] + 5, v, generator=g)
+    sb = coupled_batch(b, temps=torch.tensor([0.0, 0.7, 1.0, 1.5]).repeat(b // 4))
+    req, node = flat // 9, flat % 9
+    want = plain_token(logits_t[rows_t], sb, req, tree.depths[req, node])
+    sizes = []
+    real = coupled.node_tokens
+    monkeypatch.setattr(coupled, "node_tokens", lambda x, *a: sizes.append(len(x)) or real(x, *a))
+    monkeypatch.setattr(sampler, "FILTER_BLOCK_TOKENS", 16 * v)
+    got = coupled.row_targets(logits_t, rows_t, flat, tree, sb)
+    assert torch.equal(got[rows_t], want) and not got[:2].any() and not got[-3:].any()
+    assert max(sizes) == 16 and sum(sizes) == flat.shape[0] and len(sizes) > 2
