@@ -66,7 +66,9 @@ else
   MT=(--shared-prefix-len 1024 --input-len 128 --output-len 128 --turns 4 --num-prompts 32
       --concurrency 32)
   LEN=(--input-len 128 --output-len 128)
-  POINTS="1:16 4:16 32:64"  # concurrency:prompts; at c = 1, eight read the gain unsteadily
+  # concurrency:prompts; at c = 1, eight read the gain unsteadily; from c = 4, 8 a slot (the
+  # closed loop's 8 requests a pass): with 2, the window at c = 32 is mostly ramp and tail
+  POINTS="1:16 4:32 32:256"
   TRACE_POINTS="$POINTS 64:64"  # and the rate sweep's all-at-once burst
   WARMUP=2
   # 64 a rate: with 32 the p99 is the slowest request alone
