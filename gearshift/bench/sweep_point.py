@@ -97,11 +97,20 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     slowest: list[list] = []  # [ms, mode, batch size, tokens] of the longest steps
     most_running = 0
     prev = 0.0
+    # steps that ran with all c requests in flight: output tokens, seconds. A finite loop
+    # ends below c (no prompt left to admit); requests finishing at different speeds (mixed
+    # acceptance, K per request) make that tail longer than a lockstep policy's
+    at_c = [0, 0.0]
+    full = len(prompts) >= concurrency
 
     def on_step(outs) -> None:
-        nonlocal prev, slowest, most_running
+        nonlocal prev, slowest, most_running, full
         now = time.perf_counter()
         step, ms = engine.last_step, (now - prev) * 1e3
+        if full:
+            at_c[0] += sum(len(o.new_token_ids) for o in outs)
+            at_c[1] += ms / 1e3
+        full = engine.num_running() + engine.num_waiting() == concurrency  # the next step's
         most_running = max(most_running, step.get("batch_size") or 0)
         periods.setdefault(step.get("mode", "none"), []).append(ms)
         if step.get("mode") == "verify":  # where VERIFY time goes, by gear (K, tree)
@@ -140,6 +149,9 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             "acceptance_rate": accepted / proposed if proposed else None,
             "proposed": proposed, "accepted": accepted, "elapsed_s": elapsed,
             "window": [round(started, 4), round(started + elapsed, 4)],
+            # the loop at concurrency c (its tail apart): tokens and seconds of those steps
+            "at_c_tokens": at_c[0], "at_c_s": at_c[1],
+            "at_c_tok_per_s": at_c[0] / at_c[1] if at_c[1] else None,
             "max_running": most_running,  # the largest step: c once the loop filled up
             "request_steps_by_k": dict(sorted(steps_by_k.items())),
             "request_steps_tree": gained("tree_steps"),  # of which verified trees
@@ -200,6 +212,9 @@ def merge_passes(parts: list[dict]) -> dict:
                 "unscored_plans", "catch_up_rows", "catch_up_ms", "verify_eager_passes"):
         out[key] = sum(p[key] for p in parts)
     out["output_tok_per_s"] = out["output_tokens"] / out["elapsed_s"]
+    if all("at_c_s" in p for p in parts):
+        out["at_c_tokens"], out["at_c_s"] = (sum(p[k] for p in parts) for k in ("at_c_tokens", "at_c_s"))
+        out["at_c_tok_per_s"] = out["at_c_tokens"] / out["at_c_s"] if out["at_c_s"] else None
     out["pass_tok_per_s"] = [round(p["output_tok_per_s"], 1) for p in parts]
     out["windows"] = [p["window"] for p in parts if "window" in p]  # Unix time, per pass
     out["max_running"] = max(p.get("max_running", 0) for p in parts)

@@ -2,7 +2,9 @@
 policy and concurrency, goodput / the best other policy, paired per pass, goodput's K mix,
 geometric means), the criteria verdicts, a rich table and the PNG plot. Read by
 `bench sweep` itself and by benchmarks/report.py (a partial sweep, cut by a time limit,
-shows "-" where a policy has no point).
+shows "-" where a policy has no point). Beside the criteria, goodput / best on the steps
+run with all c requests in flight: a finite loop's tail runs below c, longer for policies
+whose requests finish at different speeds.
 
 Criteria: at every concurrency goodput >= 0.97 x the best other policy; at c = 1 goodput
 >= 1.8 x `off` (speculation pays when the GPU is idle).
@@ -42,7 +44,7 @@ def verdicts(results: dict, ref: str = "goodput") -> dict:
         points.append({"concurrency": c, "best_other": best,
                        "goodput_over_best": g["output_tok_per_s"] / row[best]["output_tok_per_s"],
                        "paired_median": statistics.median(paired) if paired else None,
-                       "paired_min": min(paired) if paired else None})
+                       "paired_min": min(paired) if paired else None, **_at_c(row, ref)})
     ratios = [p["goodput_over_best"] for p in points]
     c1 = at.get(ref, {}).get(1), at.get("off", {}).get(1)
     off_ratio = c1[0]["output_tok_per_s"] / c1[1]["output_tok_per_s"] if None not in c1 else None
@@ -53,6 +55,18 @@ def verdicts(results: dict, ref: str = "goodput") -> dict:
             "goodput_over_off_c1": off_ratio,
             "goodput_beats_off_c1": None if off_ratio is None else off_ratio >= OFF_RATIO_C1,
             "geomean": geo}
+
+
+def _at_c(row: dict, ref: str) -> dict:
+    """`ref`'s tok/s over the best other's on the steps run with all c requests in flight
+    (the loop's tail apart: sweep_point.py), and the share of `ref`'s time they took;
+    None where a point lacks them."""
+    tps = {q: pt.get("at_c_tok_per_s") for q, pt in row.items()}
+    g = row[ref]
+    ratio = tps[ref] / max(v for q, v in tps.items() if q != ref) if all(tps.values()) else None
+    share = g["at_c_s"] / g["elapsed_s"] if g.get("at_c_s") is not None and g.get("elapsed_s") \
+        else None
+    return {"at_c_over_best": ratio, "at_c_share": share}
 
 
 def _paired(row: dict, ref: str = "goodput") -> list[float]:
@@ -84,8 +98,8 @@ def markdown_table(results: dict, ref: str = "goodput") -> str:
     v = verdicts(results, ref)
     per_c = {p["concurrency"]: p for p in v["points"]}
     lines = ["| c | " + " | ".join(pols) + f" | best other | {ref} / best "
-             f"| per pass: median, min | {ref} K mix |",
-             "|---:|" + "---:|" * len(pols) + "---|---:|---|---|"]
+             f"| per pass: median, min | {ref} K mix | at c: {ref} / best (its time at c) |",
+             "|---:|" + "---:|" * len(pols) + "---|---:|---|---|---|"]
     for c in concs:
         cells = []
         for q in pols:
@@ -99,11 +113,19 @@ def markdown_table(results: dict, ref: str = "goodput") -> str:
                   if p and p["paired_median"] is not None else "-")
         lines.append(f"| {c} | " + " | ".join(cells) + " | "
                      + (f"{p['best_other']} | **{p['goodput_over_best']:.3f}**" if p else "- | -")
-                     + f" | {paired} | " + (_mix_text(k_mix(g)) if g else "-") + " |")
+                     + f" | {paired} | " + (_mix_text(k_mix(g)) if g else "-")
+                     + f" | {_at_c_text(p)} |")
     geo = v["geomean"]
     lines.append("| geomean | " + " | ".join(f"{geo[q]:,.0f}" if q in geo else "-" for q in pols)
-                 + " | | | | |")
+                 + " | | | | | |")
     return "\n".join(lines)
+
+
+def _at_c_text(p: dict | None) -> str:
+    if not p or p.get("at_c_over_best") is None:
+        return "-"
+    share = p.get("at_c_share")
+    return f"{p['at_c_over_best']:.3f}" + (f" ({share:.0%})" if share is not None else "")
 
 
 def _mix_text(mix: dict) -> str:

@@ -290,3 +290,39 @@ def test_sweep_report_table_and_verdicts():
         "goodput >= 1.8 x off at c = 1: FAIL (1.50)"]
     no_c1 = verdicts({q: pts[1:] for q, pts in results.items()})
     assert no_c1["goodput_over_off_c1"] is None and no_c1["goodput_beats_off_c1"] is None
+
+
+def test_a_point_counts_the_steps_run_with_c_requests_in_flight(make_llm, tiny_llama_dir):
+    """The loop's tail (no prompt left to admit, fewer than c running) is measured apart:
+    3 slots, 4 prompts of 6 tokens: the fourth runs alone after the first three."""
+    from gearshift.bench.sweep_point import merge_passes, run_point
+
+    engine = make_llm(tiny_llama_dir).engine
+    prompts = [[5 + i, 6, 7, 8] for i in range(4)]
+    tail = run_point(engine, prompts, 3, 6)
+    assert tail["output_tokens"] == 24 and tail["at_c_tokens"] == 18
+    assert 0 < tail["at_c_s"] < tail["elapsed_s"]
+    lockstep = run_point(engine, prompts[:3], 3, 6)
+    assert lockstep["at_c_tokens"] == lockstep["output_tokens"] == 18
+    merged = merge_passes([tail, lockstep])
+    assert merged["at_c_tokens"] == 36
+    assert merged["at_c_tok_per_s"] == 36 / (tail["at_c_s"] + lockstep["at_c_s"])
+
+
+def test_the_report_sets_goodput_against_the_best_at_c():
+    """Beside the criteria: goodput / the best other policy on the steps at concurrency c,
+    and the share of goodput's time they took ("-" for points without them)."""
+    from gearshift.bench.sweep_report import markdown_table, verdicts
+
+    results = {"goodput": [_point(32, 900.0, at_c_tok_per_s=1_100.0, at_c_s=0.75,
+                                  elapsed_s=1.0)],
+               "off": [_point(32, 1_000.0, None, at_c_tok_per_s=1_000.0, at_c_s=1.0,
+                              elapsed_s=1.0)]}
+    p = verdicts(results)["points"][0]
+    assert p["goodput_over_best"] == 0.9 and p["at_c_over_best"] == 1.1
+    assert p["at_c_share"] == 0.75
+    assert "| at c: goodput / best (its time at c) |" in markdown_table(results)
+    assert "| 1.100 (75%) |" in markdown_table(results)
+    old = {q: [_point(32, pts[0]["output_tok_per_s"])] for q, pts in results.items()}
+    assert verdicts(old)["points"][0]["at_c_over_best"] is None
+    assert markdown_table(old).splitlines()[2].endswith("| - |")
