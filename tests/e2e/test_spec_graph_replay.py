@@ -132,7 +132,7 @@ def test_sampled_chains_keep_their_drafts_past_the_target_graph(make_llm, chain_
     at c=64 on an H200); ShapeGraphs keeps every graph's outputs out of the pool. Over an
     emulation of the shared pool, rejection-sampled chains of the shipped pair (a draft
     vocabulary smaller than the target's, real acceptance) give the text they give when
-    no graph touches another's memory."""
+    no graph touches another's memory; their q distributions share one persistent buffer."""
     from gearshift.bench.sweep import make_prompts
     from gearshift.models.default import default_target_dir
 
@@ -153,5 +153,8 @@ def test_sampled_chains_keep_their_drafts_past_the_target_graph(make_llm, chain_
         expand = [k for k in graphs.entries if k[:2] == ("eagle3", "expand")]
         assert expand and max(graphs.replays[k] for k in expand) > 1
         assert any(k[0] == "target" for k in graphs.replays)  # between drafting and verifying
+        # every shape's q is a view of one buffer, not [B, K + 1, V] floats a graph
+        qs = [graphs.entries[k][2].draft_probs for k in expand]
+        assert len(qs) > 1 and len({q.untyped_storage().data_ptr() for q in qs}) == 1
     assert texts[1] == texts[0]
     assert stats[1]["accepted"] == stats[0]["accepted"] > 0

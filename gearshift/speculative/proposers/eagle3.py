@@ -49,6 +49,18 @@ class Eagle3Proposer(Proposer):
         # fc(target features) of tokens the draft has not caught up on, by KV slot
         self.features = torch.zeros(target_kv.k.shape[1], cfg.hidden_size, dtype=dtype, device=dev)
         self.to_target = torch.arange(cfg.draft_vocab_size, device=dev) + self.head.d2t  # [Vd]
+        self._q_shape = (max_rows, config.num_draft_tokens + 1)  # rows, nodes at least
+        self._q: torch.Tensor | None = None  # q_rows's buffer, made at first use
+
+    def q_rows(self, rows: int, nodes: int) -> torch.Tensor:
+        """[rows, nodes, V] of one persistent buffer: where every expansion graph of
+        rejection-sampled chains writes their draft distributions (read by the same step's
+        verification), instead of each graph keeping [B, K + 1, V] floats of its own."""
+        q = self._q
+        if q is None or q.shape[0] < rows or q.shape[1] < nodes:
+            q = self._q = torch.empty(max(rows, self._q_shape[0]), max(nodes, self._q_shape[1]),
+                                      self.target_vocab, device=self.features.device)
+        return q[:rows, :nodes]
 
     def scratch_slots(self, k: int, topk: int) -> int:
         return (k - 1) * topk
@@ -89,7 +101,7 @@ class Eagle3Proposer(Proposer):
                          -1, ctx.max_depth, ctx.topk, ctx.num_nodes, max(ctx.prefix_lens_cpu),
                          self.max_positions - 1, ctx.counts)
         tree = graphed_expand(graphs, "eagle3", x, self._first, self._forward_step, sb,
-                              self.to_target, self.target_vocab)
+                              self.to_target, self.target_vocab, self.q_rows)
         if pad:
             tree = DraftTree(*(None if t is None else t[:b] for t in (
                 tree.tokens, tree.parents, tree.depths, tree.draft_probs, tree.ancestors)))

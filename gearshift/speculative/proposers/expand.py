@@ -59,6 +59,8 @@ class ExpandInputs:
     max_prefix_len: int  # host max of prefix_lens
     max_position: int = 1 << 30  # rows deeper than their request's K are junk: clamp to RoPE
     counts: TokenCounts | None = None  # the penalties' token counts (sb.penalties.use_counts)
+    # [B, K + 1, V] to write sampled chains' q into (a persistent buffer: graphed_expand)
+    q_out: torch.Tensor | None = None
 
 
 def process_probs(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
@@ -200,7 +202,14 @@ def _select(x: ExpandInputs, cand_tok, cand_score, cand_parent, qs, to_t, target
     for _ in range(x.depth):  # depth = 1 + depth(parent); nodes are topologically ordered
         depth = torch.where(full_parent >= 0, depth.gather(1, full_parent.clamp_min(0)) + 1, 0)
     probs = None
-    if qs:  # chains only: q over the target vocabulary, row per node
+    if qs and x.q_out is not None:  # chains only: q over the target vocabulary, row per node
+        probs = x.q_out.zero_()
+        q = torch.stack(qs, dim=1)  # [B, K, Vd]
+        if to_target is not None:
+            probs[:, 1:].index_add_(2, to_target, q)
+        else:
+            probs[:, 1:].copy_(q)
+    elif qs:
         q = torch.stack(qs, dim=1)  # [B, K, Vd]
         if to_target is not None:
             q = torch.zeros(b, q.shape[1], target_vocab, device=q.device).index_add_(
@@ -251,13 +260,16 @@ SAMPLING_FIELDS = ("temperatures", "top_p", "top_k", "seeds", "steps")
 
 
 def graphed_expand(graphs, name: str, x: ExpandInputs, first, step: StepFn, sb: SamplingBatch,
-                   to_target: torch.Tensor | None, target_vocab: int) -> DraftTree:
+                   to_target: torch.Tensor | None, target_vocab: int,
+                   q_rows=None) -> DraftTree:
     """`expand` as ONE graph per shape (rows, K, topk, nodes, sampling flags): the draft's
     depth-1 logits (`first(roots-side inputs) -> (logits, hidden)`), every draft step, the
     selection and the tree's ancestor mask. Without `graphs`: the same, eagerly.
     `first(s)` reads the static inputs `s` ("rows" etc.); `step` is an un-graphed step.
     The host max prefix length is a shape constant of the graph (the graph-safe tree
-    attention never reads it; the torch reference that does runs eagerly)."""
+    attention never reads it; the torch reference that does runs eagerly).
+    `q_rows(rows, nodes)`: a view of the persistent buffer rejection-sampled chains write
+    their q into when graphed (one graph's own copy per shape would not fit at 256 rows)."""
 
     # static inputs: what the expansion reads (sampled chains and coupled requests read
     # the sampling fields)
@@ -283,6 +295,8 @@ def graphed_expand(graphs, name: str, x: ExpandInputs, first, step: StepFn, sb: 
               **({"base": base} if base is not None else {}), **{f: getattr(sb, f) for f in fields}}
     if graphs is None or sb.penalties is not None or sb.grammar is not None:  # eager
         return fn(inputs)
+    if q_rows is not None and x.topk == 1 and not sb.all_greedy and not sb.all_coupled:
+        x = replace(x, q_out=q_rows(x.roots.shape[0], x.depth + 1))
     # the body reads these host flags (any_greedy it does not: greedy rows are masked)
     key = (name, "expand", x.roots.shape[0], x.depth, x.topk, x.num_nodes, x.scratch.shape[1],
            x.base_scratch.shape[1], couples, sb.all_coupled, sb.all_greedy, filters)
