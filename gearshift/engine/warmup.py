@@ -35,6 +35,9 @@ import statistics
 import time
 from contextlib import nullcontext
 
+import torch
+
+from gearshift.config import ConfigError
 from gearshift.engine.gc_control import gc_paused
 from gearshift.policy.base import Policy, PolicyView
 from gearshift.policy.static import AlwaysPolicy
@@ -182,6 +185,11 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                         engine.set_policy(gear(k))
                         engine.step()
                     _drop(engine, ids)
+        except torch.OutOfMemoryError as e:  # a start-up error the user can act on
+            raise ConfigError(
+                f"the GPU ran out of memory in the speculation warm-up at {bs} requests a "
+                "step; pass a smaller --max-num-seqs, --gpu-memory-utilization (the KV "
+                "cache's share of free memory) or --kv-cache-tokens") from e
         finally:
             engine.set_policy(saved_policy)
             engine.reset_prefix_cache()  # its dummy prompts are nobody's prefix

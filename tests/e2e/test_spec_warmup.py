@@ -235,3 +235,35 @@ def test_a_warm_up_after_start_up_is_not_counted_as_serving(make_llm, tiny_llama
     assert graphs.keys and eng.stats()["late"]["graph_captures"] == 0
     eng.runner.shape_graphs.run(("new",), lambda s: s["x"] + 1, {"x": torch.zeros(2)})
     assert eng.stats()["late"]["graph_captures"] == 1
+
+
+def test_running_out_of_gpu_memory_in_the_warm_up_is_a_clear_error(make_llm, tiny_llama_dir,
+                                                                   tmp_path, monkeypatch):
+    """A GPU too small for max_num_seqs shows in the warm-up's largest steps: the start-up
+    fails with what to change (a ConfigError: the CLI's message and exit code 2), not an
+    allocator traceback."""
+    from gearshift.config import ConfigError
+
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=2)
+    install(llm)
+    eng = llm.engine
+    step, calls = eng.step, []
+
+    def short_of_memory():
+        calls.append(1)
+        if len(calls) == 5:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 5.69 GiB")
+        return step()
+
+    monkeypatch.setattr(eng, "step", short_of_memory)
+    with pytest.raises(ConfigError, match="out of memory in the speculation warm-up at 4 "
+                                          "requests.*--max-num-seqs") as e:
+        warm_up_speculation(eng, sizes=[1, 2, 4])
+    assert isinstance(e.value.__cause__, torch.OutOfMemoryError)
+    monkeypatch.undo()  # the real step again: drain what the failed warm-up left running
+    for req in [*eng.scheduler.running, *eng.scheduler.waiting]:
+        eng.abort_request(req.request_id)
+    while eng.has_unfinished_requests():
+        eng.step()
