@@ -13,7 +13,8 @@
 #   step        what                                                                  cap
 #   pair        the 8B-shaped bench pair, as h200.sh (skipped when $PAIR holds it)     80 s
 #   engine      bench sweep, goodput vs off at c = 1, 4, 32, 128 in / 128 out, chains    160 s
-#               as the server runs them: the closed-loop reference for its gain
+#               as the server runs them, 8 requests a slot a pass: the closed-loop
+#               reference for the server's gain
 #   sampling    bench sweep of goodput at temperature 0.7 and 1.0, c = 1, 8, 64, with    150 s
 #               each spec_sampling (coupled, rejection; chains): what coupling costs     each
 #   prefix_off  serve without the prefix cache (start-up: ~40 s of graphs and       150 s up,
@@ -61,13 +62,14 @@ print(s.getsockname()[1])")}
 else
   PORT=${PORT:-8011}
   SERVER=(--max-num-seqs 64 --port "$PORT")
-  ENGINE=(--concurrency 1,4,32 --policies goodput,off --rounds 2 --passes 2 --min-requests 8
+  # 8 rounds: each pass gives a slot as many requests as the served points do from c = 4
+  ENGINE=(--concurrency 1,4,32 --policies goodput,off --rounds 8 --passes 2 --min-requests 8
           --input-len 128 --output-len 128)
   MT=(--shared-prefix-len 1024 --input-len 128 --output-len 128 --turns 4 --num-prompts 32
       --concurrency 32)
   LEN=(--input-len 128 --output-len 128)
-  # concurrency:prompts; at c = 1, eight read the gain unsteadily; from c = 4, 8 a slot (the
-  # closed loop's 8 requests a pass): with 2, the window at c = 32 is mostly ramp and tail
+  # concurrency:prompts; at c = 1, eight read the gain unsteadily; from c = 4, 8 a slot, as
+  # the engine step's passes: with 2, the window at c = 32 is mostly ramp and tail
   POINTS="1:16 4:32 32:256"
   TRACE_POINTS="$POINTS 64:64"  # and the rate sweep's all-at-once burst
   WARMUP=2
