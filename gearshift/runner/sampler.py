@@ -72,8 +72,8 @@ class SamplingBatch:
 
 
 # tokens per block of rows the top-k / top-p filter sorts at once: its scratch (the sort's
-# keys, int64 order and buffers, cumulative sums: ~40 bytes a token) stays bounded at any
-# batch; all of a 256-request K = 4 VERIFY step's rows at once took 6 GiB at 128k vocabulary
+# keys, int64 order and buffers, cumulative sums: tens of bytes a token) stays bounded at
+# any batch, where every row of a large VERIFY step at once would not fit beside the KV cache
 FILTER_BLOCK_TOKENS = 1 << 24
 
 

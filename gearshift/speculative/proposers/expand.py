@@ -269,7 +269,7 @@ def graphed_expand(graphs, name: str, x: ExpandInputs, first, step: StepFn, sb: 
     The host max prefix length is a shape constant of the graph (the graph-safe tree
     attention never reads it; the torch reference that does runs eagerly).
     `q_rows(rows, nodes)`: a view of the persistent buffer rejection-sampled chains write
-    their q into when graphed (one graph's own copy per shape would not fit at 256 rows)."""
+    their q into when graphed (one copy per captured shape grows with every batch size)."""
 
     # static inputs: what the expansion reads (sampled chains and coupled requests read
     # the sampling fields)
