@@ -9,14 +9,15 @@ those windows: one run out of a server's long trace, or a sweep point's passes (
 `windows` in the sweep JSON).
 
 Per trace, a markdown column: output tok/s over the traced span, the share of that span
-in host gaps between steps (the caller's work), steps and median / p90 wall ms per mode,
-median device ms, on CUDA a VERIFY step's draft device time, device span and the wall
-time outside that span (host work not hidden), VERIFY steps' K mix (request-steps by K;
-trees apart), the steps that carried a prefill chunk: how many, and how many of those
-speculated, how long new requests waited for their first chunk (from arrival at the
-engine: behind the step in flight, or queued), what arrivals cost the decoders
-(`arrivals`), and the graphs captured, Triton kernels compiled and few-row GEMM shapes
-timed after the warm-up (one-off stalls: runner/serving_watch.py).
+in host gaps between steps (the caller's work), how many requests a step ran with (mean
+weighted by wall time, and max: the ramp and tail of a run read below c), steps and
+median / p90 wall ms per mode, median device ms, on CUDA a VERIFY step's draft device
+time, device span and the wall time outside that span (host work not hidden), VERIFY
+steps' K mix (request-steps by K; trees apart), the steps that carried a prefill chunk:
+how many, and how many of those speculated, how long new requests waited for their first
+chunk (from arrival at the engine: behind the step in flight, or queued), what arrivals
+cost the decoders (`arrivals`), and the graphs captured, Triton kernels compiled and
+few-row GEMM shapes timed after the warm-up (one-off stalls: runner/serving_watch.py).
 
 Data flow: JSONL lines (gearshift/engine/step_trace.py) -> summarize() -> table().
 """
@@ -63,9 +64,14 @@ def summarize(steps: list[dict]) -> dict:
         return {"steps": 0}
     span = (steps[-1]["t_ms"] + steps[-1]["ms"] - steps[0]["t_ms"]) / 1e3
     gaps = sum(s["gap_ms"] for s in steps[1:]) / 1e3
+    wall = sum(s["ms"] for s in steps)
     out = {"steps": len(steps), "span_s": span,
            "tok_per_s": sum(s["generated"] for s in steps) / span if span > 0 else None,
-           "gap_share": gaps / span if span > 0 else None, "modes": {}}
+           "gap_share": gaps / span if span > 0 else None, "modes": {},
+           # requests in a step, weighted by its wall time: how full the batch ran (a run's
+           # ramp and tail, or arrivals late to refill, read below its concurrency)
+           "batch_mean": sum(s["batch"] * s["ms"] for s in steps) / wall if wall > 0 else None,
+           "batch_max": max(s["batch"] for s in steps)}
     for mode in sorted({s["mode"] for s in steps}):
         own = [s for s in steps if s["mode"] == mode]
         dev = [s["device_ms"] for s in own if s.get("device_ms")]
@@ -128,7 +134,9 @@ def table(names: list[str], sums: list[dict]) -> str:
     rows = [("steps", [str(s["steps"]) for s in sums]),
             ("span (s)", [_f(s.get("span_s")) for s in sums]),
             ("output tok/s", [_f(s.get("tok_per_s"), "{:,.0f}") for s in sums]),
-            ("host gaps / span", [_f(s.get("gap_share"), "{:.1%}") for s in sums])]
+            ("host gaps / span", [_f(s.get("gap_share"), "{:.1%}") for s in sums]),
+            ("requests in a step, mean by wall time / max",
+             [f"{_f(s.get('batch_mean'), '{:.1f}')} / {s.get('batch_max', '-')}" for s in sums])]
     for mode in sorted({m for s in sums for m in s.get("modes", {})}):
         ms = [s.get("modes", {}).get(mode) for s in sums]
         rows += [(f"{mode}: steps", [_f(m and m["steps"], "{}") for m in ms]),

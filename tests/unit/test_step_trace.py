@@ -167,3 +167,18 @@ def test_new_requests_waits_for_their_first_chunk(make_llm, tiny_llama_dir, tmp_
                           str(tmp_path / "t.jsonl")], capture_output=True, text=True, timeout=60)
     row = next(line for line in run.stdout.splitlines() if "wait for their first chunk" in line)
     assert row.endswith("(4) |")
+
+
+def test_trace_report_weighs_the_batch_by_wall_time():
+    """How full the batch ran: requests a step weighted by its wall time (a long full step
+    counts more than a short tail step), and the largest."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from trace_report import summarize, table
+
+    steps = [{"t_ms": 0, "mode": "verify", "ms": 30.0, "gap_ms": 0.0, "batch": 32,
+              "generated": 64},
+             {"t_ms": 30, "mode": "verify", "ms": 10.0, "gap_ms": 0.0, "batch": 8,
+              "generated": 16}]
+    got = summarize(steps)
+    assert got["batch_mean"] == pytest.approx((32 * 30 + 8 * 10) / 40) and got["batch_max"] == 32
+    assert "| requests in a step, mean by wall time / max | 26.0 / 32 |" in table(["t"], [got])
