@@ -202,19 +202,14 @@ def _select(x: ExpandInputs, cand_tok, cand_score, cand_parent, qs, to_t, target
     for _ in range(x.depth):  # depth = 1 + depth(parent); nodes are topologically ordered
         depth = torch.where(full_parent >= 0, depth.gather(1, full_parent.clamp_min(0)) + 1, 0)
     probs = None
-    if qs and x.q_out is not None:  # chains only: q over the target vocabulary, row per node
-        probs = x.q_out.zero_()
+    if qs:  # chains only: q over the target vocabulary, row per node (the root's zero)
         q = torch.stack(qs, dim=1)  # [B, K, Vd]
+        vocab = target_vocab if to_target is not None else q.shape[-1]
+        probs = x.q_out.zero_() if x.q_out is not None else q.new_zeros(b, q.shape[1] + 1, vocab)
         if to_target is not None:
             probs[:, 1:].index_add_(2, to_target, q)
         else:
             probs[:, 1:].copy_(q)
-    elif qs:
-        q = torch.stack(qs, dim=1)  # [B, K, Vd]
-        if to_target is not None:
-            q = torch.zeros(b, q.shape[1], target_vocab, device=q.device).index_add_(
-                2, to_target, q)
-        probs = torch.cat([torch.zeros_like(q[:, :1]), q], dim=1)
     node_tokens = torch.cat([x.roots[:, None], to_t(tokens.gather(1, sel))], dim=1)
     return DraftTree(node_tokens, full_parent, depth, probs)
 
