@@ -8,7 +8,8 @@
 #
 # H200_SMOKE=1 runs the same steps on the CPU at toy sizes with h200.sh's smoke pair:
 # tests/unit/test_benchmarks_h200_serve.py runs it so this cannot rot. COMMIT, END and STEPS
-# as in h200.sh; PORT (default 8011) is the server's port.
+# as in h200.sh; PORT (default 8011) is the server's port; TRACE_POINTS ("C:N ...": N prompts
+# at concurrency C) the trace step's points.
 #
 #   step        what                                                                  cap
 #   pair        the 8B-shaped bench pair, as h200.sh (skipped when $PAIR holds it)     80 s
@@ -71,14 +72,14 @@ else
   # concurrency:prompts; at c = 1, eight read the gain unsteadily; from c = 4, 8 a slot, as
   # the engine step's passes: with 2, the window at c = 32 is mostly ramp and tail
   POINTS="1:16 4:32 32:256"
-  TRACE_POINTS="$POINTS 64:64"  # and the rate sweep's all-at-once burst
+  TRACE_POINTS=${TRACE_POINTS:-"$POINTS 64:64"}  # and the rate sweep's all-at-once burst
   WARMUP=2
   # 64 a rate: with 32 the p99 is the slowest request alone
   BURST=(--concurrency 64 --num-prompts 64)
   RATES=("${BURST[@]}" --sweep-rates 2,4,8,16,32,inf)
   SAMPLE=(--concurrency 1,8,64 --rounds 2 --passes 2 --min-requests 8 --input-len 128
           --output-len 128)
-  LOOP=(--rounds 2 --passes 2 --min-requests 8)
+  LOOP=(--rounds 8 --passes 2 --min-requests 8)  # as ENGINE: 8 requests a slot
 fi
 read -ra EXTRA <<< "${SERVE_FLAGS:-}"  # more `serve` flags, e.g. --no-engine-process
 SERVER+=("${EXTRA[@]}")
