@@ -7,9 +7,10 @@ the optional top-k / top-p filter) -> token ids [B] int64.
 Each token's score is that of sampler.race_scores: the logit for greedy rows (T = 0), else
 logit / max(T, 1e-5) - log(-log(u)), with u the counter-based uniform of
 sampler.seeded_uniform, hashed here in uint32 arithmetic and converted through float64
-exactly as torch does, so u is bit-identical. Only log may round differently from
-torch (libdevice on CUDA, numpy under the interpreter), so the kernel and the reference
-pick the same token except at float-rounding near-ties.
+exactly as torch does, so u is bit-identical (with `cols`, an EAGLE-3 draft vocabulary:
+column i draws token cols[i]'s uniform, as race_scores(..., cols) does). Only log may
+round differently from torch (libdevice on CUDA, numpy under the interpreter), so the
+kernel and the reference pick the same token except at float-rounding near-ties.
 
     logits row b   |----- chunk 0 -----|----- chunk 1 -----| ... |-- chunk C-1 --|
                     tile tile ... tile    (BLOCK columns a tile)
@@ -85,9 +86,10 @@ def race_score(x, temp, key, cols, ACCURATE_LOG: tl.constexpr):
 # compile inside a step costs tenths of a second).
 @triton.jit(do_not_specialize=["vocab", "stride_row", "tiles_per_chunk", "num_chunks"])
 def _chunk_best_kernel(
-    Logits, Temps, Seeds, Steps, PartVal, PartIdx,
+    Logits, Temps, Seeds, Steps, Cols, PartVal, PartIdx,
     vocab, stride_row, tiles_per_chunk, num_chunks,
-    GREEDY_ONLY: tl.constexpr, ACCURATE_LOG: tl.constexpr, BLOCK: tl.constexpr,
+    GREEDY_ONLY: tl.constexpr, HAS_COLS: tl.constexpr, ACCURATE_LOG: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -104,7 +106,11 @@ def _chunk_best_kernel(
                     other=float("-inf")).to(tl.float32)
         if not GREEDY_ONLY:
             if temp != 0.0:
-                x = race_score(x, temp, key, cols, ACCURATE_LOG)
+                if HAS_COLS:
+                    ids = tl.load(Cols + cols, mask=cols < vocab, other=0)
+                else:
+                    ids = cols
+                x = race_score(x, temp, key, ids, ACCURATE_LOG)
         take = x > best  # strict: a lane keeps its first maximum
         best = tl.where(take, x, best)
         best_idx = tl.where(take, cols, best_idx)
@@ -149,6 +155,7 @@ def race_argmax(
     temperatures: torch.Tensor,  # [B] float32; 0 = greedy
     seeds: torch.Tensor,  # [B] int64, values in [0, 2**32)
     steps: torch.Tensor,  # [B] int64 output index
+    cols: torch.Tensor | None = None,  # [V] int64: column i's token id (None: i)
     *,
     greedy_only: bool = False,  # every row greedy: skip the race entirely
     block: int | None = None,  # tile width override (tests)
@@ -168,10 +175,13 @@ def race_argmax(
     tokens = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return tokens
+    has_cols = cols is not None and not greedy_only
+    if has_cols:
+        assert cols.dtype == torch.int64 and cols.shape == (vocab,), "cols must be [V] int64"
     _chunk_best_kernel[(num_rows, num_chunks)](
-        logits, temperatures, seeds, steps, part_val, part_idx,
+        logits, temperatures, seeds, steps, cols if has_cols else seeds, part_val, part_idx,
         vocab, logits.stride(0), tiles_per_chunk, num_chunks,
-        GREEDY_ONLY=greedy_only, ACCURATE_LOG=not _INTERPRET, BLOCK=block,
+        GREEDY_ONLY=greedy_only, HAS_COLS=has_cols, ACCURATE_LOG=not _INTERPRET, BLOCK=block,
         num_warps=1 if _INTERPRET else max(2, block // 256),
     )
     _row_best_kernel[(num_rows,)](
@@ -184,13 +194,16 @@ def race_argmax(
 
 def warmup(vocab: int, device: torch.device | str,
            dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> None:
-    """Compile every variant a step can ask for (greedy-only or not, either tile width) on
-    logits of each of `dtypes` (the model's own: plain steps; fp32: the speculative
-    paths), before serving: with the integer arguments unspecialised these are all of
-    them, so no step compiles (tenths of a second each)."""
+    """Compile every variant a step can ask for (greedy-only or not, either tile width, a
+    draft vocabulary's columns or not) on logits of each of `dtypes` (the model's own:
+    plain steps and draft chains; fp32: the speculative paths), before serving: with the
+    integer arguments unspecialised these are all of them, so no step compiles (tenths of
+    a second each)."""
     ones, zeros = torch.ones(1, device=device), torch.zeros(1, device=device, dtype=torch.int64)
+    cols = torch.zeros(vocab, device=device, dtype=torch.int64)
     for dtype in dict.fromkeys(dtypes):
         logits = torch.zeros(1, vocab, device=device, dtype=dtype)
         for block in (NARROW, WIDE):
             for greedy_only in (True, False):
                 race_argmax(logits, ones, zeros, zeros, greedy_only=greedy_only, block=block)
+            race_argmax(logits, ones, zeros, zeros, cols, block=block)

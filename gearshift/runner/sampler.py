@@ -178,3 +178,14 @@ def sample(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     if (sb.need_top_k or sb.need_top_p) and not sb.all_greedy:
         logits = top_k_top_p_filter(logits, sb)
     return race_argmax(logits, sb.temperatures, sb.seeds, sb.steps, greedy_only=sb.all_greedy)
+
+
+def race_tokens(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor,
+                    steps: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
+    """race_scores(...).argmax(-1) -> [B] int64: on CUDA the fused kernel (one pass, no
+    [B, V] scratch), elsewhere the torch reference."""
+    if not logits.is_cuda or _TORCH_ONLY:
+        return race_scores(logits, temperatures, seeds, steps, cols).argmax(dim=-1)
+    from gearshift.kernels.sample import race_argmax
+
+    return race_argmax(logits, temperatures, seeds, steps, cols)

@@ -15,13 +15,14 @@ tree, the batch or the load: exact text, hence exactly the target's distribution
 
 The draft races with the same numbers (`draft_scores`: its own processed logits, the
 request's seed, the node's output index, uniforms keyed by target token ids), so it
-proposes the target's winner whenever the two distributions agree near the top. Trees
-take each beam's best children by that noisy score, ranked by its log-softmax (a
-heuristic for P(child wins)); n-gram drafts are deterministic and need nothing here.
+proposes the target's winner whenever the two distributions agree near the top. Chains
+take the race's winner (`draft_tokens`: on CUDA the sampler's fused kernel); trees take
+each beam's best children by that noisy score, ranked by its log-softmax (a heuristic for
+P(child wins)); n-gram drafts are deterministic and need nothing here.
 
 Data flow: SpecRunner.run -> row_targets -> verify_batch.greedy_verify (every row greedy
 or coupled), or verify.verify -> verify_coupled per row; proposers/expand.py ->
-draft_scores.
+draft_scores / draft_tokens.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gearshift.runner.sampler import (
     SamplingBatch,
     filter_blocks,
     race_scores,
+    race_tokens,
     sample,
     top_k_top_p_filter,
 )
@@ -81,6 +83,20 @@ def draft_scores(logits: torch.Tensor, sb: SamplingBatch, depth_index: int,
     if rows.need_top_k or rows.need_top_p:
         flat = top_k_top_p_filter(flat, rows)
     return race_scores(flat, rows.temperatures, rows.seeds, rows.steps, cols).view(b, w, v)
+
+
+def draft_tokens(logits: torch.Tensor, sb: SamplingBatch, depth_index: int,
+                 cols: torch.Tensor | None) -> torch.Tensor:
+    """A chain's next draft, [B, 1, Vd] (processed) -> [B, 1] int64: the argmax of
+    draft_scores without its [B, Vd] scores (on CUDA one fused pass: a draft depth of
+    sampled requests would otherwise spend tens of elementwise passes on the race)."""
+    b, _, v = logits.shape
+    req = torch.arange(b, device=logits.device)
+    rows = node_batch(sb, req, torch.full_like(req, depth_index))
+    flat = logits.reshape(b, v)
+    if rows.need_top_k or rows.need_top_p:
+        flat = top_k_top_p_filter(flat, rows)
+    return race_tokens(flat, rows.temperatures, rows.seeds, rows.steps, cols)[:, None]
 
 
 def per_row(sb: SamplingBatch, coupled: torch.Tensor, other: torch.Tensor) -> torch.Tensor:

@@ -117,6 +117,23 @@ def test_tokens_match_reference(vocab, block, programs, dtype):
     assert torch.equal(got[greedy], logits.argmax(-1)[greedy])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_draft_columns_race_with_their_target_tokens_numbers(dtype):
+    """cols (an EAGLE-3 draft vocabulary: column i is target token cols[i]): the tokens of
+    race_scores(..., cols), whose uniforms are keyed by the target's ids."""
+    vd, target_vocab = 1000, 5003
+    logits, temps, seeds, steps = rows(12, vd, seed=11, dtype=dtype)
+    cols = torch.randperm(target_vocab, generator=torch.Generator().manual_seed(1))[:vd]
+    cols = cols.sort().values.to(DEVICE)
+    got = race_argmax(logits, temps, seeds, steps, cols, block=64, programs=12)
+    want = race_scores(logits, temps, seeds, steps, cols).argmax(-1)
+    assert torch.equal(got, want)
+    plain = race_argmax(logits, temps, seeds, steps, block=64, programs=12)
+    sampled = temps > 1e-5
+    assert not torch.equal(got[sampled], plain[sampled])  # the columns' own numbers
+    assert torch.equal(got[temps == 0], plain[temps == 0])
+
+
 @pytest.mark.parametrize("greedy_only", [True, False])
 def test_greedy_ties_go_to_the_lowest_index(greedy_only):
     vocab = 1000
@@ -184,9 +201,9 @@ def test_launch_plan_covers_the_vocabulary():
 @pytest.mark.skipif(not HAS_CUDA, reason="compiles happen on a GPU (the interpreter compiles nothing)")
 def test_after_the_warmup_no_step_compiles():
     """The runner's start-up `warmup` compiles every variant: afterwards rows of any count,
-    greedy or sampled, on logits of either warmed dtype (bf16 for plain steps), reuse
-    them. Mixed steps ask for logits of 1..N rows, and a compile is tenths of a second
-    inside a step."""
+    greedy or sampled, on logits of either warmed dtype (bf16 for plain steps), with a
+    draft vocabulary's columns or not, reuse them. Mixed steps ask for logits of 1..N
+    rows, and a compile is tenths of a second inside a step."""
     from gearshift.kernels.sample import warmup
     from gearshift.runner.jit_log import triton_compiles
 
@@ -200,4 +217,8 @@ def test_after_the_warmup_no_step_compiles():
                 for greedy_only in (True, False):
                     race_argmax(logits, torch.rand(rows, device=DEVICE), zeros, zeros,
                                 greedy_only=greedy_only)
+                # a draft chain's race over a draft vocabulary (speculative/coupled.py)
+                cols = torch.arange(3000, device=DEVICE, dtype=torch.int64) * 7
+                race_argmax(logits[:, :3000].contiguous(), torch.rand(rows, device=DEVICE),
+                            zeros, zeros, cols)
     assert compiles.available and list(compiles) == []

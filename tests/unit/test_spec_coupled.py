@@ -32,7 +32,7 @@ from gearshift.request import SamplingParams, SamplingParamsError
 from gearshift.runner import sampler
 from gearshift.runner.sampler import race_scores, sample_ref
 from gearshift.speculative import coupled
-from gearshift.speculative.coupled import draft_scores, node_batch
+from gearshift.speculative.coupled import draft_scores, draft_tokens, node_batch
 from gearshift.speculative.tree import DraftTree, chain_tree
 from gearshift.speculative.verify import verify, verify_greedy_ids
 
@@ -146,6 +146,22 @@ def test_draft_columns_draw_the_target_tokens_numbers():
     want = race_scores(full, sb.temperatures, sb.seeds, sb.steps + 2)[:, cols]
     got = draft_scores(full[:, None, cols], sb, 2, cols)[:, 0]
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_a_chain_drafts_the_winner_of_its_race(top_p):
+    """draft_tokens (a chain's next draft, fused on CUDA) is the argmax of draft_scores,
+    greedy rows and a draft vocabulary's columns included."""
+    g = torch.Generator().manual_seed(4)
+    b, vocab, vd = 8, 60, 20
+    cols = torch.randperm(vocab, generator=g)[:vd].sort().values
+    logits = torch.randn(b, 1, vd, generator=g) * 3
+    temps = torch.tensor([0.0, 1.0, 0.7, 1.2, 0.0, 2.0, 1.0, 0.3])
+    sb = coupled_batch(b, top_p=top_p, temps=temps)
+    got = draft_tokens(logits, sb, 3, cols)
+    assert got.shape == (b, 1)
+    assert torch.equal(got[:, 0], draft_scores(logits, sb, 3, cols)[:, 0].argmax(-1))
+    assert torch.equal(got[temps == 0, 0], logits[temps == 0, 0].argmax(-1))
 
 
 def test_greedy_rows_of_a_coupled_batch_follow_the_argmax():

@@ -98,7 +98,7 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
             logits = constrain(logits[:, 0], first_blocked, pen is not None)[:, None, :]
         logp = torch.log_softmax(logits.float(), dim=-1)
         rank = logp
-        if couples:
+        if couples and w > 1:  # trees rank children by the race; chains need its winner only
             race = coupled.draft_scores(logits, sb, depth_index, to_target)  # [B, W, Vd]
             rank = coupled.per_row(sb, torch.log_softmax(race, dim=-1), logp)
         if w > 1:
@@ -115,7 +115,7 @@ def expand(x: ExpandInputs, step: StepFn, sb: SamplingBatch, to_target: torch.Te
             onehot = torch.zeros_like(q).scatter_(-1, ids, 1.0)
             qs.append(torch.where(greedy, onehot, q))
         if couples:
-            ids = coupled.per_row(sb, race.argmax(-1), ids)
+            ids = coupled.per_row(sb, coupled.draft_tokens(logits, sb, depth_index, to_target), ids)
         return ids, logp.gather(-1, ids[..., None])[..., 0], None
 
     # depth 1
