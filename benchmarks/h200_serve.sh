@@ -24,7 +24,8 @@
 #   prefix_on   the same with the prefix cache on; the server stays up for served
 #   served      an untimed burst of 64 each way, then corpus prompts at c = 1, 4,   30 s each,
 #               32 with and without speculation (30 s each, the modes taking turns  the rest
-#               at going first), then the rate sweep 2..32/s and all at once
+#               at going first), then the rate sweep 2..32/s (from 8/s 15 s of
+#               arrivals a run, ~200 s in all) and all at once
 #   trace       (its own call, STEPS="pair trace") a server with --step-trace at the      30 s each,
 #               served points' concurrencies and 64 at once (speculating), then the        160 s
 #               closed loop of goodput at the same c with --step-trace; trace_report.py
@@ -56,7 +57,7 @@ print(s.getsockname()[1])")}
   TRACE_POINTS="$POINTS 4:4"
   WARMUP=1
   BURST=(--concurrency 4 --num-prompts 3)
-  RATES=("${BURST[@]}" --sweep-rates 8,inf)
+  RATES=("${BURST[@]}" --sweep-rates 8,inf --sweep-seconds 0.5)
   SAMPLE=(--concurrency 1,2 --rounds 1 --passes 1 --min-requests 2 --settle 0 --input-len 16
           --output-len 8)
   LOOP=(--rounds 1 --passes 1 --min-requests 2 --settle 0)
@@ -74,9 +75,10 @@ else
   POINTS="1:16 4:32 32:256"
   TRACE_POINTS=${TRACE_POINTS:-"$POINTS 64:64"}  # and the rate sweep's all-at-once burst
   WARMUP=2
-  # 64 a rate: with 32 the p99 is the slowest request alone
+  # 64 a rate: with 32 the p99 is the slowest request alone; from 8/s, 15 s of arrivals
+  # (120 to 480 requests), so that the p99 of a fast rate is not its slowest request
   BURST=(--concurrency 64 --num-prompts 64)
-  RATES=("${BURST[@]}" --sweep-rates 2,4,8,16,32,inf)
+  RATES=("${BURST[@]}" --sweep-rates 2,4,8,16,32,inf --sweep-seconds 15)
   SAMPLE=(--concurrency 1,8,64 --rounds 2 --passes 2 --min-requests 8 --input-len 128
           --output-len 128)
   LOOP=(--rounds 8 --passes 2 --min-requests 8)  # as ENGINE: 8 requests a slot

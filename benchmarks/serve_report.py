@@ -187,11 +187,13 @@ def late_lines(out: Path) -> list[str]:
 
 def rates_table(rates: dict) -> list[str]:
     spec, plain = rates["runs"].get("speculative", []), rates["runs"].get("plain", [])
-    lines = ["| rate /s | TPOT p50 ms, spec / no spec | TPOT ratio | TTFT p50 ms, spec / no spec "
-             "| TTFT p99 ms, spec / no spec | TTFT p99 ratio | hit rate, spec / no spec |",
-             "|---:|---|---|---|---|---|---|"]
+    lines = ["| rate /s | prompts | TPOT p50 ms, spec / no spec | TPOT ratio | TTFT p50 ms, "
+             "spec / no spec | TTFT p99 ms, spec / no spec | TTFT p99 ratio | hit rate, spec / "
+             "no spec |",
+             "|---:|---:|---|---|---|---|---|---|"]
     for rate, s, n in zip(rates["rates"], spec, plain, strict=False):
         lines.append(f"| {'all at once' if rate == float('inf') else f'{rate:g}'} | "
+                     f"{s['config']['num_prompts']} | "
                      f"{s['tpot_ms']['p50']:.2f} / {n['tpot_ms']['p50']:.2f} | "
                      f"{_cell(_x(s['tpot_ms']['p50'], n['tpot_ms']['p50']), TPOT_RATE)} | "
                      f"{s['ttft_ms']['p50']:.1f} / {n['ttft_ms']['p50']:.1f} | "
@@ -296,8 +298,12 @@ def section(data: dict, out: Path, commit: str, device: str, date: str, model: s
     rates = data.get("rates")
     if rates:
         first = next(iter(rates["runs"].values()))[0]
+        counts = sorted({r["config"]["num_prompts"] for rs in rates["runs"].values() for r in rs})
+        prompts = (f"{counts[0]} prompts a run" if len(counts) == 1 else
+                   f"{counts[0]} to {counts[-1]} prompts a run (the faster rates send more, "
+                   f"`--sweep-seconds`: the prompts column)")
         lines += [f"Poisson arrivals at each rate, at most {first['config']['concurrency']} in "
-                  f"flight, {first['config']['num_prompts']} prompts a run, each rate with and "
+                  f"flight, {prompts}, each rate with and "
                   f"without speculation (taking turns at going first, after an untimed burst "
                   f"of every prompt at once each way), the same prompts each run and the prefix "
                   f"cache cleared before each. Criteria, with / without: TPOT p50 <= {TPOT_RATE:.2f}x, "

@@ -59,6 +59,10 @@ def add_serve_bench_args(p) -> None:
     p.add_argument("--sweep-rates", default=None,
                    help="comma-separated request rates (inf: all at once): one run each, "
                         "TTFT / TPOT / throughput against rate in the JSON and a PNG")
+    p.add_argument("--sweep-seconds", type=float, default=0.0,
+                   help="--sweep-rates: at a rate r, send max(--num-prompts, r x SECONDS) "
+                        "prompts, so that every rate's run lasts about SECONDS and its p99 "
+                        "is that of many requests (0: --num-prompts at every rate)")
     p.add_argument("--compare-speculative", action="store_true",
                    help="--sweep-rates: each rate also without speculation, on one plot")
     p.add_argument("--reset-prefix-cache", action=argparse.BooleanOptionalAction, default=True,
@@ -82,6 +86,10 @@ def run_serve_bench(args) -> int:
         raise ValueError("--concurrency, --num-prompts, --input-len and --output-len must be >= 1")
     if args.request_rate <= 0:
         raise ValueError("--request-rate must be > 0")
+    if not args.sweep_seconds >= 0:
+        raise ValueError("--sweep-seconds must be >= 0")
+    if args.sweep_seconds and not args.sweep_rates:
+        raise ValueError("--sweep-seconds applies to --sweep-rates runs only")
     check_dataset(args.dataset)
     if args.sweep_rates:
         from gearshift.bench.serve_sweep import run_rate_sweep

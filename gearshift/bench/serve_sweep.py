@@ -11,6 +11,10 @@ prompts at once in each mode, as many as --concurrency allows in flight (`--no-s
 skips it; its summaries are kept under "warmup"), and the modes take turns at going first
 from one rate to the next ("order").
 
+A run sends --num-prompts prompts; with `--sweep-seconds S`, a run at rate r sends
+max(--num-prompts, r x S) (`rate_prompts`): at a low rate a few dozen requests take S
+seconds already, at a high rate they arrive in a blink and their p99 is their slowest one.
+
 Data flow: args -> bench(args at each rate[, no_speculative]) -> summaries -> JSON
 {rates, runs: {label: [summary per rate]}, order, warmup} + PNG (TTFT p50 / p99, TPOT p50, output tok/s).
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import math
 
 import httpx
 
@@ -35,6 +40,13 @@ def parse_rates(text: str) -> list[float]:
     if not rates or any(r <= 0 for r in rates):
         raise ValueError("--sweep-rates: every rate must be > 0")
     return sorted(rates)
+
+
+def rate_prompts(args, rate: float) -> int:
+    """How many prompts the run at `rate` sends."""
+    if math.isinf(rate) or not args.sweep_seconds:
+        return args.num_prompts
+    return max(args.num_prompts, math.ceil(rate * args.sweep_seconds))
 
 
 def run_rate_sweep(args) -> int:
@@ -54,17 +66,17 @@ def run_rate_sweep(args) -> int:
             print(f"warm-up burst, {label}: TTFT p50 {warmup[label]['ttft_ms']['p50']} ms "
                   f"(untimed)")
     order = []
+    out = {"rates": rates, "runs": runs, "order": order, "warmup": warmup}
     for i, rate in enumerate(rates):
         order.append(labels if i % 2 == 0 else labels[::-1])  # neither mode always first
         for label in order[-1]:
-            result = _run(args, label, rate, reset)
+            result = _run(args, label, rate, reset, prompts=rate_prompts(args, rate))
             runs[label].append(result)
             print(f"rate {rate:g}/s {label}: output tok/s {result['output_tok_per_s']:.1f}, "
                   f"TTFT p50 {result['ttft_ms']['p50']} ms, TPOT p50 {result['tpot_ms']['p50']} ms,"
                   f" failed {result['failed']}")
-    out = {"rates": rates, "runs": runs, "order": order, "warmup": warmup}
-    with open(args.output_json, "w") as f:
-        json.dump(out, f, indent=1)
+        with open(args.output_json, "w") as f:  # after every rate: a cut sweep keeps its rates
+            json.dump(out, f, indent=1)
     plot(out, args.output_png)
     print(f"wrote {args.output_json} and {args.output_png}")
     return 0 if all(r["failed"] == 0 for rs in runs.values() for r in rs) else 1

@@ -89,6 +89,7 @@ def test_smoke_run_writes_every_figure_and_the_section(tmp_path):
     section = text[text.index(BEGIN):text.index(END)]
     assert TITLE in section and "> **Smoke run**" in section and "commit: `smoketest`" in section
     assert "| 2 | " in section and "(not run)" not in section and "Not measured" not in section
+    assert "3 to 4 prompts a run" in section and "| 8 | 4 | " in section  # --sweep-seconds
     assert "coupled against rejection" in section and "| 1.0 | 2 | " in section
     assert "vocabulary 8,192" in section and "`gearshift serve --model $P/target" in section
     assert "- server: the engine in a process of its own" in section

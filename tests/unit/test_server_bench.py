@@ -112,6 +112,47 @@ def test_rate_sweep_writes_each_rate_with_and_without_speculation(tmp_path):
     assert _runs_of(speculative) == [(True, 4), (False, 4), (True, 7), (False, 14), (True, 7)]
 
 
+def test_rate_sweep_runs_each_rate_for_its_seconds(tmp_path):
+    """--sweep-seconds: a run at rate r sends max(--num-prompts, r x seconds) prompts (all at
+    once: --num-prompts), so a fast rate's p99 is not its slowest of a few requests."""
+    out = tmp_path / "s.json"
+    with fake_server(step_delay=0.001) as srv:
+        args = _args("--base-url", srv.base_url, "--num-prompts", "6", "--output-len", "3",
+                     "--concurrency", "4", "--sweep-rates", "20,100,inf", "--sweep-seconds",
+                     "0.2", "--no-sweep-warmup", "--warmup", "0", "--output-json", str(out),
+                     "--output-png", str(tmp_path / "s.png"))
+        assert run_serve_bench(args) == 0
+    runs = json.loads(out.read_text())["runs"]["default"]
+    assert [r["completed"] for r in runs] == [6, 20, 6]
+    assert [r["config"]["num_prompts"] for r in runs] == [6, 20, 6]
+    with pytest.raises(ValueError, match="--sweep-seconds"):
+        run_serve_bench(_args("--sweep-seconds", "5"))  # no --sweep-rates
+    with pytest.raises(ValueError, match="--sweep-seconds"):
+        run_serve_bench(_args("--sweep-rates", "2", "--sweep-seconds", "-1"))
+
+
+def test_a_cut_rate_sweep_keeps_the_rates_it_finished(tmp_path, monkeypatch):
+    """The JSON is written after every rate: a sweep stopped by its time limit (SIGTERM in
+    benchmarks/h200_serve.sh) keeps the rates it measured."""
+    from gearshift.bench import serve_sweep
+
+    def fake_run(args, label, rate, reset, warmup=None, prompts=None):
+        if rate > 10:
+            raise KeyboardInterrupt  # the time limit, mid-sweep
+        return {"output_tok_per_s": 1.0, "ttft_ms": {"p50": 1.0}, "tpot_ms": {"p50": 1.0},
+                "failed": 0, "config": {"num_prompts": prompts}}
+
+    monkeypatch.setattr(serve_sweep, "_run", fake_run)
+    out = tmp_path / "s.json"
+    args = _args("--sweep-rates", "2,4,32", "--compare-speculative", "--no-sweep-warmup",
+                 "--output-json", str(out))
+    with pytest.raises(KeyboardInterrupt):
+        serve_sweep.run_rate_sweep(args)
+    kept = json.loads(out.read_text())
+    assert kept["rates"] == [2.0, 4.0, 32.0]
+    assert [len(r) for r in kept["runs"].values()] == [2, 2]
+
+
 def _runs_of(flags: list) -> list[tuple]:
     """Consecutive equal flags -> (flag, count): the runs a sweep sent, in order."""
     out: list[list] = []
