@@ -74,6 +74,19 @@ def apply_measured(policy, measured: dict | None) -> None:
 SAMPLED = {"sampled": dict(temperature=1.0), "nucleus": dict(temperature=1.0, top_p=0.95)}
 
 
+def _memory(engine) -> str:
+    """Where the GPU's memory was when the warm-up ran out, for the start-up error."""
+    device = engine.runner.device
+    if device.type != "cuda":
+        return ""
+    gib = 2**30
+    free, _ = torch.cuda.mem_get_info(device)
+    return (f"; the KV cache's {engine.slots.total:,} slots allocated, PyTorch held "
+            f"{torch.cuda.memory_reserved(device) / gib:.1f} GiB "
+            f"({torch.cuda.memory_allocated(device) / gib:.1f} GiB in use), "
+            f"{free / gib:.1f} GiB free")
+
+
 def _admit(engine, bs: int, name: str, params: SamplingParams) -> list[str]:
     """bs dummy requests of PROMPT_LEN tokens, prefilled at K = 0. -> their ids."""
     ids = [f"__warmup-{name}-{bs}-{i}" for i in range(bs)]
@@ -162,8 +175,10 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
         try:
             for bs in progress(sorted(sizes, reverse=True), desc="speculation warm-up",
                                unit="batch size"):  # largest first: smaller graphs reuse its pool
+                phase = "greedy, the prefill"
                 ids = _admit(engine, bs, "greedy", params)
                 for k, n, timed in schedule:
+                    phase = f"greedy, K = {k}" if k <= num_draft else "greedy, the tree"
                     engine.set_policy(gear(k))
                     times = []
                     for i in range(n):
@@ -175,21 +190,25 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                     if timed and times:
                         measured[k].append([float(bs), statistics.median(times)])
                 for ks in mixed_plans(bs, num_draft) if not spec.split_k_chains(bs) else []:
+                    phase = "greedy, a K per request"
                     engine.set_policy(_Planned(ks))
                     engine.step()
                 _drop(engine, ids)
                 for name, sampled in SAMPLED.items():  # their draft expansions, one step a gear
+                    phase = f"{name}, the prefill"
                     ids = _admit(engine, bs, name, SamplingParams(
                         max_tokens=generated + 1, ignore_eos=True, seed=0, **sampled))
                     for k in range(num_draft + tree, 0, -1):
+                        phase = f"{name}, K = {k}" if k <= num_draft else f"{name}, the tree"
                         engine.set_policy(gear(k))
                         engine.step()
                     _drop(engine, ids)
         except torch.OutOfMemoryError as e:  # a start-up error the user can act on
             raise ConfigError(
                 f"the GPU ran out of memory in the speculation warm-up at {bs} requests a "
-                "step; pass a smaller --max-num-seqs, --gpu-memory-utilization (the KV "
-                "cache's share of free memory) or --kv-cache-tokens") from e
+                f"step ({phase}{_memory(engine)}); pass a smaller --max-num-seqs, "
+                "--gpu-memory-utilization (the KV cache's share of free memory) or "
+                "--kv-cache-tokens") from e
         finally:
             engine.set_policy(saved_policy)
             engine.reset_prefix_cache()  # its dummy prompts are nobody's prefix

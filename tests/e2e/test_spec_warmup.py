@@ -262,6 +262,7 @@ def test_running_out_of_gpu_memory_in_the_warm_up_is_a_clear_error(make_llm, tin
                                           "requests.*--max-num-seqs") as e:
         warm_up_speculation(eng, sizes=[1, 2, 4])
     assert isinstance(e.value.__cause__, torch.OutOfMemoryError)
+    assert "at 4 requests a step (greedy, " in str(e.value)  # the phase that ran out
     monkeypatch.undo()  # the real step again: drain what the failed warm-up left running
     for req in [*eng.scheduler.running, *eng.scheduler.waiting]:
         eng.abort_request(req.request_id)
