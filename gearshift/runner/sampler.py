@@ -181,7 +181,7 @@ def sample(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
 
 
 def race_tokens(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor,
-                    steps: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
+                steps: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
     """race_scores(...).argmax(-1) -> [B] int64: on CUDA the fused kernel (one pass, no
     [B, V] scratch), elsewhere the torch reference."""
     if not logits.is_cuda or _TORCH_ONLY:
