@@ -1,7 +1,7 @@
 """Token sampling without host synchronisation: greedy, temperature, top-k, top-p.
 
 Data flow: BatchBuilder -> SamplingBatch; ModelRunner: logits [B, V] -> sample -> token ids
-[B] (CUDA: the fused race kernel of kernels/sample.py; elsewhere `sample_ref`).
+[B] (CUDA: the fused race kernel of kernels/sample.py; elsewhere as `sample_ref`).
 
 Randomness is counter-based: the uniform for (request seed, output index, token id) is an
 integer hash, so a seeded request yields the same tokens whatever batch it runs in, after
@@ -170,22 +170,22 @@ _TORCH_ONLY = env.SAMPLER.get() == "torch"
 def sample(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     """logits: [B, V] (fp32 / bf16 / fp16) -> token ids [B] int64. No host sync.
     CUDA: one fused pass (kernels/sample.py) after the optional top-k / top-p
-    filter; elsewhere `sample_ref`. Both choose the same tokens up to float rounding."""
-    if not logits.is_cuda or _TORCH_ONLY:
-        return sample_ref(logits, sb)
-    from gearshift.kernels.sample import race_argmax
-
+    filter; elsewhere what `sample_ref` does. Both choose the same tokens up to float
+    rounding."""
     if (sb.need_top_k or sb.need_top_p) and not sb.all_greedy:
         logits = top_k_top_p_filter(logits, sb)
-    return race_argmax(logits, sb.temperatures, sb.seeds, sb.steps, greedy_only=sb.all_greedy)
+    return race_tokens(logits, sb.temperatures, sb.seeds, sb.steps, greedy_only=sb.all_greedy)
 
 
 def race_tokens(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor,
-                steps: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
-    """race_scores(...).argmax(-1) -> [B] int64: on CUDA the fused kernel (one pass, no
-    [B, V] scratch), elsewhere the torch reference."""
+                steps: torch.Tensor, cols: torch.Tensor | None = None, *,
+                greedy_only: bool = False) -> torch.Tensor:
+    """race_scores(...).argmax(-1) -> [B] int64 (greedy_only: every row greedy, the plain
+    argmax): on CUDA the fused kernel (one pass, no [B, V] scratch), elsewhere torch."""
     if not logits.is_cuda or _TORCH_ONLY:
+        if greedy_only:
+            return logits.argmax(dim=-1)
         return race_scores(logits, temperatures, seeds, steps, cols).argmax(dim=-1)
     from gearshift.kernels.sample import race_argmax
 
-    return race_argmax(logits, temperatures, seeds, steps, cols)
+    return race_argmax(logits, temperatures, seeds, steps, cols, greedy_only=greedy_only)

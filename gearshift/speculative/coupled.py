@@ -71,18 +71,26 @@ def row_targets(logits_t: torch.Tensor, rows_t: torch.Tensor, flat: torch.Tensor
                        device=logits_t.device).index_copy_(0, rows_t, tok)
 
 
-def draft_scores(logits: torch.Tensor, sb: SamplingBatch, depth_index: int,
-                 cols: torch.Tensor | None) -> torch.Tensor:
-    """Draft logits [B, W, Vd] (processed) of beams whose children verify at output index
-    steps + depth_index -> their race scores [B, W, Vd] float32 (greedy rows: the logits;
-    -inf outside top-k / top-p). cols [Vd]: each column's target token id (EAGLE-3)."""
+def _draft_race_rows(logits: torch.Tensor, sb: SamplingBatch,
+                     depth_index: int) -> tuple[torch.Tensor, SamplingBatch]:
+    """Draft logits [B, W, Vd] -> [B * W, Vd] (top-k / top-p applied) and their sampling
+    rows: each beam's request at output index steps + depth_index."""
     b, w, v = logits.shape
     req = torch.arange(b, device=logits.device).repeat_interleave(w)  # [B * W]
     rows = node_batch(sb, req, torch.full_like(req, depth_index))
     flat = logits.reshape(b * w, v)
     if rows.need_top_k or rows.need_top_p:
         flat = top_k_top_p_filter(flat, rows)
-    return race_scores(flat, rows.temperatures, rows.seeds, rows.steps, cols).view(b, w, v)
+    return flat, rows
+
+
+def draft_scores(logits: torch.Tensor, sb: SamplingBatch, depth_index: int,
+                 cols: torch.Tensor | None) -> torch.Tensor:
+    """Draft logits [B, W, Vd] (processed) of beams whose children verify at output index
+    steps + depth_index -> their race scores [B, W, Vd] float32 (greedy rows: the logits;
+    -inf outside top-k / top-p). cols [Vd]: each column's target token id (EAGLE-3)."""
+    flat, rows = _draft_race_rows(logits, sb, depth_index)
+    return race_scores(flat, rows.temperatures, rows.seeds, rows.steps, cols).view(logits.shape)
 
 
 def draft_tokens(logits: torch.Tensor, sb: SamplingBatch, depth_index: int,
@@ -90,12 +98,7 @@ def draft_tokens(logits: torch.Tensor, sb: SamplingBatch, depth_index: int,
     """A chain's next draft, [B, 1, Vd] (processed) -> [B, 1] int64: the argmax of
     draft_scores without its [B, Vd] scores (on CUDA one fused pass: a draft depth of
     sampled requests would otherwise spend tens of elementwise passes on the race)."""
-    b, _, v = logits.shape
-    req = torch.arange(b, device=logits.device)
-    rows = node_batch(sb, req, torch.full_like(req, depth_index))
-    flat = logits.reshape(b, v)
-    if rows.need_top_k or rows.need_top_p:
-        flat = top_k_top_p_filter(flat, rows)
+    flat, rows = _draft_race_rows(logits, sb, depth_index)
     return race_tokens(flat, rows.temperatures, rows.seeds, rows.steps, cols)[:, None]
 
 
