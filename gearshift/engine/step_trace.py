@@ -11,6 +11,8 @@ served run and the engine's closed loop can be compared step by step
                 a VERIFY step: the target pass)
     catch_up_ms, draft_ms, span_ms    a VERIFY step's draft catch-up, draft proposal, and
                 device span from the catch-up to verification's end (CUDA only)
+    host_ms     a VERIFY step's host clock (CUDA only), ms from its start: the catch-up's
+                launch, verification launched, the sync returned (then commit and outputs)
     mode, batch, tokens, gear    as Engine.last_step
     ks          a VERIFY step's requests by K ({K: requests}), tree width `topk`
     prefill     requests with a prefill chunk in the step, and their tokens; `waits_ms`:
@@ -71,7 +73,10 @@ class StepTrace:
             rec["ks"] = dict(Counter(plan.num_draft_tokens))
             rec["topk"] = plan.draft_topk
             if self.spec is not None:
-                rec.update(self.spec.timing.last)
+                last = dict(self.spec.timing.last)
+                if "host" in last:
+                    last["host_ms"] = [round((t - start) * 1e3, 3) for t in last.pop("host")]
+                rec.update(last)
         chunks = [n for n, dec in zip(plan.extend_lens, plan.decoding) if not dec]
         if chunks:
             rec["prefill"] = {"requests": len(chunks), "tokens": sum(chunks)}

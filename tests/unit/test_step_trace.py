@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,7 @@ def test_verify_steps_carry_their_device_timing_on_cuda(tmp_path):
     from gearshift.scheduler.plan import StepPlan
 
     timing = SimpleNamespace(last={"catch_up_ms": 0.1, "draft_ms": 1.2, "span_ms": 5.5})
+    host = time.perf_counter()  # the host clock at mark 0, mark 3 and the sync
     spec = SimpleNamespace(runner=SimpleNamespace(device=SimpleNamespace(type="cuda")))
     spec.time_verify_steps = lambda: setattr(spec, "timing", timing)
     trace = StepTrace(str(tmp_path / "t.jsonl"), spec)
@@ -122,10 +124,16 @@ def test_verify_steps_carry_their_device_timing_on_cuda(tmp_path):
     plan.num_draft_tokens = [3]
     last = {"time_s": 0.008, "device_ms": 4.0, "mode": "verify", "gear": 3}
     for _ in range(3):
+        timing.last["host"] = [host + 0.001, host + 0.003, host + 0.007]
         trace.record(plan, last, 4)
+        host = time.perf_counter()
     trace.flush()
     lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert all(x["draft_ms"] == 1.2 and x["span_ms"] == 5.5 for x in lines)
+    for x in lines:  # relative to the step's start (its end less its 8 ms), in order
+        a, b, c = x["host_ms"]
+        assert -8 < a < b < c and b - a == pytest.approx(2, abs=1e-2) \
+            and c - b == pytest.approx(4, abs=1e-2)
     cpu = SimpleNamespace(runner=SimpleNamespace(device=SimpleNamespace(type="cpu")))
     StepTrace(str(tmp_path / "cpu.jsonl"), cpu)
     assert not hasattr(cpu, "timing")  # no CUDA, no events
@@ -136,6 +144,10 @@ def test_verify_steps_carry_their_device_timing_on_cuda(tmp_path):
     out = table(["t"], [summarize(lines)])
     assert "| verify: draft device ms median | 1.20 |" in out
     assert "| verify: wall less span, median ms (host not hidden) | 2.50 |" in out
+    host_row = next(r for r in out.splitlines() if r.startswith("| verify: steps, wall ms;"))
+    assert host_row.startswith("| verify: steps, wall ms; host ms from its start, medians: ") \
+        and "| 3, 8.00; " in host_row
+    assert "| verify with a prefill: steps" in out and out.rstrip().count(" | - |") >= 1
 
 
 def test_trace_report_sums_what_steps_captured_or_compiled_after_the_warm_up():
