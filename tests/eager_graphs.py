@@ -1,7 +1,8 @@
-"""CPU stand-ins for runner.shape_graphs. EagerGraphs (ShapeGraphs' contract without CUDA):
+"""CPU stand-ins for CUDA graphs. EagerGraphs (runner.shape_graphs' contract without CUDA):
 each key's static inputs are fresh copies and fn re-runs on them, so the graphed
 speculation paths (padded shapes, static-input bodies) run eagerly in CPU tests.
-SharedPoolGraphs: the real ShapeGraphs over an emulation of CUDA graphs sharing a pool."""
+SharedPoolGraphs: the real ShapeGraphs over an emulation of CUDA graphs sharing a pool.
+eager_capture: graphs.capture_graphs without CUDA (for ExtendGraphRunner)."""
 
 from __future__ import annotations
 
@@ -98,3 +99,24 @@ class _Replay:
         self.graphs.replayed(self.key)
         map_tensors(lambda o, n: o.copy_(n) if id(o) in self.allocated else o,
                     self.out, self.body())
+
+
+class EagerGraph:
+    """A CUDA graph's contract without CUDA: replay re-runs the forward on the static batch
+    it was captured with and writes into the outputs of the capture."""
+
+    def __init__(self, forward, fb, out) -> None:
+        self.forward, self.fb, self.out = forward, fb, out
+
+    def replay(self) -> None:
+        map_tensors(lambda dst, src: dst.copy_(src), self.out, self.forward(self.fb))
+
+
+def eager_capture(sizes, batch_for, forward, pool):
+    """graphs.capture_graphs' contract on CPU: one EagerGraph per size."""
+    graphs, outputs = {}, {}
+    for size in sorted(sizes, reverse=True):
+        fb = batch_for(size)
+        outputs[size] = forward(fb)
+        graphs[size] = EagerGraph(forward, fb, outputs[size])
+    return graphs, outputs, pool

@@ -233,11 +233,13 @@ class ExtendGraphRunner:
     (max_num_seqs + 1): the real requests, one dummy request holding the padding tokens,
     then empty requests (layout: `Padding` in runner/batch.py). The extend kernel's grid
     is then a function of (tokens, rows) only. Graphs return the static logits
-    [rows, vocab] (and aux features [tokens, ...] when the forward captures them)."""
+    [rows, vocab] (and aux features [tokens, ...] when the forward captures them); their
+    hidden states [tokens, hidden] stay readable (`hidden`) until the graph replays again."""
 
-    def __init__(self, forward_logits, sizes: list[int], rows: int, device: torch.device,
+    def __init__(self, forward, sizes: list[int], rows: int, device: torch.device,
                  pool=None) -> None:
-        self.forward_logits = forward_logits  # (ForwardBatch) -> logits [rows, vocab] (, aux)
+        # (ForwardBatch) -> (logits [rows, vocab] (, aux), hidden states [T, hidden])
+        self.forward = forward
         self.sizes = sorted(sizes)
         self.rows = rows
         self.buf = _ExtendBuffers.allocate(max(sizes), rows, device)
@@ -251,7 +253,7 @@ class ExtendGraphRunner:
 
     def capture(self) -> None:
         self.graphs, self.outputs, self.pool = capture_graphs(
-            self.sizes, self.buf.capture_batch, self.forward_logits, self.pool)
+            self.sizes, self.buf.capture_batch, self.forward, self.pool)
 
     def replay_ms(self, repeats: int = 5) -> dict[int, float]:
         """Device ms of one replay of each captured graph (see time_ms)."""
@@ -274,7 +276,11 @@ class ExtendGraphRunner:
                    fb.seq_lens, fb.extend_lens, fb.extend_start_loc, fb.prefix_lens,
                    fb.logits_indices])
         self.graphs[t].replay()
-        return self.outputs[t]
+        return self.outputs[t][0]
+
+    def hidden(self, fb: ForwardBatch) -> torch.Tensor:
+        """The hidden states [T, hidden] of the latest replay of fb's graph."""
+        return self.outputs[fb.num_tokens][1]
 
 
 def copy_into(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:

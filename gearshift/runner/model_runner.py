@@ -111,7 +111,7 @@ class ModelRunner:
         pool = None
         sizes = extend_token_buckets(self._extend_graph_limit())
         if sizes:  # the widest activations: captured first, later graphs reuse the memory
-            self.extend_graphs = ExtendGraphRunner(self._forward_logits, sizes, self.extend_rows,
+            self.extend_graphs = ExtendGraphRunner(self._forward_extend, sizes, self.extend_rows,
                                                    self.device)
             self.extend_graphs.capture()
             self.extend_sizes, pool = sizes, self.extend_graphs.pool
@@ -204,11 +204,17 @@ class ModelRunner:
     def _forward_logits(self, fb: ForwardBatch):
         """-> logits [padded_bs, vocab] in the model dtype, for sample() (and aux features
         [T, 3H] when capturing)."""
+        return self._forward_extend(fb)[0]
+
+    def _forward_extend(self, fb: ForwardBatch):
+        """-> (_forward_logits' outputs, the hidden states [T, hidden] they come from): the
+        EXTEND graphs' body, so that a VERIFY step whose prefill chunks ride along can run
+        on them and take its nodes' logits from their hidden states (forward_rows)."""
         if self.capture:
             hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn, self.capture)
-            return self.model.compute_logits(hidden[fb.logits_indices], fp32=False), aux
+            return (self.model.compute_logits(hidden[fb.logits_indices], fp32=False), aux), hidden
         hidden = self.model(fb.input_ids, fb.positions, fb, self.attn)  # [T, hidden]
-        return self.model.compute_logits(hidden[fb.logits_indices], fp32=False)
+        return self.model.compute_logits(hidden[fb.logits_indices], fp32=False), hidden
 
     def _forward_scored(self, fb: ForwardBatch, lp: LogprobPlan):
         """_forward_logits, and the logprobs of lp's prompt positions from the same hidden
@@ -280,11 +286,14 @@ class ModelRunner:
                 for m in ("decode", "extend", "verify") for k in ("graphed", "eager")}
 
     def _forward_all(self, fb: ForwardBatch, capture: tuple[int, ...],
-                     logits_out: torch.Tensor | None = None, mm_out: torch.Tensor | None = None):
+                     logits_out: torch.Tensor | None = None, mm_out: torch.Tensor | None = None,
+                     rows: torch.Tensor | None = None):
         if capture:
             hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn, capture)
         else:
             hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn), None
+        if rows is not None:
+            hidden = hidden.index_select(0, rows)
         return self.model.compute_logits(hidden, out=logits_out, mm_out=mm_out), aux
 
     def _shared_out(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
@@ -332,6 +341,26 @@ class ModelRunner:
             self.last_events[1].record()
         return out
 
+    @torch.inference_mode()
+    def forward_rows(self, fb: ForwardBatch, rows: torch.Tensor, capture: tuple[int, ...] = ()):
+        """Logits [len(rows), vocab] of token rows `rows` alone (a VERIFY pass whose prefill
+        chunks ride along: the nodes, not every chunk token), and aux features of every
+        token when capturing. A batch laid out for an EXTEND graph (runner.padding's
+        layout, mode EXTEND) replays it; else the pass runs eagerly."""
+        self._start_events()
+        graphs = self.extend_graphs
+        graphed = graphs is not None and graphs.can_run(fb)
+        self.step_counts[f"verify_{'graphed' if graphed else 'eager'}"] += 1
+        if graphed:
+            out = graphs.replay(fb)
+            aux = out[1] if self.capture else None
+            logits = self.model.compute_logits(graphs.hidden(fb).index_select(0, rows))
+            out = logits, aux
+        else:
+            out = self._forward_all(fb, capture, rows=rows)
+        if self.last_events:
+            self.last_events[1].record()
+        return out
 
     def _start_events(self) -> None:
         if self.device.type == "cuda":

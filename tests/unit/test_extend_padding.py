@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from checkpoints import random_prompts
+from eager_graphs import eager_capture
 
 from gearshift import SamplingParams
 from gearshift.forward_batch import ForwardMode
@@ -106,29 +107,6 @@ ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=40, kv_cache_tokens=1024)
 BUCKETS = [16, 32, 48]  # every EXTEND step of ENGINE fits (<= 40 tokens)
 
 
-class _EagerGraph:
-    """A CUDA graph's contract without CUDA: replay re-runs the forward on the static batch
-    it was captured with and writes into the outputs of the capture."""
-
-    def __init__(self, forward, fb, out) -> None:
-        self.forward, self.fb, self.out = forward, fb, out
-
-    def replay(self) -> None:
-        new = self.forward(self.fb)
-        pairs = zip(self.out, new) if isinstance(new, tuple) else [(self.out, new)]
-        for dst, src in pairs:
-            dst.copy_(src)
-
-
-def _eager_capture(sizes, batch_for, forward, pool):
-    graphs, outputs = {}, {}
-    for size in sorted(sizes, reverse=True):
-        fb = batch_for(size)
-        outputs[size] = forward(fb)
-        graphs[size] = _EagerGraph(forward, fb, outputs[size])
-    return graphs, outputs, pool
-
-
 def _record(engine, mode: str) -> list[dict]:
     """mode "eager" / "graph": lay EXTEND steps out for BUCKETS (as Engine.step does with
     runner.padding(plan)) and run them eagerly / through ExtendGraphRunner; "ref": unpadded.
@@ -141,7 +119,7 @@ def _record(engine, mode: str) -> list[dict]:
         builder.prepare = lambda plan, padding=None: prepare(plan, runner.padding(plan))
     if mode == "graph":
         runner.extend_graphs = graphs = ExtendGraphRunner(
-            runner._forward_logits, BUCKETS, runner.extend_rows, runner.device)
+            runner._forward_extend, BUCKETS, runner.extend_rows, runner.device)
         graphs.capture()
         replay = graphs.replay
 
@@ -177,7 +155,7 @@ def test_padded_extend_matches_unpadded(make_llm, tiny_llama_dir, monkeypatch, b
     bucket. Triton runs interpreted here (TRITON_INTERPRET=1): the extend kernel sees the
     padded grid (in "graph" mode the grid of the capture-time batch, whose host fields
     are the graph's constants); `capture` also returns aux features, as for EAGLE-3."""
-    monkeypatch.setattr(graphs_mod, "capture_graphs", _eager_capture)
+    monkeypatch.setattr(graphs_mod, "capture_graphs", eager_capture)
     engines = [make_llm(tiny_llama_dir, attention_backend=backend, **ENGINE).engine
                for _ in range(2)]
     for e in engines:
