@@ -25,6 +25,8 @@ def script_acceptance(monkeypatch) -> None:
         rows = node_tok.tolist() if node_tok is not None else range(flat.shape[0])
         for f, row in zip(flat.tolist(), rows):
             i, j = divmod(f, n)
+            if ks[i] == 0:  # plain (a prefill chunk riding along): the target's own token
+                continue
             a = max(min(ks[i], n - 1) - i % 2, 0)
             if j < a:
                 target[row] = toks[i][j + 1]
@@ -38,7 +40,8 @@ def script_acceptance(monkeypatch) -> None:
 def follow_run(make_llm, model_dir, early: bool, stand_in: bool = True, **opts):
     """An engine from `make_llm` (on the graph stand-in unless told) generating PROMPTS,
     the early follow-up on or off. -> (each VERIFY step's drafts until a request first
-    finishes, (proposed, accepted), early follow-ups launched)."""
+    finishes, (proposed, accepted), early follow-ups launched, VERIFY steps with a prefill
+    chunk riding along until then)."""
     llm = make_llm(model_dir, max_num_seqs=8, **opts)
     if stand_in:
         install(llm)
@@ -50,9 +53,12 @@ def follow_run(make_llm, model_dir, early: bool, stand_in: bool = True, **opts):
     else:
         follow.follows_early = lambda plan: False
     propose, finished = proposer.propose, eng.scheduler._finish
+    riders = []
 
     def spy(ctx):  # each request's drafts (a chain's nodes past its own K are junk)
         tree, nodes = propose(ctx)
+        if not finish:  # a prefill chunk rides along: a request at K = 0 not yet decoding
+            riders.append(any(r.num_computed_tokens < len(r.prompt_token_ids) for r in ctx.reqs))
         keep = [tree.num_nodes if ctx.topk > 1 else k + 1 for k in ctx.num_draft_tokens]
         if proposals is not None and not finish:
             proposals.append([t[:n] for t, n in zip(tree.tokens.tolist(), keep)])
@@ -67,4 +73,4 @@ def follow_run(make_llm, model_dir, early: bool, stand_in: bool = True, **opts):
               SamplingParams(max_tokens=40, temperature=0.9, seed=3, ignore_eos=True)]
     llm.generate(PROMPTS, [params[i % 3 == 2] for i in range(len(PROMPTS))])
     stats = llm.spec_stats()
-    return proposals, (stats["proposed"], stats["accepted"]), len(calls)
+    return proposals, (stats["proposed"], stats["accepted"]), len(calls), sum(riders)

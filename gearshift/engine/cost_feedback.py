@@ -3,7 +3,8 @@
     VERIFY step     planning + wall time (synchronous: host work, drafting, the device),
                     less the draft's catch-up (the price of the plain steps before it);
                     observed inside the NEXT VERIFY step, before its sync, not on the host
-                    path between the two (`defer` / `flush`)
+                    path between the two (`defer` / `flush`); not with prefill chunks
+                    riding along (their prefill is no gear's cost)
     DECODE step     overlapped: its device time once its tokens are read (its wall time is
                     the wait for the step before it); synchronous: its wall time
     EXTEND step     not observed (goodput prices decode gears only)
@@ -40,8 +41,10 @@ class CostFeedback:
             observe = getattr(policy, "observe_catch_up", None)
             if observe is not None and catch_up > 0:  # what leaving K = 0 costs per row
                 observe(self.spec.follow.catch_up_rows, catch_up)
-            # the next plan's scores were prepared before this step's sync anyway
-            self._deferred = (policy, plan, self.spec.gear(plan), wall_ms - catch_up)
+            # the next plan's scores were prepared before this step's sync anyway; a step
+            # with prefill chunks riding along prices those chunks, not its K
+            if all(plan.decoding):
+                self._deferred = (policy, plan, self.spec.gear(plan), wall_ms - catch_up)
             return
         self._observe(policy, plan, self.spec.gear(plan), wall_ms)
 

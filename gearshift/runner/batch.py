@@ -238,7 +238,8 @@ class StepBatch:
     sampling: SamplingBatch  # per request (DECODE: padded to the graph's rows)
     forward: ForwardBatch | None = None  # plain steps; a VERIFY step's comes from its drafts
     # VERIFY: roots [B] (pending tokens), prefix [B], rows [B], k [B], scratch [B * S] and
-    # node_slots [B * N] (0-padded to the widest request), in the same copy as `sampling`
+    # node_slots [B * N] (0-padded to the widest chain or tree; a chunk riding along is cut
+    # to that width), in the same copy as `sampling`
     staged: dict[str, torch.Tensor] | None = None
 
 
@@ -323,7 +324,10 @@ class BatchBuilder:
         token (`roots`) is usually the last sampled one, or the last prompt token when a
         chunked prefill ended with a 1-token chunk."""
         reqs = plan.reqs
-        n_max, s_max = max(plan.num_nodes), max(plan.num_scratch)
+        # node slots as wide as the widest chain or tree: a chunk riding along reads its
+        # own from the host (its whole chunk, every row staged that wide, was host time)
+        n_max = max(n for n, dec in zip(plan.num_nodes, plan.decoding) if dec)
+        s_max = max(plan.num_scratch)
         st = Stager(self.device)
         st.add_ints("roots", roots)
         st.add_ints("prefix", plan.prefix_lens)
@@ -332,7 +336,7 @@ class BatchBuilder:
         st.add_ints("scratch", [x for s, n in zip(slots, plan.num_nodes)
                                 for x in s[n:] + [0] * (s_max - len(s) + n)])
         st.add_ints("node_slots", [x for s, n in zip(slots, plan.num_nodes)
-                                   for x in s[:n] + [0] * (n_max - n)])
+                                   for x in s[:min(n, n_max)] + [0] * (n_max - n)])
         planned = stage_extras(st, plan, stage_sampling(st, reqs, 0), 0, fresh)
         assert planned is None or not planned[2], "prompt logprobs ride in plain steps only"
         if masks is not None:

@@ -65,9 +65,14 @@ class DraftFollower:
               aux: torch.Tensor | None, token_idx: list[int]) -> None:
         """Keep the features of tokens prefix..prefix+n-1 (aux rows token_idx) at their
         slots, for a later catch_up; the draft's rows stay where they are."""
-        if not reqs or aux is None or not self.proposer.needs_features:
+        self.store_slots([s for req, p, n in zip(reqs, prefix, extend) for s in req.slots[p:p + n]],
+                         aux, token_idx)
+
+    def store_slots(self, slots: list[int], aux: torch.Tensor | None,
+                    token_idx: list[int]) -> None:
+        """Keep the features at aux rows token_idx at KV slots `slots` (one each)."""
+        if not slots or aux is None or not self.proposer.needs_features:
             return
-        slots = [s for req, p, n in zip(reqs, prefix, extend) for s in req.slots[p:p + n]]
         self.proposer.store_features(_device_index(slots, aux),
                                      aux.index_select(0, _device_index(token_idx, aux)))
 
@@ -147,10 +152,10 @@ class DraftFollower:
 
     def follows_early(self, plan: StepPlan) -> bool:
         """Whether a VERIFY step of `plan` can launch the follow-up over its accepted tokens
-        before the host reads them (follow_up.py): a stateful draft extending on graphs,
-        every request decoding (no chunk riding along) and K_max + 1 rows past every
-        prefix inside the RoPE table."""
-        return (self.proposer.keeps_state and all(plan.decoding)
+        before the host reads them (follow_up.py): a stateful draft extending on graphs
+        and K_max + 1 rows past every prefix inside the RoPE table (chunks riding along
+        only keep their features: SpecRunner._follow_early)."""
+        return (self.proposer.keeps_state
                 and self._graph_width(plan.prefix_lens, [1]) is not None)
 
     def follow_accepted(self, plan: StepPlan, extend: list[int], store: list[int],

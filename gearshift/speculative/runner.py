@@ -25,6 +25,7 @@ from itertools import accumulate
 
 import torch
 
+from gearshift import env
 from gearshift.config import EngineConfig
 from gearshift.policy.allocation import chain_gear
 from gearshift.runner.batch import BatchBuilder, StepBatch
@@ -82,8 +83,11 @@ class SpecRunner:
 
     def speculation(self) -> Speculation:
         """The frozen shape the scheduler plans with. Prefill chunks ride in a chain's causal
-        verify pass only without CUDA graphs: that pass is eager, while with graphs a step
-        with a prefill chunk is a graphed mixed EXTEND step, its decoders at K = 0."""
+        verify pass, so that an arrival does not cost the decoders a step at K = 0; with
+        CUDA graphs only under GEARSHIFT_RIDERS=on (such a step's host work is not hidden
+        yet: the graphed mixed EXTEND step at K = 0 measured faster, docs/benchmarks.md)."""
+        riders = self.topk == 1 and (self.runner.shape_graphs is None
+                                     or env.RIDERS.get() == "on")
         return Speculation(
             num_draft_tokens=self.num_draft_tokens, draft_topk=self.topk,
             num_nodes=self.nodes, num_scratch=self.scratch,
@@ -91,7 +95,7 @@ class SpecRunner:
             tree_population=self.acceptance.tree_population,
             draft_catches_up=self.proposer.keeps_state,
             draft_row_shift=int(self.proposer.shifted_inputs),
-            mixed=self.topk == 1 and self.runner.shape_graphs is None)
+            mixed=riders)
 
     def gear(self, plan: StepPlan) -> int:
         """The cost model's key of a planned step: K for chains (0 = plain decode), the
@@ -174,7 +178,8 @@ class SpecRunner:
         counts = self.runner.token_counts() if pb is not None and pb.use_counts else None
         if counts is not None:
             counts.reset(pb)  # rows given out this step, before the draft reads them
-        ctx = ProposeContext(reqs, ks, depth, topk, n_max, d["roots"], d["prefix"], prefix,
+        n_draft = max(n for n, r in zip(plan.num_nodes, ride) if not r)  # not a chunk's length
+        ctx = ProposeContext(reqs, ks, depth, topk, n_draft, d["roots"], d["prefix"], prefix,
                              d["rows"], d["scratch"].view(b, s_max), sb, counts)
         if timing is not None:
             timing.mark(1)
@@ -189,7 +194,7 @@ class SpecRunner:
         # tokens each request sends through the target (a rider: its whole chunk)
         n_tokens = [len(s) if r else n for s, r, n in zip(node_slots, ride, n_nodes)]
         offsets = [0, *accumulate(n_tokens)][:b]  # first target token of each request
-        per_row, pad_tok, k_dev = vb.uniform(n_nodes), None, d["k"]
+        per_row, pad_tok, k_dev, rows = vb.uniform(n_nodes), None, d["k"], None
         if topk == 1 and not any(ride) and self._bucketed(n_nodes, sb) \
                 and not self.split_k_chains(b):
             # chains of different K: one causal extend over sum(K_i + 1) tokens, bucketed
@@ -198,8 +203,8 @@ class SpecRunner:
             slots_bn, per_row = None, n_tree
         elif topk == 1 and (any(ride) or not self.split_k_chains(b)):
             # chains verify as a causal extend over positions L..L+K (prefix read once)
-            fb, flat, key, node_tok = vb.chain_batch(self.runner, reqs, prefix, tree,
-                                                     node_slots, n_nodes, n_tree, ride)
+            fb, flat, key, node_tok, rows = vb.chain_batch(self.runner, reqs, prefix, tree,
+                                                           node_slots, n_nodes, n_tree, ride)
             slots_bn = None
         else:
             d2, pad = vb.stage_tree_nodes(self.runner, reqs, prefix, n_nodes, n_tree)
@@ -210,7 +215,10 @@ class SpecRunner:
             key = ("verify-tree", fb.num_tokens, n_tree) if self.runner.shape_graphs is not None \
                 and fb.num_tokens <= self.runner.max_verify_graph_tokens else None
             node_tok = None
-        logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key)  # [T(+pad), V]
+        if rows is not None:  # riders: the nodes' logits alone [nodes, V]
+            logits_t, aux = self.runner.forward_rows(fb, rows, self.capture)
+        else:
+            logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key)  # [T(+pad), V]
         raw_t = logits_t
         if pb is not None:  # verification sees what a plain step would sample from
             logits_t = vl.penalise(pb, counts, logits_t, tree, flat, vl.node_rows(flat, node_tok),
@@ -245,7 +253,7 @@ class SpecRunner:
         if timing is not None:
             timing.mark(3)
         read = self._read_later(packed)
-        early = self._follow_early(plan, packed, d, offsets, aux)
+        early = self._follow_early(plan, packed, d, offsets, aux, node_slots)
         if before_sync is not None:
             before_sync()
         packed = read() if read is not None else packed.tolist()  # the step's one host sync
@@ -297,7 +305,8 @@ class SpecRunner:
         return extend, store
 
     def _follow_early(self, plan: StepPlan, packed: torch.Tensor, staged: dict,
-                      offsets: list[int], aux: torch.Tensor | None) -> list[int] | None:
+                      offsets: list[int], aux: torch.Tensor | None,
+                      node_slots: list[list[int]]) -> list[int] | None:
         """Launch the draft's follow-up over the accepted tokens before the host reads them,
         laid out on the device (follow_up.py), where its graphed shape applies: the draft
         runs while the host commits. Requests this step finishes are followed too (their
@@ -305,6 +314,15 @@ class SpecRunner:
         if not self.follow.follows_early(plan):
             return None
         extend, store = self._groups(plan)
+        riders = [i for i, d in enumerate(plan.decoding) if not d]
+        if riders:  # a chunk's features are kept; the draft catches up on it when it drafts
+            keep = [i for i in riders
+                    if plan.reqs[i].params.speculative or self.follow.every_token]
+            self.follow.store_slots([s for i in keep for s in node_slots[i]], aux,
+                                    [offsets[i] + j for i in keep
+                                     for j in range(len(node_slots[i]))])
+            extend = [i for i in extend if plan.decoding[i]]
+            store = [i for i in store if plan.decoding[i]]
         self.follow.follow_accepted(plan, extend, store, packed, staged, offsets, aux)
         return extend
 

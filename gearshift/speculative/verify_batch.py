@@ -29,7 +29,11 @@ from gearshift.speculative.verify_device import greedy_packed, pad_flat, pad_gre
 
 def chain_batch(runner: ModelRunner, reqs: list[Request], prefix: list[int], tree: DraftTree,
                 node_slots: list[list[int]], n_nodes: list[int], n_tree: int, ride: list[bool]):
-    """-> (batch, flat node indices, graph key or None, target token of each flat node)."""
+    """-> (batch, flat node indices, graph key or None, the logits row of each flat node,
+    the token rows whose logits the pass computes or None: all of them). With riders the
+    pass computes the nodes' logits alone (not every chunk token's), on an EXTEND graph
+    where one fits the step (runner.padding's layout: one dummy request holding the
+    padding tokens, then empty requests)."""
     st = Stager(runner.device)
     flat, node_tok, rider_pos, rider_ids, t = [], [], [], [], 0
     extend = [len(s) if r else n for s, r, n in zip(node_slots, ride, n_nodes)]
@@ -46,15 +50,23 @@ def chain_batch(runner: ModelRunner, reqs: list[Request], prefix: list[int], tre
     out_loc = [s for slots, n in zip(node_slots, extend) for s in slots[:n]]
     rows = [r.req_pool_index for r in reqs]
     prefix = list(prefix)
-    key = None
-    if (runner.shape_graphs is not None and len(set(extend)) == 1 and not any(ride)
-            and runner.decode_pad(len(reqs)) * extend[0] <= runner.max_verify_graph_tokens):
+    key, mode, b = None, ForwardMode.VERIFY, len(reqs)
+    tokens = runner.extend_pad(t) if any(ride) and runner.extend_graphs is not None else None
+    if tokens is not None and b < runner.extend_rows:
+        # riders: laid out like a padded EXTEND step (runner/batch.py, `Padding`)
+        empty = runner.extend_rows - b - 1
+        rows, prefix = rows + [0] * (1 + empty), prefix + [0] * (1 + empty)
+        extend = extend + [tokens - t] + [0] * empty
+        out_loc = out_loc + [0] * (tokens - t)
+        mode = ForwardMode.EXTEND
+    elif (runner.shape_graphs is not None and len(set(extend)) == 1 and not any(ride)
+            and runner.decode_pad(b) * extend[0] <= runner.max_verify_graph_tokens):
         # uniform candidates per request: pad to a graph batch size (dummy row 0, slot 0)
-        n, pad = extend[0], runner.decode_pad(len(reqs)) - len(reqs)
+        n, pad = extend[0], runner.decode_pad(b) - b
         rows, prefix, extend = rows + [0] * pad, prefix + [0] * pad, extend + [n] * pad
         out_loc = out_loc + [0] * (n * pad)
         key = ("verify", len(rows), n)
-    stage_forward(st, rows, prefix, extend, [0] * len(out_loc), out_loc)
+    stage_forward(st, rows, prefix, extend, [0] * len(out_loc), out_loc, num_real=b)
     st.add_ints("flat", flat)
     st.add_ints("node_tok", node_tok)
     st.add_ints("rider_pos", rider_pos)
@@ -64,9 +76,11 @@ def chain_batch(runner: ModelRunner, reqs: list[Request], prefix: list[int], tre
     ids[d["node_tok"]] = tree.tokens.view(-1)[d["flat"]]  # riders: their chunk's last token
     ids[d["rider_pos"]] = d["rider_ids"]  # ... is overwritten by the prompt token itself
     d["input_ids"] = ids
-    fb = forward_batch(d, ForwardMode.VERIFY, len(reqs), prefix, extend, runner.kv)
+    fb = forward_batch(d, mode, b, prefix, extend, runner.kv)
+    if any(ride):  # the nodes' logits alone: row j of the pass's logits is node_tok[j]'s
+        return fb, d["flat"], key, torch.arange(len(node_tok), device=ids.device), d["node_tok"]
     fb.logits_indices = torch.arange(fb.num_tokens, device=fb.input_ids.device)
-    return fb, d["flat"], key, d["node_tok"]
+    return fb, d["flat"], key, d["node_tok"], None
 
 
 def mixed_chain_batch(runner: ModelRunner, reqs: list[Request], prefix: list[int],
