@@ -130,3 +130,37 @@ def test_a_mixed_k_step_is_observed_with_its_k_per_request(make_llm, tiny_llama_
     uniform = [k for k, bs, ks in pol.observed if k and ks is None]
     assert mixed and all(len(set(ks)) > 1 and k == chain_gear(ks) for k, ks in mixed)
     assert uniform and set(uniform) == {2}
+
+
+class CountingObserver(Policy):
+    """K = 2 every decode step; records the gears observed."""
+
+    def __init__(self) -> None:
+        self.observed: list[int] = []
+
+    def plan(self, view: PolicyView) -> list[int]:
+        return [2] * len(view.requests)
+
+    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float, ks=None) -> None:
+        self.observed.append(k)
+
+
+def test_a_verify_step_with_a_prefill_chunk_riding_along_is_not_observed(make_llm,
+                                                                          tiny_llama_dir):
+    """A chunk riding in a VERIFY step (every step here: prompts arrive in 4-token chunks)
+    adds its prefill to the step's wall time, which is no gear's price: such steps are not
+    observed; the others are."""
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="ngram", num_draft_tokens=3,
+                   overlap_schedule=False, max_num_batched_tokens=5)
+    pol = CountingObserver()
+    llm.engine.set_policy(pol)
+    schedule, plans = llm.engine.scheduler.schedule, []
+    llm.engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
+    llm.generate(random_prompts([3, 30, 40], seed=4),
+                 SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    verify = [p for p in plans if p.speculating]
+    riding = [p for p in verify if not all(p.decoding)]
+    assert riding and len(riding) < len(verify)
+    # a VERIFY step is observed inside the next one (or at a plain step): the last may not be
+    spec = [k for k in pol.observed if k]
+    assert len(verify) - len(riding) - 1 <= len(spec) <= len(verify) - len(riding)
