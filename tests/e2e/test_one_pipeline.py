@@ -66,7 +66,9 @@ def _drive(llm, prompts, params, arrive_every: int) -> tuple[dict, list]:
 
     def prepare(plan, padding=None):
         log[-1]["prepares"].append(plan)
-        return orig_prepare(plan, padding)
+        batch = orig_prepare(plan, padding)
+        log[-1]["staged"] = batch.staged
+        return batch
 
     eng.slots.alloc, eng.builder.prepare = alloc, prepare
     outs: dict[str, list[int]] = {}
@@ -121,6 +123,12 @@ def test_every_mode_allocates_its_plan_and_commits_once(make_llm, tiny_llama_dir
         assert riders  # prefill chunks rode along in a chain VERIFY step
         assert all(n == e for p in riders for n, e, d in
                    zip(p.num_nodes, p.extend_lens, p.decoding) if not d)
+        # node slots are staged as wide as the chains: a chunk reads its own from the host
+        for s in log:
+            p = s["prepares"][-1] if s["prepares"] else None
+            if p is not None and any(p is r for r in riders):
+                width = max(n for n, d in zip(p.num_nodes, p.decoding) if d)
+                assert s["staged"]["node_slots"].numel() == p.batch_size * width
     stats = llm.memory_stats()
     assert stats["kv_slots_free"] + stats["kv_slots_cached"] == stats["kv_slots_total"]
 
