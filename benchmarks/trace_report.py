@@ -13,8 +13,8 @@ in host gaps between steps (the caller's work), how many requests a step ran wit
 weighted by wall time, and max: the ramp and tail of a run read below c), steps and
 median / p90 wall ms per mode, median device ms, on CUDA a VERIFY step's draft device
 time, device span and the wall time outside that span (host work not hidden), where a
-VERIFY step's host time goes (its clock at the catch-up's launch, verification's launch
-and the sync; apart for steps with a prefill chunk riding along), VERIFY
+VERIFY step's host time goes (its clock once planned, at the catch-up's launch,
+verification's launch and the sync; apart for steps with a prefill chunk riding along), VERIFY
 steps' K mix (request-steps by K; trees apart), the steps that carried a prefill chunk:
 how many, and how many of those speculated, how long new requests waited for their first
 chunk (from arrival at the engine: behind the step in flight, or queued), what arrivals
@@ -91,8 +91,9 @@ def summarize(steps: list[dict]) -> dict:
     for name, group in (("verify_host", [s for s in timed if "host_ms" in s]),
                         ("verify_prefill_host", [s for s in timed if "host_ms" in s
                                                  and s.get("prefill")])):
-        if group:  # host clock from the step's start: catch-up launched, verified, synced
+        if group:  # host clock from the step's start: planned, catch-up launched, verified, synced
             out[name] = (len(group), statistics.median(s["ms"] for s in group),
+                         statistics.median(s.get("plan_ms", 0.0) for s in group),
                          *(statistics.median(s["host_ms"][j] for s in group) for j in range(3)))
     ks: Counter = Counter()
     for s in steps:
@@ -160,10 +161,10 @@ def table(names: list[str], sums: list[dict]) -> str:
                  ("verify: wall less span, median ms (host not hidden)",
                   [_f(t and t["host_ms"]) for t in timing])]
     for key, label in (("verify_host", "verify"), ("verify_prefill_host", "verify with a prefill")):
-        rows.append((f"{label}: steps, wall ms; host ms from its start, medians: catch-up "
-                     "launched / verification launched / synced",
-                     [("{}, {:.2f}; {:.2f} / {:.2f} / {:.2f}".format(*s[key]) if key in s
-                       else "-") for s in sums]))
+        rows.append((f"{label}: steps, wall ms; host ms from its start, medians: planned / "
+                     "catch-up launched / verification launched / synced",
+                     [("{}, {:.2f}; {:.2f} / {:.2f} / {:.2f} / {:.2f}".format(*s[key])
+                       if key in s else "-") for s in sums]))
     rows += [("VERIFY K mix (request-steps)",
               [", ".join(f"{k}: {n}" for k, n in s.get("k_mix", {}).items()) or "-" for s in sums]),
              ("steps with a prefill chunk (speculating)",

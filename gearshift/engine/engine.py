@@ -272,7 +272,8 @@ class Engine:
             except RequestFault as fault:
                 return outputs + [self._fail(fault)]
             try:
-                result = self.spec.run(plan, batch, before_sync=lambda: self._before_sync(plan))
+                result = self.spec.run(plan, batch, before_sync=lambda: self._before_sync(plan),
+                                       planning_s=planning_s)
             except BaseException:
                 self.scheduler.commit(plan, StepResult(batch.slots, [[] for _ in plan.reqs],
                                                        kept=[[] for _ in plan.reqs]))

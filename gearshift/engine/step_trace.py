@@ -12,7 +12,9 @@ served run and the engine's closed loop can be compared step by step
     catch_up_ms, draft_ms, span_ms    a VERIFY step's draft catch-up, draft proposal, and
                 device span from the catch-up to verification's end (CUDA only)
     host_ms     a VERIFY step's host clock (CUDA only), ms from its start: the catch-up's
-                launch, verification launched, the sync returned (then commit and outputs)
+                launch, verification launched, the sync returned (then commit and outputs);
+                plan_ms: how much of it went to planning (the rest before the catch-up's
+                launch: committing the step before, laying out the batch)
     mode, batch, tokens, gear    as Engine.last_step
     ks          a VERIFY step's requests by K ({K: requests}), tree width `topk`
     prefill     requests with a prefill chunk in the step, and their tokens; `waits_ms`:

@@ -157,10 +157,12 @@ class SpecRunner:
 
     # ------------------------------------------------------------------ VERIFY steps
     @torch.inference_mode()
-    def run(self, plan: StepPlan, batch: StepBatch, before_sync=None) -> StepResult:
+    def run(self, plan: StepPlan, batch: StepBatch, before_sync=None,
+            planning_s: float = 0.0) -> StepResult:
         """Decoding requests verify their nodes; prefill chunks in the same plan ("riders",
         chains only) extend as usual in the same causal pass and sample at their end.
-        `before_sync`: host work to do while the device runs, before the step's one sync."""
+        `before_sync`: host work to do while the device runs, before the step's one sync;
+        `planning_s`: the host time that planned the step (for the step trace)."""
         reqs, ks, topk = plan.reqs, plan.num_draft_tokens, plan.draft_topk
         b = len(reqs)
         ride = [not d for d in plan.decoding]
@@ -172,7 +174,7 @@ class SpecRunner:
         # the draft catches up on rows committed while these requests ran at K = 0
         timing = self.timing
         if timing is not None:
-            timing.mark(0)
+            timing.mark(0, planning_s)
         self.follow.catch_up([r for r, k, rd in zip(reqs, ks, ride) if k and not rd])
         pb, lp = sb.penalties, sb.logprobs
         counts = self.runner.token_counts() if pb is not None and pb.use_counts else None

@@ -1,6 +1,7 @@
 """CUDA events around a VERIFY step's device work, for the step trace (`--step-trace`):
 the draft's catch-up, its proposal, and the step's span from the catch-up to the end of
-verification (the target pass and greedy verification between). The trace's `ms` less
+verification (the target pass and greedy verification between), and the host time that
+planned the step (schedule(), the policy's K included). The trace's `ms` less
 `span_ms` is the step's host time not hidden behind its device work; the host's clock at
 mark 0, mark 3 and the sync says where that time goes (before the catch-up is launched,
 launching the step, or between verification and the sync, which includes waiting for the
@@ -21,14 +22,16 @@ class VerifyTiming:
     def __init__(self) -> None:
         self._events: list[torch.cuda.Event] | None = None
         self._host: list[float] = []  # perf_counter at mark 0 and mark 3
+        self._planning_ms = 0.0
         self.last: dict = {}  # catch_up_ms, draft_ms, span_ms, host of the latest step
 
-    def mark(self, i: int) -> None:
-        """0: before the catch-up, 1: before the proposal, 2: after it, 3: after
-        verification."""
+    def mark(self, i: int, planning_s: float = 0.0) -> None:
+        """0: before the catch-up (`planning_s`: the host time that planned the step), 1:
+        before the proposal, 2: after it, 3: after verification."""
         if i == 0:
             self._events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
             self._host = []
+            self._planning_ms = planning_s * 1e3
         self._events[i].record()
         if i in (0, 3):
             self._host.append(time.perf_counter())
@@ -41,4 +44,5 @@ class VerifyTiming:
             "catch_up_ms": round(e[0].elapsed_time(e[1]), 3),
             "draft_ms": round(e[1].elapsed_time(e[2]), 3),
             "span_ms": round(e[0].elapsed_time(e[3]), 3),
+            "plan_ms": round(self._planning_ms, 3),
             "host": [*self._host, time.perf_counter()]}

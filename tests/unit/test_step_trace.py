@@ -114,7 +114,8 @@ def test_verify_steps_carry_their_device_timing_on_cuda(tmp_path):
     from gearshift.forward_batch import ForwardMode
     from gearshift.scheduler.plan import StepPlan
 
-    timing = SimpleNamespace(last={"catch_up_ms": 0.1, "draft_ms": 1.2, "span_ms": 5.5})
+    timing = SimpleNamespace(last={"catch_up_ms": 0.1, "draft_ms": 1.2, "span_ms": 5.5,
+                                   "plan_ms": 0.4})
     host = time.perf_counter()  # the host clock at mark 0, mark 3 and the sync
     spec = SimpleNamespace(runner=SimpleNamespace(device=SimpleNamespace(type="cuda")))
     spec.time_verify_steps = lambda: setattr(spec, "timing", timing)
@@ -146,7 +147,7 @@ def test_verify_steps_carry_their_device_timing_on_cuda(tmp_path):
     assert "| verify: wall less span, median ms (host not hidden) | 2.50 |" in out
     host_row = next(r for r in out.splitlines() if r.startswith("| verify: steps, wall ms;"))
     assert host_row.startswith("| verify: steps, wall ms; host ms from its start, medians: ") \
-        and "| 3, 8.00; " in host_row
+        and "| 3, 8.00; 0.40 / " in host_row
     assert "| verify with a prefill: steps" in out and out.rstrip().count(" | - |") >= 1
 
 
