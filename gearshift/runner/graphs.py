@@ -237,9 +237,11 @@ class ExtendGraphRunner:
     hidden states [tokens, hidden] stay readable (`hidden`) until the graph replays again."""
 
     def __init__(self, forward, sizes: list[int], rows: int, device: torch.device,
-                 pool=None) -> None:
-        # (ForwardBatch) -> (logits [rows, vocab] (, aux), hidden states [T, hidden])
-        self.forward = forward
+                 pool=None, keep_hidden: bool = True) -> None:
+        # (ForwardBatch) -> (logits [rows, vocab] (, aux), hidden states [T, hidden]); the
+        # hidden states stay allocated per graph only when kept (outside the shared pool)
+        self.keep_hidden = keep_hidden
+        self.forward = forward if keep_hidden else (lambda fb: (forward(fb)[0], None))
         self.sizes = sorted(sizes)
         self.rows = rows
         self.buf = _ExtendBuffers.allocate(max(sizes), rows, device)
@@ -278,8 +280,8 @@ class ExtendGraphRunner:
         self.graphs[t].replay()
         return self.outputs[t][0]
 
-    def hidden(self, fb: ForwardBatch) -> torch.Tensor:
-        """The hidden states [T, hidden] of the latest replay of fb's graph."""
+    def hidden(self, fb: ForwardBatch) -> torch.Tensor | None:
+        """The hidden states [T, hidden] of the latest replay of fb's graph (None: not kept)."""
         return self.outputs[fb.num_tokens][1]
 
 

@@ -15,6 +15,7 @@ from collections import Counter
 
 import torch
 
+from gearshift import env
 from gearshift.attention.base import KVCache, create_backend
 from gearshift.config import ConfigError, EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch, ForwardMode
@@ -111,8 +112,10 @@ class ModelRunner:
         pool = None
         sizes = extend_token_buckets(self._extend_graph_limit())
         if sizes:  # the widest activations: captured first, later graphs reuse the memory
+            # their hidden states only for VERIFY steps with chunks riding along (forward_rows)
             self.extend_graphs = ExtendGraphRunner(self._forward_extend, sizes, self.extend_rows,
-                                                   self.device)
+                                                   self.device,
+                                                   keep_hidden=env.RIDERS.get() == "on")
             self.extend_graphs.capture()
             self.extend_sizes, pool = sizes, self.extend_graphs.pool
             times = self.extend_graphs.replay_ms()

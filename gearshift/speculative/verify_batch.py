@@ -51,7 +51,9 @@ def chain_batch(runner: ModelRunner, reqs: list[Request], prefix: list[int], tre
     rows = [r.req_pool_index for r in reqs]
     prefix = list(prefix)
     key, mode, b = None, ForwardMode.VERIFY, len(reqs)
-    tokens = runner.extend_pad(t) if any(ride) and runner.extend_graphs is not None else None
+    graphs = runner.extend_graphs
+    tokens = runner.extend_pad(t) if any(ride) and graphs is not None and graphs.keep_hidden \
+        else None
     if tokens is not None and b < runner.extend_rows:
         # riders: laid out like a padded EXTEND step (runner/batch.py, `Padding`)
         empty = runner.extend_rows - b - 1

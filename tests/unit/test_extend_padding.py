@@ -232,3 +232,22 @@ def test_masked_keys_never_reach_the_output_even_when_not_finite() -> None:
     k[0, :, 3:], v[0, :, 3:] = float("nan"), float("inf")  # past request 0's length
     out = _attend(q, k, v, mask, 0.5)
     assert torch.isfinite(out).all() and torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_extend_graphs_keep_their_hidden_states_only_when_asked(monkeypatch, keep) -> None:
+    """Kept (GEARSHIFT_RIDERS=on: VERIFY steps with chunks riding along read them), each
+    graph's hidden states [tokens, hidden] are its output; else the graph returns only its
+    logits and holds no [tokens, hidden] of its own."""
+    monkeypatch.setattr(graphs_mod, "capture_graphs", eager_capture)
+
+    def forward(fb):
+        return torch.zeros(fb.padded_batch_size, 5), torch.ones(fb.num_tokens, 3)
+
+    graphs = ExtendGraphRunner(forward, [16, 32], 4, torch.device("cpu"), keep_hidden=keep)
+    graphs.capture()
+    for t in (16, 32):
+        fb = graphs.buf.capture_batch(t)
+        assert graphs.replay(fb).shape == (4, 5)
+        hidden = graphs.hidden(fb)
+        assert (hidden.shape == (t, 3)) if keep else hidden is None
