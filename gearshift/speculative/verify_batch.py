@@ -20,7 +20,7 @@ import torch
 
 from gearshift.forward_batch import ForwardBatch, ForwardMode, TreeAttention
 from gearshift.request import Request
-from gearshift.runner.batch import Stager, forward_batch, stage_forward
+from gearshift.runner.batch import Padding, Stager, forward_batch, pad_batch, stage_forward
 from gearshift.runner.graphs import mixed_verify_tokens
 from gearshift.runner.model_runner import ModelRunner
 from gearshift.speculative.tree import DraftTree, ancestor_mask
@@ -56,11 +56,9 @@ def chain_batch(runner: ModelRunner, reqs: list[Request], prefix: list[int], tre
         else None
     if tokens is not None and b < runner.extend_rows:
         # riders: laid out like a padded EXTEND step (runner/batch.py, `Padding`)
-        empty = runner.extend_rows - b - 1
-        rows, prefix = rows + [0] * (1 + empty), prefix + [0] * (1 + empty)
-        extend = extend + [tokens - t] + [0] * empty
-        out_loc = out_loc + [0] * (tokens - t)
         mode = ForwardMode.EXTEND
+        rows, prefix, extend, _, out_loc = pad_batch(mode, rows, prefix, extend, [], out_loc,
+                                                     Padding(runner.extend_rows, tokens))
     elif (runner.shape_graphs is not None and len(set(extend)) == 1 and not any(ride)
             and runner.decode_pad(b) * extend[0] <= runner.max_verify_graph_tokens):
         # uniform candidates per request: pad to a graph batch size (dummy row 0, slot 0)
