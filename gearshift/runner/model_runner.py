@@ -112,7 +112,7 @@ class ModelRunner:
         pool = None
         sizes = extend_token_buckets(self._extend_graph_limit())
         if sizes:  # the widest activations: captured first, later graphs reuse the memory
-            # their hidden states only for VERIFY steps with chunks riding along (forward_rows)
+            # their hidden states only for VERIFY steps with chunks riding along (forward_all)
             self.extend_graphs = ExtendGraphRunner(self._forward_extend, sizes, self.extend_rows,
                                                    self.device,
                                                    keep_hidden=env.RIDERS.get() == "on")
@@ -212,7 +212,7 @@ class ModelRunner:
     def _forward_extend(self, fb: ForwardBatch):
         """-> (_forward_logits' outputs, the hidden states [T, hidden] they come from): the
         EXTEND graphs' body, so that a VERIFY step whose prefill chunks ride along can run
-        on them and take its nodes' logits from their hidden states (forward_rows)."""
+        on them and take its nodes' logits from their hidden states (forward_all)."""
         if self.capture:
             hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn, self.capture)
             return (self.model.compute_logits(hidden[fb.logits_indices], fp32=False), aux), hidden
@@ -314,14 +314,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_all(self, fb: ForwardBatch, capture: tuple[int, ...] = (),
-                    graph_key: tuple | None = None):
-        """Logits of every token [T, vocab] (VERIFY), and aux features when capturing.
-        With `graph_key` (an extend-layout batch of uniform shape: every request has
-        fb.max_extend_len tokens), the forward runs as a CUDA graph captured for that key."""
+                    graph_key: tuple | None = None, rows: torch.Tensor | None = None):
+        """Logits of every token [T, vocab] (VERIFY), or of token rows `rows` alone (a
+        VERIFY pass whose prefill chunks ride along: the nodes, not every chunk token), and
+        aux features of every token when capturing. With `graph_key` (an extend-layout
+        batch of uniform shape: every request has fb.max_extend_len tokens), the forward
+        runs as a CUDA graph captured for that key; with `rows`, a batch laid out for an
+        EXTEND graph (runner.padding's layout, mode EXTEND) replays that graph."""
         self._start_events()
-        graphed = graph_key is not None and self.shape_graphs is not None
+        extend = self.extend_graphs if rows is not None else None
+        on_extend = extend is not None and extend.can_run(fb)
+        graphed = on_extend or (graph_key is not None and self.shape_graphs is not None)
         self.step_counts[f"verify_{'graphed' if graphed else 'eager'}"] += 1
-        if graphed:
+        if on_extend:
+            replayed = extend.replay(fb)
+            aux = replayed[1] if self.capture else None
+            out = self.model.compute_logits(extend.hidden(fb).index_select(0, rows)), aux
+        elif graphed:
             t, h = fb.num_tokens, self.model.config.hidden_size
             logits = self._shared_out("logits", t, self.model.config.vocab_size, torch.float32)
             aux = self._shared_out("aux", t, len(capture) * h, self.dtype) if capture else None
@@ -338,27 +347,6 @@ class ModelRunner:
                 return out, aux
 
             out = self.shape_graphs.run(("target",) + graph_key, body, graph_inputs(fb))
-        else:
-            out = self._forward_all(fb, capture)
-        if self.last_events:
-            self.last_events[1].record()
-        return out
-
-    @torch.inference_mode()
-    def forward_rows(self, fb: ForwardBatch, rows: torch.Tensor, capture: tuple[int, ...] = ()):
-        """Logits [len(rows), vocab] of token rows `rows` alone (a VERIFY pass whose prefill
-        chunks ride along: the nodes, not every chunk token), and aux features of every
-        token when capturing. A batch laid out for an EXTEND graph (runner.padding's
-        layout, mode EXTEND) replays it; else the pass runs eagerly."""
-        self._start_events()
-        graphs = self.extend_graphs
-        graphed = graphs is not None and graphs.can_run(fb)
-        self.step_counts[f"verify_{'graphed' if graphed else 'eager'}"] += 1
-        if graphed:
-            out = graphs.replay(fb)
-            aux = out[1] if self.capture else None
-            logits = self.model.compute_logits(graphs.hidden(fb).index_select(0, rows))
-            out = logits, aux
         else:
             out = self._forward_all(fb, capture, rows=rows)
         if self.last_events:

@@ -217,10 +217,8 @@ class SpecRunner:
             key = ("verify-tree", fb.num_tokens, n_tree) if self.runner.shape_graphs is not None \
                 and fb.num_tokens <= self.runner.max_verify_graph_tokens else None
             node_tok = None
-        if rows is not None:  # riders: the nodes' logits alone [nodes, V]
-            logits_t, aux = self.runner.forward_rows(fb, rows, self.capture)
-        else:
-            logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key)  # [T(+pad), V]
+        # [T(+pad), V]; with riders, the nodes' logits alone [nodes, V]
+        logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key, rows=rows)
         raw_t = logits_t
         if pb is not None:  # verification sees what a plain step would sample from
             logits_t = vl.penalise(pb, counts, logits_t, tree, flat, vl.node_rows(flat, node_tok),

@@ -156,9 +156,9 @@ def test_verify_passes_larger_than_a_prefill_chunk_run_eagerly(make_llm, tiny_ll
     assert runner.max_verify_graph_tokens == 8
     passes, forward_all = [], runner.forward_all
 
-    def spy(fb, capture=(), graph_key=None):
+    def spy(fb, capture=(), graph_key=None, **kw):
         passes.append((fb.num_tokens, graph_key is not None))
-        return forward_all(fb, capture, graph_key=graph_key)
+        return forward_all(fb, capture, graph_key=graph_key, **kw)
 
     runner.forward_all = spy
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
@@ -236,9 +236,9 @@ def test_mixed_k_chains_verify_on_token_bucket_graphs(make_llm, tiny_llama_dir, 
     keys = []
     orig = llm.engine.runner.forward_all
 
-    def forward_all(fb, capture=(), graph_key=None):
+    def forward_all(fb, capture=(), graph_key=None, **kw):
         keys.append(graph_key)
-        return orig(fb, capture, graph_key=graph_key)
+        return orig(fb, capture, graph_key=graph_key, **kw)
 
     llm.engine.runner.forward_all = forward_all
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
