@@ -3,9 +3,10 @@ resumes at full acceptance after any number of plain (K = 0) steps. Its KV lives
 target's slots; for EAGLE-3 so does what it needs of the target: fc(target features) per
 token, stored by slot.
 
-    plain step (K = 0):  store only: EAGLE-3 keeps fc(features) of the step's tokens at their
+    plain step (K = 0):  store: EAGLE-3 keeps fc(features) of the step's tokens at their
                          slots (one small GEMM + scatter, far cheaper than a draft forward
-                         per plain step); the draft itself falls behind
+                         per plain step); the draft falls behind on decoders, but extends
+                         over a prompt chunk (all but its last row) behind the target's pass
     VERIFY step:         catch_up first: requests about to speculate extend the draft over
                          their backlog (graphed, K + 1 wide, when it fits, else eager chunks;
                          short backlogs graphed apart from long ones),
@@ -60,6 +61,15 @@ class DraftFollower:
                 token_idx.extend(range(start, start + n))
             start += n
         self.store(reqs, prefix, extend, aux, token_idx)
+        # a prompt's backlog is eager work: launched here it runs behind this step's target
+        # pass, not on the next VERIFY step's critical path. Its last row reads the token
+        # this step samples; the next catch-up takes it with the decoders' rows (graphed)
+        width = self.num_draft_tokens + 1
+        prompts = [r for r, dec in zip(plan.reqs, plan.decoding)
+                   if not dec and r.params.speculative and not (r.is_finished or r.closing)
+                   and r.num_computed_tokens - 1 - r.draft_rows > width]
+        if prompts and self.proposer.keeps_state:
+            self._extend_backlog(prompts, lag=1)
 
     def store(self, reqs: list[Request], prefix: list[int], extend: list[int],
               aux: torch.Tensor | None, token_idx: list[int]) -> None:
@@ -89,30 +99,35 @@ class DraftFollower:
         if self.runner.device.type == "cuda":
             events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             events[0].record()
-        store = self.proposer.stored_features()
-        while True:
-            behind = [r for r in reqs if r.draft_rows < r.num_computed_tokens]
-            if not behind:
-                break
-            for group in self._backlog_groups(behind):
-                cap = max(1, max_tokens // len(group))
-                prefix = [r.draft_rows for r in group]
-                extend = [min(r.num_computed_tokens - r.draft_rows, cap) for r in group]
-                slots = [s for r, p, n in zip(group, prefix, extend) for s in r.slots[p:p + n]]
-                self.extend(group, prefix, extend, store, slots)  # store rows are slot ids
-                self.catch_up_rows += len(slots)
+        self.catch_up_rows = self._extend_backlog(reqs, 0, max_tokens)
         if events is not None:
             events[1].record()
         self._timing = ((time.perf_counter() - t0) * 1e3, events)
 
-    def _backlog_groups(self, behind: list[Request]) -> list[list[Request]]:
+    def _extend_backlog(self, reqs: list[Request], lag: int, max_tokens: int = 4096) -> int:
+        """The draft over the stored rows it is behind on, up to `lag` rows short of each
+        request's computed tokens, in rounds of at most `max_tokens` tokens. -> rows run."""
+        store, rows = self.proposer.stored_features(), 0
+        while True:
+            behind = [r for r in reqs if r.draft_rows < r.num_computed_tokens - lag]
+            if not behind:
+                return rows
+            for group in self._backlog_groups(behind, lag):
+                cap = max(1, max_tokens // len(group))
+                prefix = [r.draft_rows for r in group]
+                extend = [min(r.num_computed_tokens - lag - r.draft_rows, cap) for r in group]
+                slots = [s for r, p, n in zip(group, prefix, extend) for s in r.slots[p:p + n]]
+                self.extend(group, prefix, extend, store, slots)  # store rows are slot ids
+                rows += len(slots)
+
+    def _backlog_groups(self, behind: list[Request], lag: int) -> list[list[Request]]:
         """The requests a few rows behind (the decoders of a plain step: a draft-extend
         graph) apart from long backlogs (a new request's prompt: eager), so that one
         arrival does not send the whole batch's catch-up down the eager path."""
         if not (self.proposer.graph_extend and self.runner.shape_graphs is not None):
             return [behind]
         width = self.num_draft_tokens + 1
-        short = [r for r in behind if r.num_computed_tokens - r.draft_rows <= width
+        short = [r for r in behind if r.num_computed_tokens - lag - r.draft_rows <= width
                  and r.draft_rows + width <= self.runner.max_positions]
         if not short or len(short) == len(behind):
             return [behind]

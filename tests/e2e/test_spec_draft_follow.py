@@ -112,16 +112,18 @@ def test_plain_steps_store_features_and_the_draft_catches_up_before_speculating(
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(PROMPTS):
         eng.add_request(str(i), p, params)
-    for _ in range(6):  # prefill + 5 plain decode steps: features stored, no draft forward
+    for _ in range(6):  # prefill + 5 plain decode steps: features stored
         eng.step()
     reqs = list(eng.scheduler.running)
-    assert draft_runs == [] and all(r.draft_rows == 0 for r in reqs)
+    # the prefill step ran the draft over each prompt but its last row; decode steps did not
+    assert draft_runs == [sum(len(p) - 1 for p in PROMPTS)]
+    assert [r.draft_rows for r in reqs] == [len(p) - 1 for p in PROMPTS]
     stored = proposer.features[[s for r in reqs for s in r.slots]]
     assert stored.abs().sum(-1).gt(0).all()  # fc(features) of every computed token
     while not at_propose:
         eng.step()
     assert all(rows == computed for rows, computed in at_propose[0])  # caught up first
-    assert draft_runs[0] == sum(c for _, c in at_propose[0])  # one catch-up batch
+    assert draft_runs[1] == 6 * len(PROMPTS)  # one catch-up batch: 1 prompt row + 5 decoded
     while eng.has_unfinished_requests():
         eng.step()
 

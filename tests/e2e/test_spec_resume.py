@@ -110,10 +110,12 @@ def test_graphed_catch_up_after_a_short_stretch_proposes_like_a_fresh_engine(
 def test_an_arrival_does_not_send_the_decoders_catch_up_down_the_eager_path(
         make_llm, tiny_llama_dir, tmp_path):
     """As on a GPU: a request speculates; a new one arrives and its prefill chunks run in
-    plain steps (the decoder at K = 0, a row behind each); then one VERIFY step catches both
-    up: the decoder's short backlog through the padded draft-extend graph, the arrival's
-    prompt eagerly on its own. Greedy output stays plain decoding's."""
+    plain steps (the decoder at K = 0, a row behind each), where the draft also runs over
+    the prompt (eagerly, all but its last row). The next VERIFY step catches both up in
+    one padded draft-extend graph; a long backlog would go eagerly on its own. Greedy
+    output stays plain decoding's."""
     from dataclasses import replace
+    from types import SimpleNamespace
 
     from checkpoints import random_prompts
     from eager_graphs import install
@@ -154,11 +156,19 @@ def test_an_arrival_does_not_send_the_decoders_catch_up_down_the_eager_path(
     while eng.stats()["verify_steps"] < 2:
         step()
     eng.add_request("b", arrival, params)
+    plain = len(calls)
+    while eng.stats()["verify_steps"] < 3:  # b's prefill chunks, then the first VERIFY
+        step()
+    # b's prompt went through the draft in its plain steps: eagerly, one request, no catch-up
+    prompt = [c for g in groups for c in g]
+    in_plain = [c for c in calls[plain:] if c not in prompt]
+    assert in_plain and all(n == 1 and w is None for n, _, w in in_plain)
+    assert sum(rows for _, rows, _ in in_plain) == len(arrival) - 1
+    [(n, rows, width)] = groups[-1]  # then both caught up in one graph, K + 1 wide
+    assert n == 2 and rows <= 4 and width == 4
     while eng.has_unfinished_requests():
         step()
     assert [got["a"], got["b"]] == want
-    split = [g for g in groups if len(g) == 2]
-    assert split, groups
-    (n_short, short, width), (n_long, long, eager) = split[0]
-    assert (n_short, n_long) == (1, 1) and short <= 4 < long
-    assert width == 4 and eager is None  # graphed K + 1 wide; the prompt eagerly
+    # a long backlog (a request decoded plainly for long) goes eagerly, apart from short ones
+    short, long = (SimpleNamespace(num_computed_tokens=20, draft_rows=d) for d in (18, 5))
+    assert follow._backlog_groups([short, long], 0) == [[short], [long]]
