@@ -61,15 +61,21 @@ class DraftFollower:
                 token_idx.extend(range(start, start + n))
             start += n
         self.store(reqs, prefix, extend, aux, token_idx)
-        # a prompt's backlog is eager work: launched here it runs behind this step's target
-        # pass, not on the next VERIFY step's critical path. Its last row reads the token
-        # this step samples; the next catch-up takes it with the decoders' rows (graphed)
+        chunks = [r for r, dec in zip(plan.reqs, plan.decoding)
+                  if not dec and not (r.is_finished or r.closing)]
+        self.extend_prompts(chunks, [r.num_computed_tokens - 1 for r in chunks])
+
+    def extend_prompts(self, reqs: list[Request], ends: list[int]) -> None:
+        """The draft over each prompt chunk just computed (its features stored), up to row
+        ends[i]: all but the chunk's last row, whose token the step samples. Eager work,
+        launched where it runs behind the step's target pass rather than on the next VERIFY
+        step's critical path; the next catch-up takes the last row with the decoders' rows
+        (graphed). Backlogs no longer than a draft-extend graph are left to it."""
         width = self.num_draft_tokens + 1
-        prompts = [r for r, dec in zip(plan.reqs, plan.decoding)
-                   if not dec and r.params.speculative and not (r.is_finished or r.closing)
-                   and r.num_computed_tokens - 1 - r.draft_rows > width]
-        if prompts and self.proposer.keeps_state:
-            self._extend_backlog(prompts, lag=1)
+        todo = [(r, e) for r, e in zip(reqs, ends)
+                if r.params.speculative and e - r.draft_rows > width]
+        if todo and self.proposer.keeps_state:
+            self._extend_backlog([r for r, _ in todo], [e for _, e in todo])
 
     def store(self, reqs: list[Request], prefix: list[int], extend: list[int],
               aux: torch.Tensor | None, token_idx: list[int]) -> None:
@@ -99,35 +105,39 @@ class DraftFollower:
         if self.runner.device.type == "cuda":
             events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             events[0].record()
-        self.catch_up_rows = self._extend_backlog(reqs, 0, max_tokens)
+        self.catch_up_rows = self._extend_backlog(reqs, [r.num_computed_tokens for r in reqs],
+                                                  max_tokens)
         if events is not None:
             events[1].record()
         self._timing = ((time.perf_counter() - t0) * 1e3, events)
 
-    def _extend_backlog(self, reqs: list[Request], lag: int, max_tokens: int = 4096) -> int:
-        """The draft over the stored rows it is behind on, up to `lag` rows short of each
-        request's computed tokens, in rounds of at most `max_tokens` tokens. -> rows run."""
+    def _extend_backlog(self, reqs: list[Request], ends: list[int], max_tokens: int = 4096
+                        ) -> int:
+        """The draft over the stored rows it is behind on, up to row ends[i] of each
+        request, in rounds of at most `max_tokens` tokens. -> rows run."""
         store, rows = self.proposer.stored_features(), 0
+        end = {id(r): e for r, e in zip(reqs, ends)}
         while True:
-            behind = [r for r in reqs if r.draft_rows < r.num_computed_tokens - lag]
+            behind = [r for r in reqs if r.draft_rows < end[id(r)]]
             if not behind:
                 return rows
-            for group in self._backlog_groups(behind, lag):
+            for group in self._backlog_groups(behind, end):
                 cap = max(1, max_tokens // len(group))
                 prefix = [r.draft_rows for r in group]
-                extend = [min(r.num_computed_tokens - lag - r.draft_rows, cap) for r in group]
+                extend = [min(end[id(r)] - r.draft_rows, cap) for r in group]
                 slots = [s for r, p, n in zip(group, prefix, extend) for s in r.slots[p:p + n]]
                 self.extend(group, prefix, extend, store, slots)  # store rows are slot ids
                 rows += len(slots)
 
-    def _backlog_groups(self, behind: list[Request], lag: int) -> list[list[Request]]:
+    def _backlog_groups(self, behind: list[Request], end: dict[int, int]
+                        ) -> list[list[Request]]:
         """The requests a few rows behind (the decoders of a plain step: a draft-extend
         graph) apart from long backlogs (a new request's prompt: eager), so that one
         arrival does not send the whole batch's catch-up down the eager path."""
         if not (self.proposer.graph_extend and self.runner.shape_graphs is not None):
             return [behind]
         width = self.num_draft_tokens + 1
-        short = [r for r in behind if r.num_computed_tokens - lag - r.draft_rows <= width
+        short = [r for r in behind if end[id(r)] - r.draft_rows <= width
                  and r.draft_rows + width <= self.runner.max_positions]
         if not short or len(short) == len(behind):
             return [behind]

@@ -315,12 +315,15 @@ class SpecRunner:
             return None
         extend, store = self._groups(plan)
         riders = [i for i, d in enumerate(plan.decoding) if not d]
-        if riders:  # a chunk's features are kept; the draft catches up on it when it drafts
+        if riders:  # a chunk's features are kept, and the draft runs over it behind the pass
             keep = [i for i in riders
                     if plan.reqs[i].params.speculative or self.follow.every_token]
             self.follow.store_slots([s for i in keep for s in node_slots[i]], aux,
                                     [offsets[i] + j for i in keep
                                      for j in range(len(node_slots[i]))])
+            self.follow.extend_prompts([plan.reqs[i] for i in riders],
+                                       [plan.prefix_lens[i] + len(node_slots[i]) - 1
+                                        for i in riders])
             extend = [i for i in extend if plan.decoding[i]]
             store = [i for i in store if plan.decoding[i]]
         self.follow.follow_accepted(plan, extend, store, packed, staged, offsets, aux)

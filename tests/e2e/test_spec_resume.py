@@ -107,6 +107,69 @@ def test_graphed_catch_up_after_a_short_stretch_proposes_like_a_fresh_engine(
     assert out_b == out_a[-1:] and tree_a == tree_b
 
 
+class Arrival:
+    """On the graph stand-in: request "a" speculates (K = 3, always); after its second
+    VERIFY step a 40-token prompt "b" arrives, prefilled in chunks of a `budget`-token step,
+    riding in VERIFY steps (`riders`) or in plain ones. Records every draft extend (requests,
+    longest backlog, graph width or None for eager, inside a catch-up?), each catch-up's
+    extends, and each extend_prompts call's (request, end)."""
+
+    def __init__(self, make_llm, tiny_llama_dir, tmp_path, riders: bool, budget: int) -> None:
+        from dataclasses import replace
+
+        from checkpoints import random_prompts
+        from eager_graphs import install
+
+        head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+        self.first, self.arrival = random_prompts([6, 40], seed=4)
+        self.params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+        opts = dict(max_num_batched_tokens=budget, max_num_seqs=4)
+        self.want = [o.token_ids for o in make_llm(tiny_llama_dir, **opts).generate(
+            [self.first, self.arrival], self.params)]
+        llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                       num_draft_tokens=3, spec_policy="always", **opts)
+        install(llm)
+        self.eng = eng = llm.engine
+        eng.scheduler.speculation = replace(eng.scheduler.speculation, mixed=riders)
+        self.follow = follow = eng.spec.follow
+        self.calls, self.groups, self.rode = [], [], []
+        extend, catch_up, prompts = follow.extend, follow.catch_up, follow.extend_prompts
+        caught_up: list | None = None
+
+        def spy_extend(reqs, prefix, lens, aux, token_idx):
+            if reqs:
+                self.calls.append((len(reqs), max(lens), follow._graph_width(prefix, lens),
+                                   caught_up is not None))
+            return extend(reqs, prefix, lens, aux, token_idx)
+
+        def spy_catch_up(reqs, max_tokens=4096):
+            nonlocal caught_up
+            caught_up = len(self.calls)
+            catch_up(reqs, max_tokens)
+            self.groups.append(self.calls[caught_up:])
+            caught_up = None
+
+        def spy_prompts(reqs, ends):
+            self.rode.extend((r.request_id, e) for r, e in zip(reqs, ends))
+            prompts(reqs, ends)
+
+        follow.extend, follow.catch_up, follow.extend_prompts = \
+            spy_extend, spy_catch_up, spy_prompts
+        self.got = {"a": [], "b": []}
+        eng.add_request("a", self.first, self.params)
+        self.until(2)
+        self.arrived = len(self.calls)  # extends before b arrived
+        eng.add_request("b", self.arrival, self.params)
+
+    def until(self, verify_steps: int | None = None) -> None:
+        """Step to that many VERIFY steps (None: to the end)."""
+        eng = self.eng
+        while eng.has_unfinished_requests() if verify_steps is None \
+                else eng.stats()["verify_steps"] < verify_steps:
+            for out in eng.step():
+                self.got[out.request_id] += out.new_token_ids
+
+
 def test_an_arrival_does_not_send_the_decoders_catch_up_down_the_eager_path(
         make_llm, tiny_llama_dir, tmp_path):
     """As on a GPU: a request speculates; a new one arrives and its prefill chunks run in
@@ -114,61 +177,32 @@ def test_an_arrival_does_not_send_the_decoders_catch_up_down_the_eager_path(
     the prompt (eagerly, all but its last row). The next VERIFY step catches both up in
     one padded draft-extend graph; a long backlog would go eagerly on its own. Greedy
     output stays plain decoding's."""
-    from dataclasses import replace
     from types import SimpleNamespace
 
-    from checkpoints import random_prompts
-    from eager_graphs import install
-
-    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
-    first, arrival = random_prompts([6, 40], seed=4)
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    opts = dict(max_num_batched_tokens=16, max_num_seqs=4)
-    want = [o.token_ids for o in make_llm(tiny_llama_dir, **opts).generate([first, arrival],
-                                                                            params)]
-    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
-                   num_draft_tokens=3, spec_policy="always", **opts)
-    install(llm)
-    eng = llm.engine
-    eng.scheduler.speculation = replace(eng.scheduler.speculation, mixed=False)  # graphed
-    follow = eng.spec.follow
-    calls, groups = [], []
-    extend, catch_up = follow.extend, follow.catch_up
-
-    def spy_extend(reqs, prefix, lens, aux, token_idx):
-        if reqs:
-            calls.append((len(reqs), max(lens), follow._graph_width(prefix, lens)))
-        return extend(reqs, prefix, lens, aux, token_idx)
-
-    def spy_catch_up(reqs, max_tokens=4096):
-        start = len(calls)
-        catch_up(reqs, max_tokens)
-        groups.append(calls[start:])
-
-    follow.extend, follow.catch_up = spy_extend, spy_catch_up
-    got = {"a": [], "b": []}
-
-    def step() -> None:
-        for out in eng.step():
-            got[out.request_id] += out.new_token_ids
-
-    eng.add_request("a", first, params)
-    while eng.stats()["verify_steps"] < 2:
-        step()
-    eng.add_request("b", arrival, params)
-    plain = len(calls)
-    while eng.stats()["verify_steps"] < 3:  # b's prefill chunks, then the first VERIFY
-        step()
-    # b's prompt went through the draft in its plain steps: eagerly, one request, no catch-up
-    prompt = [c for g in groups for c in g]
-    in_plain = [c for c in calls[plain:] if c not in prompt]
-    assert in_plain and all(n == 1 and w is None for n, _, w in in_plain)
-    assert sum(rows for _, rows, _ in in_plain) == len(arrival) - 1
-    [(n, rows, width)] = groups[-1]  # then both caught up in one graph, K + 1 wide
+    run = Arrival(make_llm, tiny_llama_dir, tmp_path, riders=False, budget=16)
+    run.until(3)  # b's prefill chunks in plain steps, then the first VERIFY step
+    # b's prompt went through the draft in its plain steps: eagerly, one request at a time
+    in_plain = [c for c in run.calls[run.arrived:] if not c[3]]
+    assert in_plain and all(n == 1 and w is None for n, _, w, _ in in_plain)
+    assert sum(rows for _, rows, _, _ in in_plain) == len(run.arrival) - 1
+    [(n, rows, width, _)] = run.groups[-1]  # then both caught up in one graph, K + 1 wide
     assert n == 2 and rows <= 4 and width == 4
-    while eng.has_unfinished_requests():
-        step()
-    assert [got["a"], got["b"]] == want
+    run.until()
+    assert [run.got["a"], run.got["b"]] == run.want
     # a long backlog (a request decoded plainly for long) goes eagerly, apart from short ones
     short, long = (SimpleNamespace(num_computed_tokens=20, draft_rows=d) for d in (18, 5))
-    assert follow._backlog_groups([short, long], 0) == [[short], [long]]
+    assert run.follow._backlog_groups([short, long], {id(short): 20, id(long): 20}) \
+        == [[short], [long]]
+
+
+def test_a_prompt_riding_a_verify_step_runs_through_the_draft_in_that_step(
+        make_llm, tiny_llama_dir, tmp_path):
+    """Riders on graphs: a prompt chunk riding in a VERIFY step goes through the draft in
+    that step, before its sync (all but its last row), so the next catch-up stays on the
+    padded draft-extend graph. Greedy output stays plain decoding's."""
+    run = Arrival(make_llm, tiny_llama_dir, tmp_path, riders=True, budget=24)
+    run.until()
+    assert [run.got["a"], run.got["b"]] == run.want
+    assert run.rode and run.rode[-1] == ("b", len(run.arrival) - 1)  # all but one row
+    widths = [w for _, _, w, caught_up in run.calls if caught_up]
+    assert widths and all(w == 4 for w in widths)  # no catch-up went eager
