@@ -106,11 +106,10 @@ def mixed_chain_batch(runner: ModelRunner, reqs: list[Request], prefix: list[int
     for n in n_nodes:
         node_tok.extend(starts[-1] + j if j < n else t for j in range(n_tree))
         starts.append(starts[-1] + n)
-    out_loc = [s for slots, n in zip(node_slots, n_nodes) for s in slots[:n]] + [0] * (bucket - t)
-    empty = rows_pad - b
-    rows = [r.req_pool_index for r in reqs] + [0] * (1 + empty)
-    prefix = list(prefix) + [0] * (1 + empty)
-    extend = list(n_nodes) + [bucket - t] + [0] * empty
+    rows, prefix, extend, _, out_loc = pad_batch(
+        ForwardMode.EXTEND, [r.req_pool_index for r in reqs], prefix, n_nodes, [],
+        [s for slots, n in zip(node_slots, n_nodes) for s in slots[:n]],
+        Padding(rows_pad + 1, bucket))
     stage_forward(st, rows, prefix, extend, [0] * bucket, out_loc, num_real=b)
     st.add_ints("flat", list(range(b * n_tree)))
     st.add_ints("node_tok", node_tok)
