@@ -8,7 +8,7 @@ through EngineConfig and the command line, not the environment.
     variable                values          default  read by
     GEARSHIFT_API_KEY       any string      (none)   server/cli.py, bench/serve.py (per run)
     GEARSHIFT_PDL           auto, on, off   auto     kernels/pdl.py (at import)
-    GEARSHIFT_RIDERS        off, on         off      speculative/runner.py, runner/model_runner.py
+    GEARSHIFT_RIDERS        off, on         off      runner/model_runner.py
                                                      (at start-up)
     GEARSHIFT_SAMPLER       auto, torch     auto     runner/sampler.py (at import)
     GEARSHIFT_SKINNY_GEMM   auto, off, on   auto     kernels/skinny_select.py (SkinnyChooser())

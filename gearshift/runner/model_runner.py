@@ -81,6 +81,7 @@ class ModelRunner:
         self.extend_sizes: list[int] = []  # padded token counts of EXTEND steps (graph buckets)
         self.extend_route: dict[int, int] = {}  # bucket -> the graph its steps run in
         self.extend_rows = config.max_num_seqs + 1  # per-request rows of a padded EXTEND batch
+        self.riders = env.RIDERS.get() == "on"  # prefill chunks ride in VERIFY passes on graphs
         self.shape_graphs: ShapeGraphs | None = None  # VERIFY / DRAFT graphs, captured lazily
         self.capture: tuple[int, ...] = ()  # target layers whose outputs the draft consumes
         self.step_counts: Counter[str] = Counter()  # {decode,extend,verify}_{graphed,eager} calls
@@ -115,7 +116,7 @@ class ModelRunner:
             # their hidden states only for VERIFY steps with chunks riding along (forward_all)
             self.extend_graphs = ExtendGraphRunner(self._forward_extend, sizes, self.extend_rows,
                                                    self.device,
-                                                   keep_hidden=env.RIDERS.get() == "on")
+                                                   keep_hidden=self.riders)
             self.extend_graphs.capture()
             self.extend_sizes, pool = sizes, self.extend_graphs.pool
             times = self.extend_graphs.replay_ms()

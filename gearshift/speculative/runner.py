@@ -25,7 +25,6 @@ from itertools import accumulate
 
 import torch
 
-from gearshift import env
 from gearshift.config import EngineConfig
 from gearshift.policy.allocation import chain_gear
 from gearshift.runner.batch import BatchBuilder, StepBatch
@@ -86,8 +85,7 @@ class SpecRunner:
         verify pass, so that an arrival does not cost the decoders a step at K = 0; with
         CUDA graphs only under GEARSHIFT_RIDERS=on (such a step's host work is not hidden
         yet: the graphed mixed EXTEND step at K = 0 measured faster, docs/benchmarks.md)."""
-        riders = self.topk == 1 and (self.runner.shape_graphs is None
-                                     or env.RIDERS.get() == "on")
+        riders = self.topk == 1 and (self.runner.shape_graphs is None or self.runner.riders)
         return Speculation(
             num_draft_tokens=self.num_draft_tokens, draft_topk=self.topk,
             num_nodes=self.nodes, num_scratch=self.scratch,
