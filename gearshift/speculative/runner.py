@@ -83,8 +83,8 @@ class SpecRunner:
     def speculation(self) -> Speculation:
         """The frozen shape the scheduler plans with. Prefill chunks ride in a chain's causal
         verify pass, so that an arrival does not cost the decoders a step at K = 0; with
-        CUDA graphs only under GEARSHIFT_RIDERS=on (such a step's host work is not hidden
-        yet: the graphed mixed EXTEND step at K = 0 measured faster, docs/benchmarks.md)."""
+        CUDA graphs only under GEARSHIFT_RIDERS=on (so far the graphed mixed EXTEND step at
+        K = 0 measured faster, docs/benchmarks.md)."""
         riders = self.topk == 1 and (self.runner.shape_graphs is None or self.runner.riders)
         return Speculation(
             num_draft_tokens=self.num_draft_tokens, draft_topk=self.topk,
