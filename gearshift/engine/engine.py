@@ -347,24 +347,13 @@ class Engine:
 
     def reset_prefix_cache(self) -> int:
         """Drop every cached prefix no running request holds; -> slots freed."""
-        cache = self.slots.cache
-        if cache is None:
-            return 0
-        freed = cache.clear()
-        self.slots.free(freed)
-        return len(freed)
+        return self.slots.clear_cache()
 
     def prefix_cache_stats(self) -> dict:
-        """Prompt tokens looked up in / served from the prefix cache, and the hit rate."""
-        cache = self.slots.cache
-        if cache is None:
-            return {}
-        q, h = cache.queries_tokens, cache.hit_tokens
-        return {"queries_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else 0.0}
+        return self.slots.cache.stats() if self.slots.cache is not None else {}
 
     def memory_stats(self) -> dict:
-        return {"kv_slots_total": self.slots.total, "kv_slots_free": self.slots.num_free,
-                "kv_slots_cached": self.slots.num_cached}
+        return self.slots.stats()
 
     def stats(self) -> dict:
         out = dict(self.step_stats.counts, preemptions=self.scheduler.num_preemptions,

@@ -57,6 +57,16 @@ class SlotPool:
     def free(self, slots: list[int]) -> None:
         self._free.extend(slots)
 
+    def clear_cache(self) -> int:
+        """Free every slot only the prefix cache holds; -> how many."""
+        freed = self.cache.clear() if self.cache is not None else []
+        self.free(freed)
+        return len(freed)
+
+    def stats(self) -> dict:
+        return {"kv_slots_total": self.total, "kv_slots_free": self.num_free,
+                "kv_slots_cached": self.num_cached}
+
 
 class ReqRowPool:
     """Rows of the req_to_token table, 1..max_num_seqs (row 0 is the reserved dummy)."""

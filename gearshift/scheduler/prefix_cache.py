@@ -62,6 +62,11 @@ class PrefixCache:
         return self.num_slots - self.num_held
 
     # ------------------------------------------------------------ lookup
+    def stats(self) -> dict:
+        """Prompt tokens looked up in / served from the cache, and the hit rate."""
+        q, h = self.queries_tokens, self.hit_tokens
+        return {"queries_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else 0.0}
+
     def match(self, tokens: list[int]) -> Match:
         node, i, slots, draft, full_draft = self.root, 0, [], 0, True
         now = next(self._clock)
