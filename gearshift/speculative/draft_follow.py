@@ -179,7 +179,7 @@ class DraftFollower:
         """Whether a VERIFY step of `plan` can launch the follow-up over its accepted tokens
         before the host reads them (follow_up.py): a stateful draft extending on graphs
         and K_max + 1 rows past every prefix inside the RoPE table (chunks riding along
-        only keep their features: SpecRunner._follow_early)."""
+        go through extend_prompts instead: SpecRunner._follow_early)."""
         return (self.proposer.keeps_state
                 and self._graph_width(plan.prefix_lens, [1]) is not None)
 
