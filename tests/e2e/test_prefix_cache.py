@@ -190,3 +190,40 @@ def test_speculation_keeps_its_acceptance_on_cache_hits(make_llm):
     assert abs(results["spec-cache"][1]["hit_rate"] - results["plain-cache"][1]["hit_rate"]) \
         <= 0.01, results
     assert results["spec-cache"][1]["hit_rate"] > 0.5
+
+
+def test_speculation_switched_on_never_reads_features_it_did_not_keep(make_llm):
+    """A policy that never drafts keeps no draft features; prefixes it cached must not serve
+    a drafting policy's requests (their draft would catch up from features never stored):
+    acceptance after the switch is that of a fresh engine, and the switch is refused while
+    requests run."""
+    from gearshift.models.default import default_target_dir
+    from gearshift.policy.static import OffPolicy
+    from gearshift.train.corpus import load_texts
+
+    target = str(default_target_dir())
+    opts = dict(speculative_algorithm="eagle3", num_draft_tokens=4, spec_policy="always",
+                max_num_batched_tokens=256)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    fresh = make_llm(target, **opts)
+    prompts = [fresh.tokenizer.encode(t[:400]) for t in load_texts("heldout")[:4]]
+    fresh.generate(prompts, params, use_tqdm=False)
+    switched = make_llm(target, **opts)
+    eng = switched.engine
+    eng.set_policy(OffPolicy())
+    switched.generate(prompts, params, use_tqdm=False)
+    assert eng.memory_stats()["kv_slots_cached"] > 0
+    eng.set_policy(AlwaysPolicy(4))
+    before = eng.spec_stats()
+    switched.generate(prompts, params, use_tqdm=False)
+    after = eng.spec_stats()
+    rate = (after["accepted"] - before["accepted"]) / (after["proposed"] - before["proposed"])
+    assert rate == pytest.approx(fresh.engine.spec_stats()["acceptance_rate"], abs=1e-9)
+
+    eng.set_policy(OffPolicy())
+    eng.add_request("running", prompts[0], params)
+    eng.step()
+    with pytest.raises(ValueError, match="between requests"):
+        eng.set_policy(AlwaysPolicy(4))
+    while eng.has_unfinished_requests():
+        eng.step()
