@@ -80,6 +80,10 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
               temperature=0.0) -> dict:
     """`temperature`: of every request, or per prompt index (mixed_temperatures)."""
     warm_up(engine, prompts, concurrency, temperature=temperature)
+    # its prompts are the run's first ones: every point, every policy, starts cold, as a
+    # served run after reset_prefix_cache does
+    engine.reset_prefix_cache()
+    hits_before = engine.prefix_cache_stats().get("hit_tokens", 0)
     # sampled runs: the sampler (and a VERIFY step's acceptance) as a sampling user meets it
     params = [SamplingParams(max_tokens=output_len, temperature=temperature_of(temperature, i),
                              ignore_eos=True) for i in range(len(prompts))]
@@ -148,6 +152,8 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             "tpot_ms_median": statistics.median(tpot) if tpot else None, "tpot_ms": tpot,
             "acceptance_rate": accepted / proposed if proposed else None,
             "proposed": proposed, "accepted": accepted, "elapsed_s": elapsed,
+            # prompt tokens the prefix cache served (prompts sharing a prefix)
+            "prefix_hit_tokens": engine.prefix_cache_stats().get("hit_tokens", 0) - hits_before,
             "window": [round(started, 4), round(started + elapsed, 4)],
             # the loop at concurrency c (its tail apart): tokens and seconds of those steps
             "at_c_tokens": at_c[0], "at_c_s": at_c[1],

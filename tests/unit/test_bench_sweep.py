@@ -309,6 +309,19 @@ def test_a_point_counts_the_steps_run_with_c_requests_in_flight(make_llm, tiny_l
     assert merged["at_c_tok_per_s"] == 36 / (tail["at_c_s"] + lockstep["at_c_s"])
 
 
+def test_a_point_starts_with_a_cold_prefix_cache(make_llm, tiny_llama_dir):
+    """The untimed warm-up runs the point's first prompts: their cached prefixes would make
+    the timed run's prefills free. Each point meets a cold cache instead."""
+    from gearshift.bench.sweep_point import run_point
+
+    engine = make_llm(tiny_llama_dir).engine
+    prompts = [[5 + i, 6 + i, 7, 8] for i in range(4)]
+    point = run_point(engine, prompts, 3, 6)
+    assert point["prefix_hit_tokens"] == 0
+    again = run_point(engine, prompts + [[5, 6, 7, 8, 9]], 3, 6)
+    assert again["prefix_hit_tokens"] == 4  # the last prompt extends the first
+
+
 def test_the_report_sets_goodput_against_the_best_at_c():
     """Beside the criteria: goodput / the best other policy on the steps at concurrency c,
     and the share of goodput's time they took ("-" for points without them)."""
