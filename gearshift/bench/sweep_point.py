@@ -217,6 +217,7 @@ def merge_passes(parts: list[dict]) -> dict:
                 "request_steps_tree", "tree_accepted", "tree_top1_accepted", "gear_switches",
                 "unscored_plans", "catch_up_rows", "catch_up_ms", "verify_eager_passes"):
         out[key] = sum(p[key] for p in parts)
+    out["prefix_hit_tokens"] = sum(p.get("prefix_hit_tokens", 0) for p in parts)
     out["output_tok_per_s"] = out["output_tokens"] / out["elapsed_s"]
     if all("at_c_s" in p for p in parts):
         out["at_c_tokens"], out["at_c_s"] = (sum(p[k] for p in parts) for k in ("at_c_tokens", "at_c_s"))

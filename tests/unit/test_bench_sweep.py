@@ -312,7 +312,7 @@ def test_a_point_counts_the_steps_run_with_c_requests_in_flight(make_llm, tiny_l
 def test_a_point_starts_with_a_cold_prefix_cache(make_llm, tiny_llama_dir):
     """The untimed warm-up runs the point's first prompts: their cached prefixes would make
     the timed run's prefills free. Each point meets a cold cache instead."""
-    from gearshift.bench.sweep_point import run_point
+    from gearshift.bench.sweep_point import merge_passes, run_point
 
     engine = make_llm(tiny_llama_dir).engine
     prompts = [[5 + i, 6 + i, 7, 8] for i in range(4)]
@@ -320,6 +320,7 @@ def test_a_point_starts_with_a_cold_prefix_cache(make_llm, tiny_llama_dir):
     assert point["prefix_hit_tokens"] == 0
     again = run_point(engine, prompts + [[5, 6, 7, 8, 9]], 3, 6)
     assert again["prefix_hit_tokens"] == 4  # the last prompt extends the first
+    assert merge_passes([point, again])["prefix_hit_tokens"] == 4
 
 
 def test_the_report_sets_goodput_against_the_best_at_c():
