@@ -207,10 +207,11 @@ if wanted trace && start_server serve_trace 150 --step-trace "$OUT/trace_served.
     c=${point%:*} n=${point#*:}
     python -c "import httpx, sys; httpx.post(sys.argv[1]).raise_for_status()" \
       "$URL/reset_prefix_cache" || FAILED=$((FAILED + 1))
-    t0=$(python -c "import time; print(time.time())")
     step "trace_srv_c$c" 30 "${BENCH[@]}" --dataset corpus "${LEN[@]}" --concurrency "$c" \
       --num-prompts "$n" --warmup "$WARMUP" --output-json "$OUT/trace_srv_c$c.json"
-    echo "$c $t0 $(python -c "import time; print(time.time())")" >> "$OUT/trace_windows.txt"
+    # the timed requests' span (not the warm-up's): the trace's steps of this run
+    python -c "import json, sys; print(sys.argv[2], *json.load(open(sys.argv[1]))['window'])" \
+      "$OUT/trace_srv_c$c.json" "$c" >> "$OUT/trace_windows.txt" || FAILED=$((FAILED + 1))
   done
   stop_server  # its exit writes the rest of the trace
   concs=$(for point in $TRACE_POINTS; do printf '%s,' "${point%:*}"; done)

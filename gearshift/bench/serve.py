@@ -149,7 +149,7 @@ async def bench(args) -> dict:
                     prompt = convo.next(prompt, r.text, turn)
             return out
 
-        start = time.perf_counter()
+        start, started = time.perf_counter(), time.time()
         tasks = []
         for convo in convos[args.warmup:]:
             tasks.append(asyncio.create_task(converse(convo)))
@@ -158,7 +158,7 @@ async def bench(args) -> dict:
         results = [r for rs in await asyncio.gather(*tasks) for r in rs]
         duration = time.perf_counter() - start
         bar.close()
-    return summarize(results, duration, args, model)
+    return summarize(results, duration, args, model, window=(started, started + duration))
 
 
 async def _first_model(client: httpx.AsyncClient) -> str:
@@ -224,7 +224,10 @@ def _pcts(xs: list[float]) -> dict:
             "p99": pick(0.99)}
 
 
-def summarize(results: list[RequestResult], duration: float, args, model: str) -> dict:
+def summarize(results: list[RequestResult], duration: float, args, model: str,
+              window: tuple[float, float] | None = None) -> dict:
+    """`window`: the timed requests' Unix start and end (the warm-up's come before it): where
+    a server's --step-trace holds this run's steps."""
     ok = [r for r in results if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
@@ -239,6 +242,7 @@ def summarize(results: list[RequestResult], duration: float, args, model: str) -
         "completed": len(ok), "failed": len(results) - len(ok),
         "errors": sorted({r.error for r in results if not r.ok})[:10],
         "duration_s": duration,
+        "window": None if window is None else [round(t, 4) for t in window],
         "request_throughput": len(ok) / duration,
         "output_tok_per_s": out_tokens / duration,
         "total_tok_per_s": (in_tokens + out_tokens) / duration,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import pytest
 from fake_engine import fake_server
@@ -24,6 +25,7 @@ def _args(*argv: str) -> argparse.Namespace:
 
 def test_bench_serve_end_to_end(tmp_path):
     out = tmp_path / "bench.json"
+    t0 = time.time()
     with fake_server(step_delay=0.002, api_key="k") as srv:
         args = _args("--base-url", srv.base_url, "--api-key", "k", "--concurrency", "6",
                      "--num-prompts", "20", "--request-rate", "200", "--input-len", "12",
@@ -39,6 +41,9 @@ def test_bench_serve_end_to_end(tmp_path):
         assert 0 < row["p50"] <= row["p90"] <= row["p99"]
     assert result["ttft_ms"]["p50"] < result["e2e_ms"]["p50"]
     assert result["output_tok_per_s"] > 0
+    start, end = result["window"]  # the timed requests' span, for a server's step trace
+    assert t0 < start < end < time.time()
+    assert end - start == pytest.approx(result["duration_s"], abs=1e-3)
 
 
 def test_bench_serve_reports_failures(tmp_path):
