@@ -165,14 +165,14 @@ class Engine:
     def set_policy(self, policy) -> None:
         """Plan later steps with `policy` (benches compare policies on one engine). A VERIFY
         step's cost still waiting to be observed goes to the policy that ran it. Under a
-        policy that never drafts the draft follows nothing, so one that drafts takes over
-        only while no request runs (waiting ones may), and prefixes cached until then are
-        dropped."""
+        policy that never drafts no target features are kept, so for EAGLE-3 one that
+        drafts takes over only while no request runs (waiting ones may), and prefixes
+        cached until then are dropped."""
         if self.spec is None:
             raise ValueError("set_policy needs an engine with speculative decoding configured")
         if policy.drafts and not self.scheduler.policy.drafts \
-                and self.spec.proposer.keeps_state:
-            # the draft followed nothing: running requests and cached prefixes lack its state
+                and self.spec.proposer.needs_features:
+            # a draft model catches up from tokens; EAGLE-3 would read features never kept
             if self.scheduler.running:
                 raise ValueError("a policy that drafts can take over from one that never "
                                  "does only between requests (none running)")

@@ -227,3 +227,27 @@ def test_speculation_switched_on_never_reads_features_it_did_not_keep(make_llm):
         eng.set_policy(AlwaysPolicy(4))
     while eng.has_unfinished_requests():
         eng.step()
+
+
+def test_a_draft_model_takes_over_from_off_mid_run(make_llm, tiny_llama_dir, tmp_path):
+    """A draft model catches up from tokens alone, so speculation may start while requests
+    that ran without it are running, and on prefixes they cached: greedy output unchanged."""
+    from gearshift.policy.static import OffPolicy
+
+    prompts = random_prompts([9, 14, 6], seed=11)
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, GREEDY,
+                                                                 use_tqdm=False)]
+    llm = make_llm(tiny_llama_dir, **_spec_options("draft", tmp_path, tiny_llama_dir))
+    eng = llm.engine
+    eng.set_policy(OffPolicy())
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == ref
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, GREEDY)
+    eng.step()
+    eng.set_policy(AlwaysPolicy(3))
+    outs: dict[str, list[int]] = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            outs.setdefault(o.request_id, []).extend(o.new_token_ids)
+    assert [outs[str(i)] for i in range(3)] == ref
+    assert eng.spec_stats()["proposed"] > 0
