@@ -13,7 +13,7 @@
 #
 #   step        what                                                                  cap
 #   pair        the 8B-shaped bench pair, as h200.sh (skipped when $PAIR holds it)     80 s
-#   engine      bench sweep, goodput vs off at c = 1, 4, 32, 128 in / 128 out, chains    160 s
+#   engine      bench sweep, goodput vs off at c = 1, 4, 32, 128 in / 128 out, chains    220 s
 #               as the server runs them, 8 requests a slot a pass: the closed-loop
 #               reference for the server's gain
 #   sampling    bench sweep of goodput at temperature 0.7 and 1.0, c = 1, 8, 64, with    150 s
@@ -156,7 +156,7 @@ multi_turn() {
 pair_step
 cp "$PAIR/target/config.json" "$OUT/target_config.json" 2>/dev/null  # the model shape, for the report
 # chains, as the server verifies them (it runs no --draft-topk): the same speculation
-run_step engine 160 "${G[@]}" bench sweep --model "$PAIR/target" --draft-model "$PAIR/head" \
+run_step engine 220 "${G[@]}" bench sweep --model "$PAIR/target" --draft-model "$PAIR/head" \
   "${ENGINE[@]}" --tree-topk 1 --output-json "$OUT/engine_sweep.json" --output-png "$OUT/engine_sweep.png"
 if wanted sampling; then
   for t in 0.7 1.0; do
