@@ -70,6 +70,9 @@ class StepPlan:
     num_nodes: list[int] = field(default_factory=list)  # tokens verified: root + drafts
     num_scratch: list[int] = field(default_factory=list)  # the draft's own rows
     draft_topk: int = 1  # tree width of a VERIFY step: 1 = chains, > 1 = one draft tree each
+    # the next step prefills too (a chunk stops short of its prompt's end, or the token
+    # budget left requests waiting): the draft's pass over these chunks can wait for it
+    prefill_continues: bool = False
 
     @property
     def batch_size(self) -> int:

@@ -13,6 +13,8 @@ Planning, per step:
   2. Waiting requests are admitted FIFO while the token budget, the KV pool (keeping one
      free slot per running request in reserve) and max_num_seqs allow; a long prompt is
      prefilled in chunks over several steps.
+     A plan that leaves prefill for the next step says so (`prefill_continues`): the
+     draft's pass over its chunks waits for the last of them (speculative/draft_follow.py).
   3. A pure decode batch asks the speculation policy (if any) for K per request, before
      anything is allocated; if the pool cannot hold the drafts, the step plans K = 0.
   4. A plain plan is booked at once: its tokens count as computed and each token it will
@@ -147,6 +149,8 @@ class Scheduler(Committer):
             free -= n
             planned += n
             reserve += 1
+        plan.prefill_continues = not all(plan.sample) or (
+            bool(self.waiting) and budget <= 0 and len(self.running) < self.max_num_seqs)
         decoding = [i for i, d in enumerate(plan.decoding) if d]
         if plan.reqs and len(decoding) == plan.batch_size:
             plan.mode = ForwardMode.DECODE

@@ -6,7 +6,10 @@ token, stored by slot.
     plain step (K = 0):  store: EAGLE-3 keeps fc(features) of the step's tokens at their
                          slots (one small GEMM + scatter, far cheaper than a draft forward
                          per plain step); the draft falls behind on decoders, but extends
-                         over a prompt chunk (all but its last row) behind the target's pass
+                         over a prompt chunk (all but its last row) behind the target's pass,
+                         or, while the next step prefills too (a burst of arrivals, a long
+                         prompt), behind the last such step's pass: no chunk's first token
+                         waits for the draft's pass over the chunks before it
     VERIFY step:         catch_up first: requests about to speculate extend the draft over
                          their backlog (graphed, K + 1 wide, when it fits, else eager chunks;
                          short backlogs graphed apart from long ones),
@@ -28,7 +31,7 @@ import time
 import torch
 
 from gearshift.forward_batch import ForwardBatch, ForwardMode
-from gearshift.request import Request
+from gearshift.request import Request, RequestStatus
 from gearshift.runner.batch import BatchBuilder, Stager, forward_batch, stage_forward
 from gearshift.runner.model_runner import ModelRunner, device_ms, graph_inputs, rebuild_batch
 from gearshift.scheduler.plan import StepPlan
@@ -46,6 +49,7 @@ class DraftFollower:
         self.every_token = every_token
         self.feed = feed  # Engine's TokenFeed: resolves placeholders of overlapped steps
         self._timing: tuple[float, tuple | None] | None = None  # latest catch_up: host ms, events
+        self.deferred: list[Request] = []  # chunks whose draft pass waits for the prefill's end
         self.catch_up_rows = 0  # rows the latest catch_up ran the draft over
 
     def after_plain(self, plan: StepPlan, aux: torch.Tensor | None) -> None:
@@ -61,8 +65,13 @@ class DraftFollower:
                 token_idx.extend(range(start, start + n))
             start += n
         self.store(reqs, prefix, extend, aux, token_idx)
-        chunks = [r for r, dec in zip(plan.reqs, plan.decoding)
-                  if not dec and not (r.is_finished or r.closing)]
+        chunks = [r for r, dec in zip(plan.reqs, plan.decoding) if not dec]
+        if plan.prefill_continues:  # not between two chunks on the device: after the last
+            self.deferred += chunks
+            return
+        chunks = list({id(r): r for r in self.deferred + chunks
+                       if r.status is RequestStatus.RUNNING and not r.closing}.values())
+        self.deferred = []
         self.extend_prompts(chunks, [r.num_computed_tokens - 1 for r in chunks])
 
     def extend_prompts(self, reqs: list[Request], ends: list[int]) -> None:
@@ -97,6 +106,7 @@ class DraftFollower:
         speculate). Rounds of at most `max_tokens` tokens in all. Timed (`catch_up_ms`): it
         is the price of the plain steps before, not of this step's K."""
         self._timing, self.catch_up_rows = None, 0
+        self.deferred = []  # each request's backlog is caught up before it speculates
         if not self.proposer.keeps_state or all(r.draft_rows >= r.num_computed_tokens
                                                 for r in reqs):
             return

@@ -206,3 +206,47 @@ def test_a_prompt_riding_a_verify_step_runs_through_the_draft_in_that_step(
     assert run.rode and run.rode[-1] == ("b", len(run.arrival) - 1)  # all but one row
     widths = [w for _, _, w, caught_up in run.calls if caught_up]
     assert widths and all(w == 4 for w in widths)  # no catch-up went eager
+
+
+def test_a_burst_of_prompts_runs_through_the_draft_once_its_prefill_ends(
+        make_llm, tiny_llama_dir, tmp_path):
+    """Four prompts at once, more than one step's token budget: their chunks fill plain
+    steps back to back, and the draft passes over them only in the step whose plan ends
+    the prefill (on a GPU the draft's pass would otherwise run between two chunks,
+    delaying the next chunk's first tokens). Greedy output stays plain decoding's."""
+    from dataclasses import replace
+
+    from checkpoints import random_prompts
+    from eager_graphs import install
+
+    head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
+    prompts = random_prompts([20, 20, 20, 20], seed=5)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    opts = dict(max_num_batched_tokens=32, max_num_seqs=4)
+    want = [o.token_ids for o in make_llm(tiny_llama_dir, **opts).generate(prompts, params)]
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
+                   num_draft_tokens=3, spec_policy="always", **opts)
+    install(llm)
+    eng = llm.engine
+    eng.scheduler.speculation = replace(eng.scheduler.speculation, mixed=False)
+    follow, runs, plans = eng.spec.follow, [], []
+    prompts_pass, after_plain = follow.extend_prompts, follow.after_plain
+
+    def spy_plain(plan, aux):
+        plans.append(plan.prefill_continues)
+        after_plain(plan, aux)
+
+    def spy_prompts(reqs, ends):
+        runs.append((len(plans), sorted(r.request_id for r in reqs)))
+        prompts_pass(reqs, ends)
+
+    follow.after_plain, follow.extend_prompts = spy_plain, spy_prompts
+    got = {str(i): [] for i in range(4)}
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, params)
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            got[out.request_id] += out.new_token_ids
+    assert plans[:3] == [True, True, False]  # 80 prompt tokens in steps of 32
+    assert runs[0] == (3, ["0", "1", "2", "3"])  # one pass, once the last chunk ran
+    assert [got[str(i)] for i in range(4)] == want
