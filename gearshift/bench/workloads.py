@@ -16,6 +16,7 @@ bodies bench serve posts (`completion` prompts or `chat` messages).
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from dataclasses import dataclass, field
@@ -75,10 +76,12 @@ def conversations(args) -> list[Conversation]:
     if args.dataset.startswith("jsonl:"):
         return _jsonl(args.dataset[len("jsonl:"):], n)
     texts = _corpus_windows(args.input_len, rng) if args.dataset == "corpus" else None
+    drawn = itertools.count()
 
     def words(count: int) -> str:
-        if texts:
-            return texts[rng.randrange(len(texts))][: count * CHARS_PER_TOKEN]
+        if texts:  # the shuffled windows in turn: drawn at random, a small corpus repeats
+            # prompts, and each repeat is a prefix-cache hit the closed loop never gets
+            return texts[next(drawn) % len(texts)][: count * CHARS_PER_TOKEN]
         return " ".join(rng.choice(WORDS) for _ in range(count))
 
     def own() -> str | list[int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 
 import pytest
@@ -69,6 +70,18 @@ def test_bad_arguments_and_prompts(tmp_path):
     assert all(isinstance(c.first(), str) for c in words)
     corpus = conversations(_args("--dataset", "corpus", "--num-prompts", "2", "--input-len", "50"))
     assert all(isinstance(c.first(), str) and len(c.first()) == 200 for c in corpus)
+
+
+def test_corpus_prompts_are_distinct_while_the_corpus_lasts():
+    """As the closed loop's: a repeated prompt would be a prefix-cache hit, a prefill the
+    server skips and the loop pays. Past the corpus's windows they come round again."""
+    from gearshift.bench.workloads import _corpus_windows
+
+    n = len(_corpus_windows(128, random.Random(0)))
+    args = _args("--dataset", "corpus", "--num-prompts", str(n + 5), "--warmup", "0",
+                 "--input-len", "128")
+    prompts = [c.first() for c in conversations(args)]
+    assert len(set(prompts[:n])) == n and prompts[n:] == prompts[:5]
 
 
 def test_jsonl_datasets_in_both_shapes(tmp_path):
