@@ -77,11 +77,13 @@ def test_corpus_prompts_are_distinct_while_the_corpus_lasts():
     server skips and the loop pays. Past the corpus's windows they come round again."""
     from gearshift.bench.workloads import _corpus_windows
 
-    n = len(_corpus_windows(128, random.Random(0)))
+    windows = _corpus_windows(128, random.Random(0))  # as --seed 0 shuffles them
+    n = len(windows)
     args = _args("--dataset", "corpus", "--num-prompts", str(n + 5), "--warmup", "0",
-                 "--input-len", "128")
+                 "--input-len", "128", "--seed", "0")
     prompts = [c.first() for c in conversations(args)]
-    assert len(set(prompts[:n])) == n and prompts[n:] == prompts[:5]
+    assert prompts == [windows[i % n] for i in range(n + 5)]
+    assert len(set(prompts[:n])) == len(set(windows)) > 100
 
 
 def test_jsonl_datasets_in_both_shapes(tmp_path):
