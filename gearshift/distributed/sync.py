@@ -24,6 +24,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 
+from gearshift.policy.base import Policy
 from gearshift.scheduler.plan import StepPlan
 
 
@@ -100,9 +101,10 @@ class RecordingPolicy:
         return getattr(self.policy, name)
 
 
-class ReplayPolicy:
+class ReplayPolicy(Policy):
     """A follower's policy: rank 0's answers for this step, in the order rank 0's scheduler
-    asked. A question rank 0 did not answer is a PlanMismatch."""
+    asked. A question rank 0 did not answer is a PlanMismatch. It prices nothing: step
+    costs (observe) go to rank 0's policy alone."""
 
     topk = None
 

@@ -38,9 +38,8 @@ class CostFeedback:
         policy = self.scheduler.policy
         if plan.mode is ForwardMode.VERIFY:
             catch_up = self.spec.follow.catch_up_ms()  # the plain steps' price, not this K's
-            observe = getattr(policy, "observe_catch_up", None)
-            if observe is not None and catch_up > 0:  # what leaving K = 0 costs per row
-                observe(self.spec.follow.catch_up_rows, catch_up)
+            if catch_up > 0:  # what leaving K = 0 costs per row
+                policy.observe_catch_up(self.spec.follow.catch_up_rows, catch_up)
             # the next plan's scores were prepared before this step's sync anyway; a step
             # with prefill chunks riding along prices those chunks, not its K
             if all(plan.decoding):
@@ -62,11 +61,8 @@ class CostFeedback:
 
     @staticmethod
     def _observe(policy, plan: StepPlan, gear: int, ms: float) -> None:
-        observe = getattr(policy, "observe", None)
-        if observe is None:
-            return
         ctx = sum(r.num_tokens for r in plan.reqs)
         if gear and plan.draft_topk == 1 and len(set(plan.num_draft_tokens)) > 1:
-            observe(gear, plan.batch_size, ctx, ms, ks=plan.num_draft_tokens)  # mixed K
+            policy.observe(gear, plan.batch_size, ctx, ms, ks=plan.num_draft_tokens)  # mixed K
         else:
-            observe(gear, plan.batch_size, ctx, ms)
+            policy.observe(gear, plan.batch_size, ctx, ms)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from gearshift.policy.cost import CostModel
 from gearshift.request import Request
 
 
@@ -33,6 +34,9 @@ class PolicyView:
 class Policy(ABC):
     drafts = True  # whether it ever plans K > 0; if not, the draft need not follow tokens
     topk: int | None = None  # tree width of its speculative steps; None = the engine's
+    # the step-time model it prices gears with (goodput): the start-up warm-up's measured
+    # steps go there; None: the policy prices nothing
+    cost: CostModel | None = None
 
     def step_topk(self, view: PolicyView) -> int:
         """Tree width of the step just planned for `view` (asked right after plan(); 1 =
@@ -43,6 +47,17 @@ class Policy(ABC):
         """Called while the device runs a VERIFY step, before the host waits for it, with
         that step's decoding requests: work for the next plan() done here is off the step's
         critical path (the host is idle until the sync). Default: nothing."""
+        return None
+
+    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float,
+                ks: list[int] | None = None) -> None:
+        """A step at gear k (batch size bs, ctx_tokens of context) took `ms`; `ks`: a chain
+        step's K per request where they differ. Default: nothing (the policy prices
+        nothing)."""
+        return None
+
+    def observe_catch_up(self, rows: int, ms: float) -> None:
+        """A VERIFY step's draft caught up over `rows` rows in `ms`. Default: nothing."""
         return None
 
     @abstractmethod
