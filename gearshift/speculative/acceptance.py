@@ -18,11 +18,12 @@ from gearshift.request import Request
 # to the population's acceptance and is tried again instead of staying at K = 0 on stale
 # evidence.
 ALPHA_DECAY = 0.9
-POPULATION_DECAY = 0.99  # the same evidence over all requests, per request-step
-# ... and per plain step (nobody's drafts tested): after a stretch of hard text at K = 0
-# the population fades towards the policy's prior, so later requests are priced to try
-# speculation again rather than inherit that stretch (~230 plain steps to a tenth)
-POPULATION_PLAIN_DECAY = 0.99
+# The same evidence over all requests decays by this per request-step, speculative or
+# plain: after a stretch of hard text at K = 0 it fades towards the policy's prior as fast
+# as VERIFY steps would have renewed it (~230 request-steps to a tenth: 29 plain steps of
+# 8 requests), so later requests are priced to try speculation again rather than inherit
+# that stretch
+POPULATION_DECAY = 0.99
 
 
 class Acceptance:
@@ -56,12 +57,13 @@ class Acceptance:
         same steps (None: the engine verifies chains only)."""
         return (*self._pop[1], *self._pop[2]) if self.tree else None
 
-    def age_population(self) -> None:
-        """A plain step with decoding requests: the population's evidence fades (see
-        POPULATION_PLAIN_DECAY)."""
+    def age_population(self, request_steps: int) -> None:
+        """A plain step of `request_steps` decoding requests: the population's evidence
+        fades as much as that many VERIFY request-steps would age it (POPULATION_DECAY)."""
+        decay = POPULATION_DECAY ** request_steps
         for pop in self._pop:
-            pop[0] *= POPULATION_PLAIN_DECAY
-            pop[1] *= POPULATION_PLAIN_DECAY
+            pop[0] *= decay
+            pop[1] *= decay
 
     def record_step(self, ks: list[int]) -> None:
         """One VERIFY step's plan: does it mix different non-zero K?"""

@@ -147,7 +147,7 @@ class SpecRunner:
             if dec:
                 age(req)
         if any(plan.decoding):
-            self.acceptance.age_population()
+            self.acceptance.age_population(sum(plan.decoding))
 
     def time_verify_steps(self) -> None:
         """Record CUDA events in every VERIFY step from now on (timing.py; --step-trace)."""

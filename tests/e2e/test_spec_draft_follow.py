@@ -215,14 +215,17 @@ def test_plain_steps_fade_the_population_towards_the_prior(make_llm, tiny_llama_
     acc._pop[0] = [5.0, 100.0]  # evidence of 5% acceptance from earlier requests
     prior = GoodputPolicy(CostModel(), 2).scorer.population_prior
     before = prior(PolicyView([], 0, 2, population=acc.population()))
-    eng.add_request("0", PROMPTS[0], SamplingParams(max_tokens=40, temperature=0.0,
-                                                    ignore_eos=True))
+    for rid in ("0", "1"):
+        eng.add_request(rid, PROMPTS[int(rid)], SamplingParams(max_tokens=40, temperature=0.0,
+                                                               ignore_eos=True))
     aged, age = [], acc.age_population
-    acc.age_population = lambda: aged.append(1) or age()
+    acc.age_population = lambda n: aged.append(n) or age(n)
     while eng.has_unfinished_requests():
         eng.step()
     num, den = acc.population()
-    assert len(aged) >= 38 and den == pytest.approx(100.0 * 0.99 ** len(aged))  # per step
+    # per request-step: two requests decoding age it twice a step
+    assert len(aged) >= 38 and set(aged) == {2}
+    assert den == pytest.approx(100.0 * 0.99 ** sum(aged))
     assert num / den == pytest.approx(0.05)  # faded, not changed
     after = prior(PolicyView([], 0, 2, population=(num, den)))
     assert before < 0.11 < after  # from 5% towards goodput's prior (0.6)
