@@ -185,14 +185,14 @@ def run(args) -> int:
 
 def _warm_up(engine) -> float | None:
     """The start-up speculation warm-up, which spec_policy "off" (the engine's policy until
-    each point sets its own) skipped; -> seconds, None without CUDA graphs."""
-    if engine.runner.shape_graphs is None:
-        return None
-    from gearshift.engine.warmup import warm_up_speculation
+    each point sets its own) skipped; -> seconds, None where it measured nothing."""
+    from gearshift.engine.warmup import warm_up_engine
 
     t0 = time.perf_counter()
-    warm_up_speculation(engine)
-    freeze_heap()  # as the engine does after its own start-up warm-up
+    if not warm_up_engine(engine, priced=True):
+        return None
+    if engine.runner.shape_graphs is not None:
+        freeze_heap()  # as the engine does after its own start-up warm-up
     return time.perf_counter() - t0
 
 

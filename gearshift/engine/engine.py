@@ -33,7 +33,7 @@ from gearshift.engine.step_trace import StepTrace
 from gearshift.engine.tokenizer import eos_token_ids, load_engine_tokenizer
 from gearshift.faults import RequestFault
 from gearshift.forward_batch import ForwardMode
-from gearshift.models.default import DEFAULT_MODEL_DIR
+from gearshift.models.default import is_default_target
 from gearshift.models.loader import resolve_model_config
 from gearshift.models.parallel import TensorParallel
 from gearshift.request import Request, SamplingParams, SamplingParamsError
@@ -62,7 +62,7 @@ class Engine:
         self.config = config
         self.model_config, path = resolve_model_config(config.model)
         self.model_name = Path(config.model).name if path else Path(config.model).stem
-        if path is not None and path.resolve() == DEFAULT_MODEL_DIR.resolve() / "target":
+        if path is not None and is_default_target(str(path)):
             self.model_name = "gearshift-default"
         self.model_name = config.served_model_name or self.model_name
         self.tokenizer = load_engine_tokenizer(config, path)
@@ -107,11 +107,10 @@ class Engine:
         self._emit = None  # step()'s early-output callback
         self.step_stats = StepStats()
         self.measured_costs: dict | None = None  # {gear: [[bs, ms]]}: the warm-up's step times
-        if (self.spec is not None and config.spec_warmup and config.spec_policy != "off"
-                and self.runner.shape_graphs is not None and self.leads):
-            from gearshift.engine.warmup import warm_up_speculation
+        if self.spec is not None and config.spec_warmup and policy.drafts and self.leads:
+            from gearshift.engine.warmup import warm_up_engine
 
-            warm_up_speculation(self)  # sets measured_costs
+            warm_up_engine(self, priced=policy.cost is not None)  # sets measured_costs
         if config.gc_freeze or (config.gc_freeze is None and self.runner.graphs is not None):
             freeze_heap()  # collections skip the start-up heap: no 100 ms ones while serving
         self.watch = ServingWatch().start(self.runner)  # graphs / kernels the warm-up missed
@@ -259,7 +258,8 @@ class Engine:
         outputs = early + self._commit_pending()
         self.pending = PendingStep(plan, batch.slots, host, copied, events,
                                    batch.sampling.logprobs)
-        self._account(plan, outputs, t0, self._read_device_ms, timed=False)
+        # its wall time is the wait for the step before, unless the work ran as launched
+        self._account(plan, outputs, t0, self._read_device_ms, timed=self.runner.runs_on_host)
         return outputs
 
     def _verify(self, plan: StepPlan, planning_s: float) -> list[StepOutput]:

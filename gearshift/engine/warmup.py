@@ -38,6 +38,7 @@ from contextlib import nullcontext
 import torch
 
 from gearshift.config import ConfigError
+from gearshift.engine.cost_profile import profile_batch_sizes
 from gearshift.engine.gc_control import gc_paused
 from gearshift.policy.base import Policy, PolicyView
 from gearshift.policy.static import AlwaysPolicy
@@ -61,12 +62,11 @@ def _step_ms(engine, k: int, first: bool) -> float | None:
     return engine.last_step.get("device_ms") or engine.last_step["time_s"] * 1e3
 
 
-def apply_measured(policy, measured: dict | None) -> None:
+def apply_measured(policy: Policy, measured: dict | None) -> None:
     """Give a cost-modelling policy (goodput) the warm-up's measured step times."""
-    cost = getattr(policy, "cost", None)
-    if cost is not None and measured:
+    if policy.cost is not None and measured:
         for k, pts in measured.items():
-            cost.set_measured(k, pts)
+            policy.cost.set_measured(k, pts)
 
 
 # sampled requests expand their drafts on graphs of their own (per spec_sampling mode and
@@ -135,8 +135,30 @@ def mixed_plans(bs: int, num_draft: int) -> list[list[int]]:
     return plans
 
 
-def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3) -> dict:
-    """Run the warm-up (see module doc); -> {gear: [[bs, median ms], ...]} measured."""
+# A CPU measures its batch sizes up to this one at start-up (a few steps each: about a
+# second on the embedded model); larger ones keep the prior's shape at the measured level
+# until real steps price them (CostModel.set_measured)
+CPU_MAX_BATCH = 8
+
+
+def warm_up_engine(engine, priced: bool) -> dict:
+    """The start-up warm-up this engine's device needs. With CUDA graphs: every speculative
+    step shape (graphs, then costs). Where the device runs on the host (a CPU, one rank):
+    if `priced` (the policy prices gears), the timed steps of the smallest batch sizes.
+    -> what was measured ({} when nothing ran)."""
+    runner = engine.runner
+    if runner.shape_graphs is not None:
+        return warm_up_speculation(engine)
+    if priced and runner.runs_on_host and runner.tp is None:
+        sizes = [s for s in profile_batch_sizes(engine.config.max_num_seqs) if s <= CPU_MAX_BATCH]
+        return warm_up_speculation(engine, sizes, repeats=2, capture=False)
+    return {}
+
+
+def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3,
+                        capture: bool = True) -> dict:
+    """Run the warm-up (see module doc); -> {gear: [[bs, median ms], ...]} measured.
+    `capture=False` (no graphs to capture: a CPU): the timed steps alone."""
     spec, sched = engine.spec, engine.scheduler
     num_draft = engine.config.num_draft_tokens  # the configured draft depth
     tree = spec.topk > 1  # gear num_draft + 1: the tree; chains by AlwaysPolicy(K, topk=1)
@@ -159,7 +181,9 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     # (each timed K starts with one untimed step; the table is a prior that the first
     # online observation replaces, so one pass suffices)
     schedule = [*((k, repeats + 1, True) for k in range(num_draft + tree, 0, -1)),
-                (0, repeats + 2, True), (num_draft, 1, False), (0, 1, False), (num_draft, 1, False)]
+                (0, repeats + 2, True)]
+    if capture:
+        schedule += [(num_draft, 1, False), (0, 1, False), (num_draft, 1, False)]
 
     def gear(k: int) -> AlwaysPolicy:  # gear num_draft + 1: the tree
         return AlwaysPolicy(min(k, num_draft), spec.topk if k > num_draft else 1)
@@ -189,12 +213,14 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                     times = [t for t in times if t is not None]
                     if timed and times:
                         measured[k].append([float(bs), statistics.median(times)])
-                for ks in mixed_plans(bs, num_draft) if not spec.split_k_chains(bs) else []:
+                mixed = capture and not spec.split_k_chains(bs)
+                for ks in mixed_plans(bs, num_draft) if mixed else []:
                     phase = "greedy, a K per request"
                     engine.set_policy(_Planned(ks))
                     engine.step()
                 _drop(engine, ids)
-                for name, sampled in SAMPLED.items():  # their draft expansions, one step a gear
+                for name, sampled in SAMPLED.items() if capture else ():  # their draft
+                    # expansions' graphs, one step a gear
                     phase = f"{name}, the prefill"
                     ids = _admit(engine, bs, name, SamplingParams(
                         max_tokens=generated + 1, ignore_eos=True, seed=0, **sampled))

@@ -77,9 +77,17 @@ class CostModel:
     def set_measured(self, k: int, points: list[list[float]]) -> None:
         """Replace K's curve by measured (batch size, ms) points (the start-up warm-up's).
         They stay a prior: a point's first online observation (a real step, at real
-        context lengths) replaces it, the next ones average in."""
-        self.base[k] = [[float(bs), float(ms)] for bs, ms in sorted(points)]
-        self.counts[k] = [0] * len(points)
+        context lengths) replaces it, the next ones average in. Points of the old curve
+        past the largest measured batch (a CPU measures its smallest batches only) stay,
+        scaled to meet the measurement there: the prior's shape, the machine's level."""
+        pts = [[float(bs), float(ms)] for bs, ms in sorted(points)]
+        old = self.base.get(k)
+        if old and pts:
+            top, top_ms = pts[-1]
+            scale = top_ms / max(_interp(old, top, self._batch_sizes(k, old)), 1e-9)
+            pts += [[bs, ms * scale] for bs, ms in old if bs > top]
+        self.base[k] = pts
+        self.counts[k] = [0] * len(pts)
 
     def observed(self, k: int, bs: int) -> int:
         """How many online observations the table point(s) predicting (K, bs) have had (the

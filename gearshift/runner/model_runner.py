@@ -360,6 +360,12 @@ class ModelRunner:
                                 torch.cuda.Event(enable_timing=True))
             self.last_events[0].record()
 
+    @property
+    def runs_on_host(self) -> bool:
+        """The device's work runs on the host thread as it is launched (a CPU): a step's wall
+        time is its cost, overlapped or not."""
+        return self.device.type == "cpu"
+
     def last_device_ms(self) -> float | None:
         """Device time of the latest run() (forward + sampling). Call only after the host
         has synchronised on that step's tokens, so reading the events never waits."""

@@ -1,0 +1,63 @@
+"""Goodput finds the best gear from measured costs wherever it runs: started from a prior
+that prices every step several times too cheap (a CPU's roofline), it learns the real
+costs from the steps it runs, speculates where `always` beats `off` by a wide margin,
+stays plain where speculation loses, and returns to speculation after a stretch of text
+its drafts miss (tests/policy_sim.py: scripted costs and acceptance, no model)."""
+
+from __future__ import annotations
+
+from policy_sim import Phase, cpu_like_ms, simulate
+
+from gearshift.policy.cost import CostModel
+from gearshift.policy.goodput import GoodputPolicy
+from gearshift.policy.static import AlwaysPolicy, OffPolicy
+
+
+def cheap_prior(k_max: int = 4) -> CostModel:
+    """A CPU roofline-like prior: every step ~3.5 ms + 0.8 ms a draft, at any batch (the
+    scripted costs are 2-4x that)."""
+    return CostModel.roofline(1e7, 1e7, 0.0, k_max, [1, 2, 4, 8, 16], bandwidth=2e10,
+                              flops=1e11, overhead_ms=3.0, draft_frac=0.2)
+
+
+def tok_per_ms(policy, phases, c):
+    return [p["tok_per_ms"] for p in simulate(policy, phases, c)]
+
+
+def test_goodput_speculates_where_always_beats_off_by_a_wide_margin():
+    for c in (1, 4):
+        phases = [Phase(requests=4 * c, alpha=0.85)]
+        off = tok_per_ms(OffPolicy(), phases, c)[0]
+        always = {k: tok_per_ms(AlwaysPolicy(k, topk=1), phases, c)[0] for k in (2, 4)}
+        assert max(always.values()) > 1.5 * off  # speculation wins by a wide margin here
+        goodput = GoodputPolicy(cheap_prior(), 4)
+        run = simulate(goodput, phases, c)[0]
+        assert run["verify_steps"] > 0.8 * run["steps"]
+        assert run["tok_per_ms"] >= 0.9 * max(off, *always.values())
+
+
+def test_goodput_stays_plain_where_speculation_loses():
+    """Its re-checks (acceptance evidence fades towards the prior) cost little."""
+    phases = [Phase(requests=16, alpha=0.1)]
+    off = tok_per_ms(OffPolicy(), phases, 4)[0]
+    always = max(tok_per_ms(AlwaysPolicy(k, topk=1), phases, 4)[0] for k in (2, 4))
+    goodput = simulate(GoodputPolicy(cheap_prior(), 4), phases, 4)[0]
+    assert goodput["tok_per_ms"] >= 0.9 * off and goodput["tok_per_ms"] > 1.1 * always
+    assert goodput["verify_steps"] < 0.5 * goodput["steps"]
+
+
+def test_goodput_returns_to_speculation_after_text_its_drafts_miss():
+    """Code, then random words (drafts rejected), then code again: in every phase goodput
+    is within 10% of the best fixed policy of that phase."""
+    phases = [Phase(16, 0.8), Phase(16, 0.05), Phase(16, 0.8)]
+    for c in (1, 4):
+        fixed = [tok_per_ms(p, phases, c) for p in
+                 (OffPolicy(), AlwaysPolicy(2, topk=1), AlwaysPolicy(4, topk=1))]
+        best = [max(col) for col in zip(*fixed)]
+        got = simulate(GoodputPolicy(cheap_prior(), 4), phases, c)
+        for phase, (run, top) in enumerate(zip(got, best)):
+            assert run["tok_per_ms"] >= 0.9 * top, (c, phase, run, top)
+
+
+def test_the_scripted_costs_are_a_cpu_like_shape():
+    assert cpu_like_ms(0, 1) < cpu_like_ms(4, 1) < 3 * cpu_like_ms(0, 1)
