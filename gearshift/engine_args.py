@@ -65,8 +65,11 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
                         "with TMA: inside the GEMMs where they can be, else the norm alone)")
     g.add_argument("--seed", type=int, default=0)
     s = p.add_argument_group("speculative decoding")
-    s.add_argument("--speculative-algorithm", choices=["eagle3", "draft", "ngram"],
-                   help="off unless given; eagle3 without --draft-model uses the embedded head")
+    s.add_argument("--speculative-algorithm", choices=["eagle3", "draft", "ngram", "none"],
+                   help="default: eagle3 with the embedded head for the embedded default model, "
+                        "else off unless --draft-model is given; none = off")
+    s.add_argument("--no-speculation", dest="speculative_algorithm", action="store_const",
+                   const="none", help="the same as --speculative-algorithm none")
     s.add_argument("--draft-model", help="EAGLE-3 head or draft model directory")
     s.add_argument("--num-draft-tokens", type=int, help="K: draft depth (default 4)")
     s.add_argument("--draft-topk", type=int, help="1 = chain (default); > 1 = tree width")
@@ -119,6 +122,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             kw[name] = getattr(args, name)
     if kw.get("draft_model") and "speculative_algorithm" not in kw:
         kw["speculative_algorithm"] = draft_algorithm(kw["draft_model"])
+    if kw.get("draft_model") and kw.get("speculative_algorithm") == "none":
+        raise SystemExit("error: --draft-model names a draft, but speculation is off "
+                         "(--no-speculation / --speculative-algorithm none)")
     return kw
 
 

@@ -41,11 +41,18 @@ def build_engine_config(model: str | None, *, device: str | None = None, dtype: 
                         max_num_seqs: int | None = None, kv_cache_tokens: int | None = None,
                         seed: int = 0, **options) -> EngineConfig:
     """Fill in defaults: the embedded default model, the best device, its natural dtype
-    (float32 on CPU, bfloat16 on GPU) and its attention backend."""
-    if model is None:
-        from gearshift.models.default import default_target_dir
+    (float32 on CPU, bfloat16 on GPU) and its attention backend. The embedded model ships
+    its EAGLE-3 head: it speculates unless `speculative_algorithm` is given (None or
+    "none": off); another model speculates only with a draft named."""
+    from gearshift.models.default import default_target_dir, is_default_target
 
+    if model is None:
         model = str(default_target_dir())
+    if "speculative_algorithm" not in options and not options.get("draft_model") \
+            and is_default_target(model):
+        options["speculative_algorithm"] = "eagle3"
+    if options.get("speculative_algorithm") == "none":
+        options["speculative_algorithm"] = None
     device = device or default_device()
     on_gpu = device.startswith("cuda")
     dtype = dtype or ("bfloat16" if on_gpu else "float32")

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @contextmanager
 def serve_process(model_dir, *flags: str, start_timeout: float = 120.0):
     port = free_port()
-    cmd = [sys.executable, "-m", "gearshift.cli", "serve", str(model_dir), "--port", str(port),
+    model = [] if model_dir is None else [str(model_dir)]  # None: the embedded default model
+    cmd = [sys.executable, "-m", "gearshift.cli", "serve", *model, "--port", str(port),
            "--device", "cpu", "--kv-cache-tokens", "2048", "--max-num-seqs", "4", *flags]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)

@@ -20,6 +20,12 @@ def default_target_dir() -> Path:
     return path
 
 
+def is_default_target(model: str) -> bool:
+    """Is `model` the embedded default model's directory?"""
+    path = Path(model)
+    return path.is_dir() and path.resolve() == (DEFAULT_MODEL_DIR / "target").resolve()
+
+
 def default_head_dir() -> Path:
     path = DEFAULT_MODEL_DIR / "eagle3"
     if not (path / "config.json").is_file():

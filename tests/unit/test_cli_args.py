@@ -43,3 +43,28 @@ def test_engine_flags_reach_the_config() -> None:
     assert kw["spec_sampling"] == "coupled"
     with pytest.raises(SystemExit):
         p.parse_args(["--model", "m", "--spec-sampling", "exact"])
+
+
+def test_the_embedded_model_speculates_unless_told_not_to(tmp_path) -> None:
+    """The embedded default model ships its EAGLE-3 head: its engines speculate by default;
+    --no-speculation / --speculative-algorithm none turn it off; another model speculates
+    only with a draft named."""
+    from gearshift.llm import build_engine_config
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+
+    def config(*flags):
+        return build_engine_config(**engine_kwargs(p.parse_args(["--device", "cpu", *flags])))
+
+    assert config().speculative_algorithm == "eagle3" and config().draft_model is None
+    assert config("--model", str(DEFAULT_MODEL_DIR / "target")).speculative_algorithm == "eagle3"
+    assert config("--no-speculation").speculative_algorithm is None
+    assert config("--speculative-algorithm", "none").speculative_algorithm is None
+    assert config("--speculative-algorithm", "ngram").speculative_algorithm == "ngram"
+    assert build_engine_config(None, device="cpu", speculative_algorithm=None).speculative_algorithm is None
+    other = tmp_path / "m"
+    other.mkdir()
+    assert build_engine_config(str(other), device="cpu").speculative_algorithm is None
+    with pytest.raises(SystemExit, match="speculation is off"):
+        engine_kwargs(p.parse_args(["--no-speculation", "--draft-model", "x"]))
