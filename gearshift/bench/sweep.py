@@ -171,16 +171,49 @@ def run(args) -> int:
 
     def save(results: dict) -> None:  # after every concurrency: a cut sweep keeps its points
         _save(args, results, env)
-        plot(results, args.output_png)
+        if args.workload == "transition":
+            from gearshift.bench.transition import plot as plot_phases
 
-    results = sweep(eng, {label.get(n, n): policy_object(n, eng, 4) for n in names}, prompts,
-                    args, bar, done=save)
-    bar.close()
-    print_table(results)
-    print(markdown_table(results))
-    for line in verdict_lines(verdicts(results)):
+            plot_phases(results, args.output_png)
+        else:
+            plot(results, args.output_png)
+
+    policies = {label.get(n, n): policy_object(n, eng, 4) for n in names}
+    judged = judge_criteria(args, eng)
+    if args.workload == "transition":
+        from gearshift.bench import transition
+
+        words = transition.word_prompts(llm.tokenizer, most, args.input_len, args.seed)
+        code = make_prompts(llm.tokenizer, eng.model_config.vocab_size, 2 * most,
+                            args.input_len, args.seed)
+        results = transition.transition_sweep(eng, policies, code, words,
+                                              lambda c: per_pass(c, args), args, bar, done=save)
+        bar.close()
+        print(transition.markdown_table(results))
+        v = transition.verdicts(results)
+        lines, failed = transition.verdict_lines(v, judged), judged and not v["pass"]
+    else:
+        results = sweep(eng, policies, prompts, args, bar, done=save)
+        bar.close()
+        print_table(results)
+        print(markdown_table(results))
+        v = verdicts(results)
+        lines = verdict_lines(v, judged)
+        failed = judged and False in (v["goodput_within_best"], v["goodput_beats_off_c1"])
+    for line in lines:
         print(line)
+    if failed and args.criteria != "off":
+        print("a criterion failed (--criteria off: report it and exit 0)")
+        return 1
     return 0
+
+
+def judge_criteria(args, engine) -> bool:
+    """Are the sweep's criteria judged here? They were set for the bench pair on a GPU:
+    `auto` judges them on CUDA only; elsewhere the ratios print without a verdict."""
+    if args.criteria == "auto":
+        return engine.runner.device.type == "cuda"
+    return True
 
 
 def _warm_up(engine) -> float | None:
@@ -197,8 +230,14 @@ def _warm_up(engine) -> float | None:
 
 
 def _save(args, results: dict, env: dict) -> None:
+    if args.workload == "transition":
+        from gearshift.bench.transition import verdicts as transition_verdicts
+
+        criteria = transition_verdicts(results)
+    else:
+        criteria = verdicts(results)
     with open(args.output_json, "w") as f:
-        json.dump({"results": results, "criteria": verdicts(results), "env": env,
+        json.dump({"results": results, "criteria": criteria, "env": env,
                    "args": vars(args) | {"func": None}}, f, indent=1, default=str)
 
 
@@ -267,10 +306,14 @@ def add_args(p) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--temperature", type=_non_negative, default=0.0,
                    help="sampling temperature of every request (0: greedy)")
-    p.add_argument("--workload", choices=["uniform", "mixed"], default="uniform",
+    p.add_argument("--workload", choices=["uniform", "mixed", "transition"], default="uniform",
                    help="uniform: every request at --temperature; mixed: --greedy-fraction "
                         "greedy, the rest sampled at --sampled-temperature (acceptance then "
-                        "differs per request)")
+                        "differs per request); transition: code, then random words, then code "
+                        "(gearshift/bench/transition.py)")
+    p.add_argument("--criteria", choices=["auto", "on", "off"], default="auto",
+                   help="judge the criteria (PASS / FAIL, exit 1 on a FAIL): auto = on a GPU "
+                        "only, where they were set; off = print the verdicts, exit 0")
     p.add_argument("--greedy-fraction", type=_fraction, default=0.5,
                    help="mixed workload: share of greedy requests")
     p.add_argument("--sampled-temperature", type=_non_negative, default=1.2,

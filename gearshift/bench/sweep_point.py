@@ -77,9 +77,11 @@ def warm_up(engine, prompts: list[list[int]], concurrency: int, steps: int = 12,
 
 
 def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: int,
-              temperature=0.0) -> dict:
-    """`temperature`: of every request, or per prompt index (mixed_temperatures)."""
-    warm_up(engine, prompts, concurrency, temperature=temperature)
+              temperature=0.0, warm: bool = True) -> dict:
+    """`temperature`: of every request, or per prompt index (mixed_temperatures); `warm`:
+    run the untimed warm-up loop first."""
+    if warm:
+        warm_up(engine, prompts, concurrency, temperature=temperature)
     # its prompts are the run's first ones: every point, every policy, starts cold, as a
     # served run after reset_prefix_cache does
     engine.reset_prefix_cache()

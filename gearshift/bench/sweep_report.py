@@ -132,16 +132,19 @@ def _mix_text(mix: dict) -> str:
     return ", ".join(f"{k}: {n}" for k, n in mix.items()) or "-"
 
 
-def verdict_lines(v: dict) -> list[str]:
-    """The criteria in words, one line each."""
+def verdict_lines(v: dict, judged: bool = True) -> list[str]:
+    """The criteria in words, one line each; not `judged`: the ratios alone."""
+    def verdict(ok: bool) -> str:
+        return ("PASS" if ok else "FAIL") if judged else "not judged here"
+
     lines = []
     if v["min_goodput_over_best"] is not None:
         lines.append(f"goodput >= {BEST_RATIO} x the best other policy at every concurrency: "
-                     f"{'PASS' if v['goodput_within_best'] else 'FAIL'} "
+                     f"{verdict(v['goodput_within_best'])} "
                      f"(min {v['min_goodput_over_best']:.3f})")
     if v["goodput_over_off_c1"] is not None:
         lines.append(f"goodput >= {OFF_RATIO_C1} x off at c = 1: "
-                     f"{'PASS' if v['goodput_beats_off_c1'] else 'FAIL'} "
+                     f"{verdict(v['goodput_beats_off_c1'])} "
                      f"({v['goodput_over_off_c1']:.2f})")
     return lines
 
