@@ -67,8 +67,11 @@ def test_steps_that_capture_a_graph_are_not_observed(make_llm, tiny_llama_dir, t
     each overlapped DECODE step once resolved, by its device time (its wall time is the
     wait for the step before it, an EXTEND step's say)."""
     from gearshift.engine.overlap import PendingStep
+    from gearshift.runner.model_runner import ModelRunner
 
     monkeypatch.setattr(PendingStep, "device_ms", lambda self: 3.25)  # CUDA events on a GPU
+    # where steps run asynchronously (a GPU's, not as launched on the host)
+    monkeypatch.setattr(ModelRunner, "runs_on_host", property(lambda self: False))
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    num_draft_tokens=3)
