@@ -1,8 +1,9 @@
 """The goodput policy's exploration: which step runs a gear other than the best-scored one, so
 that the prices of gears not running stay measured. K = 0 probes (skipped where plain decode
 is confirmed far behind), the neighbours K +- 1, neighbours not yet measured at this batch
-size, and the gear just left (rechecks); probes back off per padded batch size while they
-confirm their predicted cost.
+size, the gear just left (rechecks), and at K = 0 one step for each new request with no
+acceptance evidence of its own (newcomers); probes back off per padded batch size while
+they confirm their predicted cost.
 
 Data flow: GoodputPolicy._choose -> Explorer.step(scores, best, ...) -> the gear run this
 step; GoodputPolicy.observe -> Explorer.observe (did the probe confirm its price?).
@@ -68,6 +69,13 @@ class Explorer:
         # (plain decode settled), an unmeasured neighbour waits for its fresh_gap
         self._probe_skipped = False
         self._fresh_pending = False
+        # At K = 0, a request with less acceptance evidence than this (accepted drafts +
+        # rejections, decayed) is priced by the population's alone: if speculation is
+        # predicted within explore_ratio of plain decode, one step tries it for the batch,
+        # once per such request (`_newcomers_tried`), so a change of traffic back to text
+        # the draft knows is seen within a step of its first request
+        self.newcomer_evidence = 1.0
+        self._newcomers_tried: set[str] = set()
 
     def period(self, bs: int) -> int:
         """Steps between K = 0 probes (or, at K = 0, speculative ones) at padded size bs."""
@@ -104,7 +112,7 @@ class Explorer:
     def step(self, scores: Scores, best: int, top: int, bs: int, view: PolicyView,
              catch_up_ms: float) -> tuple[int, str]:
         """The gear this step runs, with the best-scored gear `best` running: -> (gear,
-        "probe" | "recheck" | "neighbour" | "fresh"), or (best, "scored"). `catch_up_ms`:
+        "probe" | "newcomer" | "recheck" | "neighbour" | "fresh"), or (best, "scored"). `catch_up_ms`:
         the draft's whole catch-up for these requests; a probe from K = 0 is skipped while
         it costs more than a plain step (the probe goes back to K = 0 and pays again at the
         next one)."""
@@ -120,10 +128,13 @@ class Explorer:
             self._back_off()
         if best == 0:
             up = runner_up(scores, top)
-            if (up and probe and catch_up_ms <= scores[0][1]
-                    and scores[up][2] >= self.explore_ratio * scores[0][2]):
+            plausible = (up and catch_up_ms <= scores[0][1]
+                         and scores[up][2] >= self.explore_ratio * scores[0][2])
+            if plausible and probe:
                 self._last_probe, self._probe_error = (up, bs, scores[up][1]), None
                 return up, "probe"
+            if plausible and self._new_requests(view):
+                return up, "newcomer"
             return best, "scored"
         self._steps_speculating += 1
         if probe:
@@ -140,6 +151,17 @@ class Explorer:
             return fresh, "fresh"
         self._fresh_pending = bool(fresh)
         return best, "scored"
+
+    def _new_requests(self, view: PolicyView) -> bool:
+        """Does the batch hold a speculating request with little evidence of its own that
+        no step has tried yet? Marks them tried."""
+        new = {r.request_id for r in view.requests if r.params.speculative
+               and r.spec_alpha_den < self.newcomer_evidence
+               and r.request_id not in self._newcomers_tried}
+        if new:  # only the batch's own: finished requests leave the set
+            self._newcomers_tried = {r.request_id for r in view.requests} & (
+                self._newcomers_tried | new)
+        return bool(new)
 
     def observe(self, k: int, bs: int, ms: float) -> None:
         """A step at gear k, padded batch size bs, took ms: if it was the last probe, how far

@@ -61,3 +61,30 @@ def test_goodput_returns_to_speculation_after_text_its_drafts_miss():
 
 def test_the_scripted_costs_are_a_cpu_like_shape():
     assert cpu_like_ms(0, 1) < cpu_like_ms(4, 1) < 3 * cpu_like_ms(0, 1)
+
+
+def test_new_requests_are_tried_once_at_k0_when_speculation_is_plausible():
+    """At K = 0 a batch with a request that has no acceptance evidence of its own gets one
+    speculative step (the step that can show the traffic changed back), once per request;
+    where speculation is far behind (plain decode wins by more than explore_ratio), never."""
+    from policy_helpers import reqs
+
+    from gearshift.policy.base import PolicyView
+
+    cost = CostModel()
+    for k, ms in {0: 5.0, 1: 6.0, 2: 7.0}.items():
+        cost.set_measured(k, [[4.0, ms]])
+    pol = GoodputPolicy(cost, 2)
+    known = reqs(4, alpha=0.05)  # evidence of near-zero acceptance: K = 0
+    view = PolicyView(known, 0, 2, population=(5.0, 100.0))
+    assert [pol.plan(view)[0] for _ in range(5)] == [0] * 5
+    newcomer = reqs(1, ctx=50)[0]
+    newcomer.request_id = "new"
+    view = PolicyView([*known[:3], newcomer], 0, 2, population=(60.0, 100.0))
+    ks = [pol.plan(view)[0] for _ in range(12)]  # (after the quiet plans plain decode won)
+    assert sum(k > 0 for k in ks) == 1 and ks[-1] == 0
+    costly = CostModel()
+    for k, ms in {0: 5.0, 1: 20.0, 2: 30.0}.items():
+        costly.set_measured(k, [[4.0, ms]])
+    far = GoodputPolicy(costly, 2)
+    assert [far.plan(PolicyView(reqs(4), 0, 2))[0] for _ in range(3)] == [0] * 3
