@@ -112,10 +112,10 @@ class Explorer:
     def step(self, scores: Scores, best: int, top: int, bs: int, view: PolicyView,
              catch_up_ms: float) -> tuple[int, str]:
         """The gear this step runs, with the best-scored gear `best` running: -> (gear,
-        "probe" | "newcomer" | "recheck" | "neighbour" | "fresh"), or (best, "scored"). `catch_up_ms`:
-        the draft's whole catch-up for these requests; a probe from K = 0 is skipped while
-        it costs more than a plain step (the probe goes back to K = 0 and pays again at the
-        next one)."""
+        "probe" | "newcomer" | "recheck" | "neighbour" | "fresh"), or (best, "scored").
+        `catch_up_ms`: the draft's whole catch-up for these requests; a probe from K = 0 is
+        skipped while it costs more than a plain step (the probe goes back to K = 0 and
+        pays again at the next one)."""
         self._since_probe += 1
         self._probe_skipped = self._fresh_pending = False
         period = self.period(bs)
