@@ -84,6 +84,10 @@ class Engine:
             from gearshift.speculative.runner import SpecRunner
 
             self.spec = SpecRunner(config, self.runner, self.builder, self.feed)
+        if self.runner.kv_provisional:  # GPU: the largest steps' peak sizes the KV cache
+            from gearshift.engine.memory_profile import profile_and_size
+
+            profile_and_size(self)  # new self.slots, self.max_model_len
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
         if self.spec is not None:
             from gearshift.engine.cost_profile import build_cost_model

@@ -1,0 +1,243 @@
+"""Start-up memory profile (GPU, without kv_cache_tokens): the largest steps the engine
+can plan run eagerly on a small provisional KV cache, before the real one exists; their
+peak, a measured capture of the plain CUDA graphs and what lies outside PyTorch then size
+the cache from gpu_memory_utilization x the card's memory (runner/memory_plan.py).
+
+    ModelRunner (weights, provisional cache of profile_slots) -> SpecRunner (draft) ->
+    profile_and_size(engine):
+        greedy:   max_num_seqs requests whose prompts fill one prefill budget: the prefill
+                  step (the draft's pass over it included), then with speculation the tree
+                  (draft_topk > 1) and the deepest chain, then a plain decode step
+        sampled, nucleus (speculation): the same, sampled (top-p the second time)
+        -> activations: the peak above everything resident before the first step
+        the decode / extend graphs captured, measured, dropped -> graph pools (+ VERIFY
+           graphs: the eager VERIFY peak scaled to the largest graphed VERIFY pass)
+        -> MemoryBudget -> plan_kv_slots -> the target's and the draft's cache reallocated,
+           a fresh SlotPool; the start-up line says where the memory went
+    -> Engine goes on: graphs captured on the real cache, the speculation warm-up.
+
+Data flow: Engine.__init__ -> profile_and_size(engine) -> runner.resize_kv, engine.slots.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+
+import torch
+
+from gearshift.forward_batch import ForwardMode
+from gearshift.policy.static import AlwaysPolicy
+from gearshift.request import Request, SamplingParams
+from gearshift.runner.memory_plan import (
+    KvPlan,
+    MemoryBudget,
+    generated_tokens,
+    plan_kv_slots,
+    prompt_len,
+)
+from gearshift.runner.penalties import TokenCounts
+from gearshift.scheduler.kv_pool import SlotPool
+from gearshift.scheduler.plan import StepPlan, StepResult
+from gearshift.scheduler.prefix_cache import PrefixCache
+from gearshift.scheduler.scheduler import Scheduler
+
+log = logging.getLogger("gearshift.runner")
+
+# sampled sets: the draft expansions and verification of sampled requests (as warmup.py)
+SAMPLED = {"sampled": dict(temperature=1.0, seed=0),
+           "nucleus": dict(temperature=1.0, top_p=0.95, seed=0)}
+
+
+class CudaMemory:
+    """The device's memory counters the profile reads (a test passes a fake)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def settle(self) -> None:
+        """Work finished, garbage collected, cached blocks back to the device."""
+        torch.cuda.synchronize(self.device)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def reserved(self) -> int:
+        return torch.cuda.memory_reserved(self.device)
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def free_total(self) -> tuple[int, int]:
+        return torch.cuda.mem_get_info(self.device)
+
+
+def _admit(engine, sched: Scheduler, name: str, params: SamplingParams) -> list[str]:
+    cfg, vocab = engine.config, engine.model_config.vocab_size
+    n = prompt_len(cfg, engine.runner.max_positions)
+    ids = [f"__profile-{name}-{i}" for i in range(cfg.max_num_seqs)]
+    for i, rid in enumerate(ids):
+        sched.add(Request(rid, [(7 * i + j) % (vocab - 1) + 1 for j in range(n)], params,
+                          sampling_seed=i, coupled=cfg.spec_sampling == "coupled"))
+    return ids
+
+
+def _step(engine, sched: Scheduler) -> StepPlan:
+    """One synchronous step through the engine's pipeline (Engine._plain without overlap,
+    Engine._verify)."""
+    runner, spec, builder = engine.runner, engine.spec, engine.builder
+    plan = sched.schedule()
+    if plan.is_empty:
+        return plan
+    if plan.mode is ForwardMode.VERIFY:
+        batch = builder.prepare(plan)
+        result = spec.run(plan, batch)
+        sched.commit(plan, result)
+        spec.after_commit(plan, result)
+        return plan
+    batch = builder.prepare(plan, runner.padding(plan))
+    tokens, aux = runner.run(batch.forward, batch.sampling)
+    sampled = tokens[: plan.batch_size].tolist()
+    if spec is not None:
+        spec.after_plain(plan, aux)
+    sched.commit(plan, StepResult(batch.slots, [[t] if s else [] for s, t in
+                                                 zip(plan.sample, sampled)]))
+    return plan
+
+
+def _prefill(engine, sched: Scheduler) -> None:
+    while sched.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids)
+                               for r in sched.running):
+        _step(engine, sched)
+
+
+def _drop(engine, sched: Scheduler, ids: list[str]) -> None:
+    for rid in ids:
+        sched.abort(rid)
+    engine.slots.clear_cache()
+
+
+def run_largest_steps(engine, sched: Scheduler, mem: CudaMemory
+                      ) -> tuple[int, list[tuple[int, int]]]:
+    """The profile's steps (module doc) on `sched`; -> (the highest allocation seen,
+    (tokens, peak bytes above the memory allocated before it) of each VERIFY step)."""
+    cfg, spec = engine.config, engine.spec
+    k = cfg.num_draft_tokens
+    gears = [] if spec is None else ([AlwaysPolicy(k, spec.topk)] if spec.topk > 1 else []) \
+        + [AlwaysPolicy(k, 1)]
+    verify, top = [], 0
+    for name, extra in [("greedy", dict(temperature=0.0)),
+                        *(SAMPLED.items() if spec is not None else ())]:
+        if spec is not None:
+            sched.set_policy(gears[0])  # drafts: the draft follows the prefill
+        ids = _admit(engine, sched, name, SamplingParams(
+            max_tokens=generated_tokens(cfg) + 4, ignore_eos=True, **extra))
+        _prefill(engine, sched)
+        for gear in gears:
+            sched.set_policy(gear)
+            top, base = max(top, mem.peak()), mem.allocated()
+            mem.reset_peak()  # this step's own peak, for the VERIFY graphs' allowance
+            plan = _step(engine, sched)
+            if plan.mode is ForwardMode.VERIFY:
+                verify.append((sum(plan.num_nodes), mem.peak() - base))
+        if name == "greedy":
+            if spec is not None:
+                sched.set_policy(AlwaysPolicy(0))
+            _step(engine, sched)  # the largest plain decode step
+        _drop(engine, sched, ids)
+    return max(top, mem.peak()), verify
+
+
+def _draft_bytes(engine) -> int:
+    spec = engine.spec
+    own = spec and (getattr(spec.proposer, "model", None) or getattr(spec.proposer, "head", None))
+    if own is None:
+        return 0
+    target = {p.data_ptr() for p in engine.runner.model.parameters()}
+    seen = {p.data_ptr(): p.numel() * p.element_size() for p in own.parameters()
+            if p.data_ptr() not in target}  # EAGLE-3 shares the target's embedding
+    return sum(seen.values())
+
+
+def _resize(engine, num_slots: int) -> None:
+    engine.runner.resize_kv(num_slots)
+    if engine.spec is not None:
+        engine.spec.proposer.resize_slots(num_slots)
+
+
+def profile_and_size(engine, mem: CudaMemory | None = None) -> KvPlan:
+    """Profile, size and allocate the KV cache (module doc); -> the plan, also kept as
+    runner.memory_plan and logged."""
+    runner, cfg, spec = engine.runner, engine.config, engine.spec
+    mem = mem or CudaMemory(runner.device)
+    provisional = runner.num_slots
+    saved = (runner.step_counts.copy(), spec.acceptance.counters() if spec else None)
+    speculation = spec.speculation() if spec is not None else None
+    sched = Scheduler(engine.slots, engine.rows, max_num_seqs=cfg.max_num_seqs,
+                      max_num_batched_tokens=cfg.max_num_batched_tokens,
+                      max_model_len=runner.max_model_len, speculation=speculation,
+                      policy=AlwaysPolicy(0) if spec is not None else None)
+    mem.settle()
+    resident = mem.allocated()
+    mem.reset_peak()
+    with torch.inference_mode():
+        top, verify = run_largest_steps(engine, sched, mem)
+    mem.settle()
+    activations = max(top, mem.peak()) - resident
+    graph_pools = _graph_pools(engine, verify, mem)
+    mem.settle()
+    free, total = mem.free_total()
+    outside = max(total - free - mem.reserved(), 0)
+    held = mem.allocated()
+    _resize(engine, 0)
+    mem.settle()
+    kv_bytes = held - mem.allocated()
+    weights, draft = runner.weights_bytes, _draft_bytes(engine)
+    buffers = resident - kv_bytes - weights - draft
+    if runner._counts is None:  # penalties' counts: made at the first penalised request
+        buffers += TokenCounts.nbytes(cfg.max_num_seqs + 1, engine.model_config.vocab_size)
+    budget = MemoryBudget(
+        total=total, utilization=cfg.gpu_memory_utilization, weights=weights, draft=draft,
+        buffers=max(buffers, 0), activations=activations, graph_pools=graph_pools,
+        outside_torch=outside, bytes_per_slot=math.ceil(kv_bytes / provisional),
+        min_slots=provisional)
+    plan = plan_kv_slots(budget)
+    slots = plan.slots if runner.tp is None else runner.tp.comm.min_int(plan.slots)
+    if slots != plan.slots:
+        plan = KvPlan(budget, slots)
+    _resize(engine, slots)
+    engine.slots = engine.builder.slots = SlotPool(
+        slots, PrefixCache() if cfg.enable_prefix_caching else None)
+    engine.max_model_len = runner.max_model_len
+    runner.step_counts.clear()
+    runner.step_counts.update(saved[0])
+    if spec is not None:
+        spec.acceptance.restore_counters(saved[1])
+    runner.memory_plan = plan
+    log.info("%s", plan.describe())
+    return plan
+
+
+def _graph_pools(engine, verify: list[tuple[int, int]], mem: CudaMemory) -> int:
+    """The CUDA graphs' memory: the decode / extend graphs captured on the provisional
+    cache (reserved memory they added), then dropped; VERIFY-shape graphs, captured later
+    by the warm-up in the same pool, by the eager VERIFY peak per token times the largest
+    graphed VERIFY pass."""
+    runner = engine.runner
+    if not (engine.config.use_cuda_graphs and engine.config.attention_backend == "triton"):
+        return 0
+    mem.settle()
+    before = mem.reserved()
+    runner.prepare_hot_path(engine.spec.capture if engine.spec is not None else ())
+    mem.settle()
+    plain = mem.reserved() - before
+    runner.drop_graphs()
+    shapes = max((peak * min(1.0, runner.max_verify_graph_tokens / tokens)
+                  for tokens, peak in verify), default=0)
+    return plain + int(shapes)
