@@ -116,6 +116,10 @@ class Engine:
             from gearshift.engine.warmup import warm_up_speculation
 
             warm_up_speculation(self)  # sets measured_costs
+        if self.runner.memory_plan is not None:  # the profile's plan against the device now
+            from gearshift.engine.memory_profile import after_start
+
+            after_start(self)
         if config.gc_freeze or (config.gc_freeze is None and self.runner.graphs is not None):
             freeze_heap()  # collections skip the start-up heap: no 100 ms ones while serving
         self.watch = ServingWatch().start(self.runner)  # graphs / kernels the warm-up missed

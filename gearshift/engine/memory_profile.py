@@ -1,20 +1,23 @@
 """Start-up memory profile (GPU, without kv_cache_tokens): the largest steps the engine
-can plan run eagerly on a small provisional KV cache, before the real one exists; their
-peak, a measured capture of the plain CUDA graphs and what lies outside PyTorch then size
-the cache from gpu_memory_utilization x the card's memory (runner/memory_plan.py).
+can plan run on a small provisional KV cache, before the real one exists; their peak, the
+CUDA graphs' memory and what lies outside PyTorch then size the cache from
+gpu_memory_utilization x the card's memory (runner/memory_plan.py).
 
     ModelRunner (weights, provisional cache of profile_slots) -> SpecRunner (draft) ->
     profile_and_size(engine):
-        greedy:   max_num_seqs requests whose prompts fill one prefill budget: the prefill
-                  step (the draft's pass over it included), then with speculation the tree
-                  (draft_topk > 1) and the deepest chain, then a plain decode step
-        sampled, nucleus (speculation): the same, sampled (top-p the second time)
+        eagerly: max_num_seqs requests whose prompts fill one prefill budget: the prefill
+                 step (the draft's pass over it included), then with speculation the tree
+                 (draft_topk > 1) and the deepest chain, then a plain decode step; with
+                 speculation the same sampled, then nucleus (prefill, tree, chain)
         -> activations: the peak above everything resident before the first step
-        the decode / extend graphs captured, measured, dropped -> graph pools (+ VERIFY
-           graphs: the eager VERIFY peak scaled to the largest graphed VERIFY pass)
+        on graphs: the decode / extend graphs captured, the same steps again (their VERIFY,
+                 draft and draft-extend graphs), the tree at the largest batch whose pass
+                 is graphed -> graph pools: the reserved memory they added, x GRAPH_MARGIN;
+                 then every graph dropped
         -> MemoryBudget -> plan_kv_slots -> the target's and the draft's cache reallocated,
            a fresh SlotPool; the start-up line says where the memory went
-    -> Engine goes on: graphs captured on the real cache, the speculation warm-up.
+    -> Engine goes on: graphs captured on the real cache, the speculation warm-up;
+       after_start(engine): what the device holds then, against the plan.
 
 Data flow: Engine.__init__ -> profile_and_size(engine) -> runner.resize_kv, engine.slots.
 """
@@ -31,6 +34,7 @@ from gearshift.forward_batch import ForwardMode
 from gearshift.policy.static import AlwaysPolicy
 from gearshift.request import Request, SamplingParams
 from gearshift.runner.memory_plan import (
+    GIB,
     KvPlan,
     MemoryBudget,
     generated_tokens,
@@ -45,6 +49,9 @@ from gearshift.scheduler.scheduler import Scheduler
 
 log = logging.getLogger("gearshift.runner")
 
+# the warm-up's smaller shapes beyond the largest ones the profile captures (their own
+# outputs and static inputs; their intermediates reuse the pool)
+GRAPH_MARGIN = 1.25
 # sampled sets: the draft expansions and verification of sampled requests (as warmup.py)
 SAMPLED = {"sampled": dict(temperature=1.0, seed=0),
            "nucleus": dict(temperature=1.0, top_p=0.95, seed=0)}
@@ -78,10 +85,11 @@ class CudaMemory:
         return torch.cuda.mem_get_info(self.device)
 
 
-def _admit(engine, sched: Scheduler, name: str, params: SamplingParams) -> list[str]:
+def _admit(engine, sched: Scheduler, name: str, params: SamplingParams,
+           num_reqs: int | None) -> list[str]:
     cfg, vocab = engine.config, engine.model_config.vocab_size
     n = prompt_len(cfg, engine.runner.max_positions)
-    ids = [f"__profile-{name}-{i}" for i in range(cfg.max_num_seqs)]
+    ids = [f"__profile-{name}-{i}" for i in range(num_reqs or cfg.max_num_seqs)]
     for i, rid in enumerate(ids):
         sched.add(Request(rid, [(7 * i + j) % (vocab - 1) + 1 for j in range(n)], params,
                           sampling_seed=i, coupled=cfg.spec_sampling == "coupled"))
@@ -123,21 +131,29 @@ def _drop(engine, sched: Scheduler, ids: list[str]) -> None:
     engine.slots.clear_cache()
 
 
-def run_largest_steps(engine, sched: Scheduler, mem: CudaMemory
+def _gears(engine) -> list[AlwaysPolicy]:
+    """The widest VERIFY steps: the tree (draft_topk > 1), the deepest chain."""
+    spec, k = engine.spec, engine.config.num_draft_tokens
+    if spec is None:
+        return []
+    return ([AlwaysPolicy(k, spec.topk)] if spec.topk > 1 else []) + [AlwaysPolicy(k, 1)]
+
+
+def run_largest_steps(engine, sched: Scheduler, mem: CudaMemory, num_reqs: int | None = None,
+                      gears: list[AlwaysPolicy] | None = None
                       ) -> tuple[int, list[tuple[int, int]]]:
-    """The profile's steps (module doc) on `sched`; -> (the highest allocation seen,
-    (tokens, peak bytes above the memory allocated before it) of each VERIFY step)."""
+    """The profile's steps (module doc) on `sched` for `num_reqs` requests (max_num_seqs)
+    and `gears` (_gears); -> (the highest allocation seen, (tokens, peak bytes above the
+    memory allocated before it) of each VERIFY step)."""
     cfg, spec = engine.config, engine.spec
-    k = cfg.num_draft_tokens
-    gears = [] if spec is None else ([AlwaysPolicy(k, spec.topk)] if spec.topk > 1 else []) \
-        + [AlwaysPolicy(k, 1)]
+    gears = _gears(engine) if gears is None else gears
     verify, top = [], 0
     for name, extra in [("greedy", dict(temperature=0.0)),
                         *(SAMPLED.items() if spec is not None else ())]:
         if spec is not None:
             sched.set_policy(gears[0])  # drafts: the draft follows the prefill
         ids = _admit(engine, sched, name, SamplingParams(
-            max_tokens=generated_tokens(cfg) + 4, ignore_eos=True, **extra))
+            max_tokens=generated_tokens(cfg) + 4, ignore_eos=True, **extra), num_reqs)
         _prefill(engine, sched)
         for gear in gears:
             sched.set_policy(gear)
@@ -146,7 +162,7 @@ def run_largest_steps(engine, sched: Scheduler, mem: CudaMemory
             plan = _step(engine, sched)
             if plan.mode is ForwardMode.VERIFY:
                 verify.append((sum(plan.num_nodes), mem.peak() - base))
-        if name == "greedy":
+        if name == "greedy" and num_reqs is None:
             if spec is not None:
                 sched.set_policy(AlwaysPolicy(0))
             _step(engine, sched)  # the largest plain decode step
@@ -186,11 +202,10 @@ def profile_and_size(engine, mem: CudaMemory | None = None) -> KvPlan:
     mem.settle()
     resident = mem.allocated()
     mem.reset_peak()
-    with torch.inference_mode():
-        top, verify = run_largest_steps(engine, sched, mem)
+    top, _ = run_largest_steps(engine, sched, mem)  # (inference mode: as Engine.step)
     mem.settle()
     activations = max(top, mem.peak()) - resident
-    graph_pools = _graph_pools(engine, verify, mem)
+    graph_pools = _graph_pools(engine, sched, mem)
     mem.settle()
     free, total = mem.free_total()
     outside = max(total - free - mem.reserved(), 0)
@@ -224,20 +239,55 @@ def profile_and_size(engine, mem: CudaMemory | None = None) -> KvPlan:
     return plan
 
 
-def _graph_pools(engine, verify: list[tuple[int, int]], mem: CudaMemory) -> int:
-    """The CUDA graphs' memory: the decode / extend graphs captured on the provisional
-    cache (reserved memory they added), then dropped; VERIFY-shape graphs, captured later
-    by the warm-up in the same pool, by the eager VERIFY peak per token times the largest
-    graphed VERIFY pass."""
-    runner = engine.runner
-    if not (engine.config.use_cuda_graphs and engine.config.attention_backend == "triton"):
+def _graph_pools(engine, sched: Scheduler, mem: CudaMemory) -> int:
+    """The CUDA graphs' memory, measured on the provisional cache: the decode / extend
+    graphs captured, then with speculation the profile's steps again on graphs (VERIFY,
+    draft expansion and draft-extend shapes of the largest batch; the tree at the largest
+    batch its pass is graphed for), then all dropped. -> the reserved memory they added
+    (private pools, the outputs each graph owns, static inputs) x GRAPH_MARGIN: the
+    warm-up captures the smaller shapes too, mostly within the same pool."""
+    runner, spec, cfg = engine.runner, engine.spec, engine.config
+    if not (cfg.use_cuda_graphs and cfg.attention_backend == "triton"):
         return 0
     mem.settle()
     before = mem.reserved()
-    runner.prepare_hot_path(engine.spec.capture if engine.spec is not None else ())
+    runner.prepare_hot_path(spec.capture if spec is not None else ())
+    if spec is not None and runner.shape_graphs is not None:
+        run_largest_steps(engine, sched, mem)
+        limit, nodes = runner.max_verify_graph_tokens, spec.nodes(cfg.num_draft_tokens, spec.topk)
+        graphed = [s for s in runner.graphs.graphs if s * nodes <= limit]
+        if spec.topk > 1 and cfg.max_num_seqs * nodes > limit and graphed:
+            run_largest_steps(engine, sched, mem, max(graphed), _gears(engine)[:1])
     mem.settle()
-    plain = mem.reserved() - before
+    used = mem.reserved() - before
     runner.drop_graphs()
-    shapes = max((peak * min(1.0, runner.max_verify_graph_tokens / tokens)
-                  for tokens, peak in verify), default=0)
-    return plain + int(shapes)
+    mem.settle()
+    kept = mem.reserved() - before  # the decode workspace stays; graphs' memory goes back
+    if kept > max(used // 4, 256 * 2**20):
+        log.warning("memory profile: %.2f GiB of the %.2f GiB the CUDA graphs took stayed "
+                    "reserved after they were dropped", kept / GIB, used / GIB)
+    return int(used * GRAPH_MARGIN)
+
+
+def after_start(engine) -> dict | None:
+    """Device memory once start-up is over (graphs captured, warm-up run) against the
+    profile's plan, logged; -> the numbers in bytes (None: the cache was not profiled)."""
+    plan, dev = engine.runner.memory_plan, engine.runner.device
+    if plan is None or dev.type != "cuda":
+        return None
+    mem = CudaMemory(dev)
+    mem.settle()
+    free, total = mem.free_total()
+    b = plan.budget
+    out = dict(reserved=mem.reserved(), allocated=mem.allocated(), used=total - free,
+               planned=b.usable - b.activations, activations=b.activations,
+               graphs_planned=b.graph_pools,
+               graphs=mem.reserved() - b.weights - b.draft - b.buffers - plan.kv_bytes)
+    log.info("memory after start-up: %.2f GiB in use on the device, %.2f GiB planned before "
+             "the activations peak (%.2f GiB); CUDA graphs and buffers made since the "
+             "profile %.2f GiB (planned %.2f GiB)", out["used"] / GIB, out["planned"] / GIB,
+             b.activations / GIB, out["graphs"] / GIB, b.graph_pools / GIB)
+    if out["used"] + b.activations > total:
+        log.warning("the largest step may not fit beside what start-up left: pass a smaller "
+                    "--gpu-memory-utilization")
+    return out
