@@ -239,6 +239,11 @@ def profile_and_size(engine, mem: CudaMemory | None = None) -> KvPlan:
     return plan
 
 
+def captures_graphs(config) -> bool:
+    """Whether the runner captures CUDA graphs (ModelRunner.prepare_hot_path)."""
+    return config.use_cuda_graphs and config.attention_backend == "triton"
+
+
 def _graph_pools(engine, sched: Scheduler, mem: CudaMemory) -> int:
     """The CUDA graphs' memory, measured on the provisional cache: the decode / extend
     graphs captured, then with speculation the profile's steps again on graphs (VERIFY,
@@ -247,12 +252,13 @@ def _graph_pools(engine, sched: Scheduler, mem: CudaMemory) -> int:
     (private pools, the outputs each graph owns, static inputs) x GRAPH_MARGIN: the
     warm-up captures the smaller shapes too, mostly within the same pool."""
     runner, spec, cfg = engine.runner, engine.spec, engine.config
-    if not (cfg.use_cuda_graphs and cfg.attention_backend == "triton"):
+    if not captures_graphs(cfg):
         return 0
     mem.settle()
     before = mem.reserved()
     runner.prepare_hot_path(spec.capture if spec is not None else ())
     if spec is not None and runner.shape_graphs is not None:
+        sched.speculation = spec.speculation()  # as planned on graphs (no riders)
         run_largest_steps(engine, sched, mem)
         limit, nodes = runner.max_verify_graph_tokens, spec.nodes(cfg.num_draft_tokens, spec.topk)
         graphed = [s for s in runner.graphs.graphs if s * nodes <= limit]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 from checkpoints import random_prompts
+from eager_graphs import EagerGraphs
 from eagle3_checkpoints import make_eagle3_checkpoint
 
 from gearshift import SamplingParams
@@ -165,3 +166,45 @@ def test_plain_engines_profile_too(make_llm, profiled, tiny_llama_dir):
     ref = make_llm(tiny_llama_dir, kv_cache_tokens=2000)
     assert ([o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
             == [o.token_ids for o in ref.generate(PROMPTS, GREEDY)])
+
+
+class _DecodeGraphs:
+    """runner.graphs' sizes, replaying nothing (steps run eagerly at the padded size)."""
+
+    graphs = {1: None, 2: None, 4: None, 8: None}
+
+    def can_run(self, fb) -> bool:
+        return False
+
+
+def test_graph_pools_are_measured_on_graphs_then_dropped(make_llm, profiled, monkeypatch,
+                                                          tiny_llama_dir, head_dir):
+    """With graphs (stood in for on the CPU): the profile's steps run again on them, the
+    tree at the largest batch whose pass is graphed; the memory reserved meanwhile (here
+    64 MiB) x GRAPH_MARGIN is the graph pools' share, and the graphs are gone before the
+    cache moves."""
+    installed = []
+
+    def hot_path(runner, capture=()):
+        runner.shape_graphs, runner.graphs = EagerGraphs(), _DecodeGraphs()
+        runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()
+        installed.append(runner.shape_graphs)
+
+    monkeypatch.setattr(memory_profile, "captures_graphs", lambda config: True)
+    monkeypatch.setattr(ModelRunner, "prepare_hot_path", hot_path)
+    monkeypatch.setattr(FakeMemory, "reserved", lambda self: self.allocated() + (
+        64 * 2**20 if self.engine.runner.shape_graphs is not None else 0))
+    # 6 requests x 8 tree nodes = 48 tokens: past 32, so the graphed tree runs at 4 requests
+    opts = {**_tree(head_dir), "max_num_batched_tokens": 32, "extend_graph_max_tokens": 32,
+            "spec_warmup": False}
+    llm, mem = profiled(make_llm, tiny_llama_dir, total=GIB, activations=2**20, **opts)
+    b = llm.engine.runner.memory_plan.budget
+    assert b.graph_pools == int(64 * 2**20 * memory_profile.GRAPH_MARGIN)
+    profile_graphs = installed[0]
+    keys = [str(k) for k in profile_graphs.entries]  # the shapes that ran on the stand-in
+    for shape in ("verify-tree", "verify-greedy", "'expand'", "draft_extend"):
+        assert any(shape in k for k in keys), shape
+    # the last pass: the graphed tree at 4 requests (4 x 8 nodes), greedy, sampled, nucleus
+    assert [t for t, _ in mem.verify] == [32] * 3
+    assert len(installed) == 2  # the profile's, then the engine's on the real cache
+    assert llm.engine.slots.total == llm.engine.runner.memory_plan.slots
