@@ -68,9 +68,10 @@ class KvPlan:
         parts = [("weights", b.weights), ("draft", b.draft), ("buffers", b.buffers),
                  ("activations peak", b.activations), ("graph pools", b.graph_pools),
                  ("outside PyTorch", b.outside_torch)]
-        items = ", ".join(f"{name} {n / GIB:.2f}" for name, n in parts if n or name == "weights")
+        items = ", ".join(f"{name} {n / GIB:.2f} GiB" for name, n in parts
+                          if n or name == "weights")
         return (f"memory of {b.total / GIB:.1f} GiB (gpu_memory_utilization {b.utilization:g}): "
-                f"{items}, KV cache {self.slots:,} slots ({self.kv_bytes / GIB:.2f}), "
+                f"{items}, KV cache {self.slots:,} slots ({self.kv_bytes / GIB:.2f} GiB), "
                 f"headroom {self.headroom / GIB:.2f} GiB")
 
 
