@@ -194,6 +194,8 @@ def profile_and_size(engine, mem: CudaMemory | None = None) -> KvPlan:
     mem = mem or CudaMemory(runner.device)
     provisional = runner.num_slots
     saved = (runner.step_counts.copy(), spec.acceptance.counters() if spec else None)
+    if spec is not None:  # the target's features for the draft, as once graphs exist
+        runner.capture = spec.capture
     speculation = spec.speculation() if spec is not None else None
     sched = Scheduler(engine.slots, engine.rows, max_num_seqs=cfg.max_num_seqs,
                       max_num_batched_tokens=cfg.max_num_batched_tokens,

@@ -20,6 +20,7 @@ from gearshift.config import ConfigError
 from gearshift.engine import memory_profile
 from gearshift.runner.memory_plan import GIB, profile_slots
 from gearshift.runner.model_runner import ModelRunner
+from gearshift.speculative.draft_follow import DraftFollower
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 PROMPTS = random_prompts([3, 17, 40, 9, 25], seed=5)
@@ -33,6 +34,7 @@ class FakeMemory:
     def __init__(self, engine, total: int, activations: int, buffers: int = 2**20) -> None:
         self.engine, self.total, self.act, self.buffers = engine, total, activations, buffers
         self.verify: list[tuple[int, int]] = []  # run_largest_steps' VERIFY steps
+        self.prefill_features = False  # a plain step gave the draft the target's features
         self._peak = 0
 
     def _caches(self) -> int:
@@ -81,6 +83,14 @@ def profiled(monkeypatch):
                             lambda self: self.config.kv_cache_tokens is None)
         monkeypatch.setattr(memory_profile, "profile_and_size", fake)
         monkeypatch.setattr(memory_profile, "run_largest_steps", record)
+        follow = DraftFollower.after_plain
+
+        def after_plain(self, plan, aux):
+            if memory_profile.profile_and_size is fake and "mem" in seen and aux is not None:
+                seen["mem"].prefill_features = True
+            return follow(self, plan, aux)
+
+        monkeypatch.setattr(DraftFollower, "after_plain", after_plain)
         llm = make_llm(model_dir, **{"kv_cache_tokens": None, **kw})
         return llm, seen["mem"]
 
@@ -115,6 +125,7 @@ def test_profile_sizes_the_caches_and_the_engine_serves_alike(make_llm, profiled
     eng, plan = llm.engine, llm.engine.runner.memory_plan
     # greedy, sampled, nucleus: a tree step (8 nodes) and a chain step (K + 1) at 6 requests
     assert [tokens for tokens, _ in mem.verify] == [48, 24] * 3
+    assert mem.prefill_features  # the draft's pass over the prefill had the target's features
     b = plan.budget
     assert b.activations == 2**20 and b.outside_torch == OUTSIDE and b.graph_pools == 0
     assert b.min_slots == profile_slots(eng.config, eng.runner.max_positions)
