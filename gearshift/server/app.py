@@ -294,7 +294,7 @@ async def _completion_chunks(gen: Generation, model: str, include_usage: bool
         if not text and not c.finished:
             continue  # tokens whose text is held back: their logprobs go with the next chunk
         yield chunk(CompletionChoice(index=c.index, text=text, finish_reason=c.finish_reason,
-                                     logprobs=completion_chunk_logprobs(gen, c, token_text, text)))
+                                     logprobs=completion_chunk_logprobs(gen, c, token_text)))
     if include_usage:
         yield CompletionChunk(**head, choices=[], usage=gen.usage()).model_dump()
 

@@ -36,6 +36,7 @@ from gearshift.server.protocol import (
     Usage,
 )
 from gearshift.server.structured import structured_output
+from gearshift.server.text_offsets import prompt_offsets
 from gearshift.structured.params import StructuredOutput, StructuredOutputError
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -59,6 +60,7 @@ class Choice:
     prompt_logprobs: list | None = None  # the prompt's (None first), with echo + logprobs
     num_deltas: int = 0  # deltas received (a stream echoes the prompt before the first)
     cached_tokens: int = 0  # prompt tokens the prefix cache served
+    offset_walker: Any = None  # the generated tokens' text offsets so far (logprobs.py)
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Generation:
     n: int
     seed: int  # the request's (given or drawn): choice i of each prompt samples with seed + i
     echo: list[str] | None = None  # completions with echo: the text of each prompt
+    echo_offsets: list[list[int]] | None = None  # with echo + logprobs: its tokens' text offsets
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     arrival: float = field(default_factory=time.monotonic)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -349,7 +352,11 @@ async def prepare_completion(engine: AsyncEngine, metrics: ServerMetrics, offloa
         for i in range(len(prompts) * req.n)
     ]
     echo = [echo_text(engine, p) for p in req.prompts] if req.echo else None
-    return Generation(engine, metrics, prompts, params, req.n, seed, echo)
+    offsets = None
+    if req.echo and req.logprobs is not None and engine.tokenizer is not None:
+        offsets = [await offload.run(8 * len(ids), prompt_offsets, engine.tokenizer, p, ids)
+                   for p, ids in zip(req.prompts, prompts)]
+    return Generation(engine, metrics, prompts, params, req.n, seed, echo, offsets)
 
 
 async def prepare_chat(engine: AsyncEngine, metrics: ServerMetrics, offload: Offload,
