@@ -119,7 +119,19 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             kw[name] = getattr(args, name)
     if kw.get("draft_model") and "speculative_algorithm" not in kw:
         kw["speculative_algorithm"] = draft_algorithm(kw["draft_model"])
+    check_engine_kwargs(kw)
     return kw
+
+
+def check_engine_kwargs(kw: dict) -> None:
+    """EngineConfig's own checks on the flags' values, before anything heavy is imported:
+    a bad value ends the command at once (ConfigError), not after torch and the model load.
+    Defaults that need torch (the device, its dtype) stand in as the CPU's."""
+    fixed = {"model": kw.get("model") or "-", "device": kw.get("device") or "cpu",
+             "dtype": kw.get("dtype") or "float32"}
+    if kw.get("max_num_seqs") is None:
+        fixed["max_num_seqs"] = 64
+    EngineConfig(**{**kw, **fixed})
 
 
 def draft_algorithm(draft_dir: str) -> str:

@@ -55,8 +55,8 @@ def build_engine_config(model: str | None, *, device: str | None = None, dtype: 
     if unknown:
         raise ConfigError(f"unknown engine option(s) {unknown}; known: {sorted(known - {'model'})}")
     return EngineConfig(model=model, device=device, dtype=dtype,
-                        max_num_seqs=max_num_seqs or 64, kv_cache_tokens=kv_cache_tokens,
-                        seed=seed, **options)
+                        max_num_seqs=64 if max_num_seqs is None else max_num_seqs,
+                        kv_cache_tokens=kv_cache_tokens, seed=seed, **options)
 
 
 class LLM:
