@@ -5,6 +5,7 @@ tokenizer both ways, and the version. Behind the API key like /v1.
     POST /tokenize         {"prompt" | "messages", "add_special_tokens"} ->
                            {"tokens", "count", "max_model_len", "token_strs"}
     POST /detokenize       {"tokens"} -> {"prompt"}; 400 for ids outside the vocabulary
+                           (both also under /v1, where a client's base URL points)
     GET  /version          {"version"}
 
 Data flow: app.build_app -> add_utility_routes(app, ...) -> handlers -> engine.tokenizer.
@@ -77,6 +78,7 @@ def add_utility_routes(app: FastAPI, engine: Any, require_key: Callable[[Request
         return ModelCard(id=engine.model_name, max_model_len=engine.max_model_len)
 
     @app.post("/tokenize", dependencies=auth)
+    @app.post("/v1/tokenize", dependencies=auth)
     async def tokenize(request: Request) -> TokenizeResponse:
         req = parse(TokenizeRequest, await read_body(request))
         check_model(engine, req.model)
@@ -97,6 +99,7 @@ def add_utility_routes(app: FastAPI, engine: Any, require_key: Callable[[Request
                                 tokens=tokens, token_strs=strs)
 
     @app.post("/detokenize", dependencies=auth)
+    @app.post("/v1/detokenize", dependencies=auth)
     async def detokenize(request: Request) -> dict:
         req = parse(DetokenizeRequest, await read_body(request))
         check_model(engine, req.model)
