@@ -17,7 +17,7 @@ from gearshift.config import ConfigError, EngineConfig
 from gearshift.distributed import create_engine
 from gearshift.engine.engine import PromptError
 from gearshift.engine.output_processor import OutputProcessor
-from gearshift.engine.tokenizer import read_chat_template, render_chat
+from gearshift.engine.tokenizer import encode_prompt, read_chat_template, render_chat
 from gearshift.request import RequestOutput, SamplingParams
 
 
@@ -130,7 +130,7 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise PromptError("this model directory has no tokenizer: pass token-id prompts")
-            return self.tokenizer.encode(prompt)
+            return encode_prompt(self.tokenizer, prompt)
         return list(prompt)
 
     def memory_stats(self) -> dict:

@@ -150,6 +150,7 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False  # the prompt (and with logprobs its logprobs) before the completion
     max_tokens: int | None = Field(16, ge=0, le=INT32_MAX)  # 0: with echo, the prompt scored alone
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # alternatives per token
+    add_special_tokens: bool = True  # vLLM's: the tokenizer's BOS before a text prompt
     best_of: int | None = None
     suffix: str | None = None
 

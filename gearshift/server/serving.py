@@ -26,6 +26,7 @@ from gearshift.engine.async_engine import (
     StreamFailure,
 )
 from gearshift.engine.seeds import SEED_BOUND
+from gearshift.engine.tokenizer import encode_prompt
 from gearshift.request import SamplingParams, SamplingParamsError
 from gearshift.server.errors import APIError
 from gearshift.server.metrics import ServerMetrics
@@ -217,14 +218,15 @@ def check_model(engine: AsyncEngine, model: str | None) -> None:
         )
 
 
-def tokenize_prompt(engine: AsyncEngine, prompt: str | list[int]) -> list[int]:
+def tokenize_prompt(engine: AsyncEngine, prompt: str | list[int],
+                    add_special_tokens: bool = True) -> list[int]:
     if isinstance(prompt, list):
         return list(prompt)
     if engine.tokenizer is None:
         raise APIError(400, "this model has no tokenizer: send the prompt as a list of token ids",
                        param="prompt", code="no_tokenizer")
     try:
-        ids = engine.tokenizer.encode(prompt)
+        ids = encode_prompt(engine.tokenizer, prompt, add_special_tokens)
     except Exception as e:  # the tokenizer refused the text
         raise APIError(400, f"could not tokenise the prompt: {e}", param="prompt") from None
     if not ids:
@@ -342,8 +344,8 @@ async def prepare_completion(engine: AsyncEngine, metrics: ServerMetrics, offloa
                              req: CompletionRequest) -> Generation:
     check_model(engine, req.model)
     check_vocab(engine, req)
-    prompts = [await offload.run(len(p) if isinstance(p, str) else 0, tokenize_prompt, engine, p)
-               for p in req.prompts]
+    prompts = [await offload.run(len(p) if isinstance(p, str) else 0, tokenize_prompt, engine, p,
+                                 req.add_special_tokens) for p in req.prompts]
     max_tokens = [check_context(engine, len(p), req.max_tokens) for p in prompts]
     structured = await structured_output(engine, offload, req)
     seed = request_seed(req)
@@ -354,7 +356,8 @@ async def prepare_completion(engine: AsyncEngine, metrics: ServerMetrics, offloa
     echo = [echo_text(engine, p) for p in req.prompts] if req.echo else None
     offsets = None
     if req.echo and req.logprobs is not None and engine.tokenizer is not None:
-        offsets = [await offload.run(8 * len(ids), prompt_offsets, engine.tokenizer, p, ids)
+        offsets = [await offload.run(8 * len(ids), prompt_offsets, engine.tokenizer, p, ids,
+                                     req.add_special_tokens)
                    for p, ids in zip(req.prompts, prompts)]
     return Generation(engine, metrics, prompts, params, req.n, seed, echo, offsets)
 

@@ -46,16 +46,21 @@ class OffsetWalker:
         return out
 
 
-def prompt_offsets(tokenizer, prompt: str | list[int], ids: list[int]) -> list[int]:
+def prompt_offsets(tokenizer, prompt: str | list[int], ids: list[int],
+                   add_special_tokens: bool = True) -> list[int]:
     """Offsets of the prompt's tokens `ids` in its echoed text (`prompt` itself, or the ids'
     decoding when the prompt came as ids)."""
     if isinstance(prompt, str):
         try:
-            enc = tokenizer(prompt, return_offsets_mapping=True)
+            enc = tokenizer(prompt, add_special_tokens=add_special_tokens,
+                            return_offsets_mapping=True)
+            got, starts = list(enc["input_ids"]), [a for a, _ in enc["offset_mapping"]]
         except (NotImplementedError, TypeError, ValueError):  # a slow tokenizer: no mapping
-            enc = None
-        if enc is not None and list(enc["input_ids"]) == list(ids):
-            return [start for start, _ in enc["offset_mapping"]]
+            got, starts = [], []
+        if got[1:] == list(ids):  # encode_prompt dropped a doubled BOS
+            got, starts = got[1:], starts[1:]
+        if got == list(ids):
+            return starts
         return clip(OffsetWalker(tokenizer).feed(ids), len(prompt))
     return OffsetWalker(tokenizer, skip_special_tokens=False).feed(ids)
 

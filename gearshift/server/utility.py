@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from gearshift import __version__
 from gearshift.engine.async_engine import EngineDeadError
-from gearshift.engine.tokenizer import ChatTemplateError, render_chat
+from gearshift.engine.tokenizer import ChatTemplateError, encode_prompt, render_chat
 from gearshift.server.errors import APIError
 from gearshift.server.protocol import ChatMessage, ModelCard, _Strict
 from gearshift.server.serving import check_model
@@ -85,7 +85,7 @@ def add_utility_routes(app: FastAPI, engine: Any, require_key: Callable[[Request
         tok = _tokenizer(engine, "prompt" if req.prompt is not None else "messages")
         if req.prompt is not None:
             special = True if req.add_special_tokens is None else req.add_special_tokens
-            tokens = tok.encode(req.prompt, add_special_tokens=special)
+            tokens = encode_prompt(tok, req.prompt, special)  # as a completion's prompt
         else:
             try:
                 text = render_chat(tok, [m.template_dict() for m in req.messages],
