@@ -49,6 +49,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk's counts so far
 
 
 class JsonSchemaFormat(_Strict):
@@ -141,6 +142,10 @@ class _SamplingFields(_Strict):
     @property
     def include_usage_in_stream(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage_in_stream(self) -> bool:
+        return self.include_usage_in_stream and self.stream_options.continuous_usage_stats
 
 
 class CompletionRequest(_SamplingFields):

@@ -76,6 +76,7 @@ class Generation:
     seed: int  # the request's (given or drawn): choice i of each prompt samples with seed + i
     echo: list[str] | None = None  # completions with echo: the text of each prompt
     echo_offsets: list[list[int]] | None = None  # with echo + logprobs: its tokens' text offsets
+    continuous_usage: bool = False  # a stream whose every chunk carries the usage so far
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     arrival: float = field(default_factory=time.monotonic)
     created: int = field(default_factory=lambda: int(time.time()))
