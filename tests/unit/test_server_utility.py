@@ -81,6 +81,20 @@ def test_tokenize_messages_counts_as_the_chat_request(client):
     assert plain["tokens"] == [BOS_ID, *_bytes("<|system|>be brief\n<|user|>hi\n")]
 
 
+def test_a_prompt_starting_with_bos_gets_no_second(client):
+    """As a completion's text prompt: the tokenizer's BOS is not added before a BOS the text
+    already holds (an evaluation harness's decoded ids)."""
+    body = client.post("/tokenize", json={"prompt": "<|begin|>hi"}).json()
+    assert body["tokens"] == [BOS_ID, *_bytes("hi")]
+    body = client.post("/tokenize", json={"prompt": "<|begin|>hi", "add_special_tokens": False})
+    assert body.json()["tokens"] == [BOS_ID, *_bytes("hi")]
+    r = client.post("/v1/completions", json={"prompt": "<|begin|>hi", "max_tokens": 1})
+    assert r.json()["usage"]["prompt_tokens"] == 3
+    r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1,
+                                             "add_special_tokens": False})
+    assert r.json()["usage"]["prompt_tokens"] == 2
+
+
 def test_tokenize_and_detokenize_under_v1(client):
     """Also where an OpenAI client's base URL points (vLLM serves both paths)."""
     for prefix in ("", "/v1"):
