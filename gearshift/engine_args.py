@@ -131,7 +131,8 @@ def check_engine_kwargs(kw: dict) -> None:
              "dtype": kw.get("dtype") or "float32"}
     if kw.get("max_num_seqs") is None:
         fixed["max_num_seqs"] = 64
-    EngineConfig(**{**kw, **fixed})
+    known = EngineConfig.__dataclass_fields__  # build_engine_config names any other key
+    EngineConfig(**{k: v for k, v in {**kw, **fixed}.items() if k in known})
 
 
 def draft_algorithm(draft_dir: str) -> str:
