@@ -125,7 +125,8 @@ def test_warm_up_measures_the_tree_gear_of_a_tree_engine(make_llm, tiny_llama_di
     expand = {(key[3], key[4]) for key in graphs.keys if key[:2] == ("eagle3", "expand")}
     assert {(1, 1), (2, 1), (2, 4)} <= expand  # (K, width): chains and the tree
     policy = eng.policy  # goodput prices the tree from the warm-up and may pick it
-    assert policy.cost.base[3][:len(measured[3])] == measured[3] and policy.top_gear(PolicyView([], 0, 2, None, 4)) == 3
+    assert policy.cost.base[3][:len(measured[3])] == measured[3]
+    assert policy.top_gear(PolicyView([], 0, 2, None, 4)) == 3
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     assert not eng.has_unfinished_requests() and eng.slots.num_available == eng.slots.total
 
