@@ -8,7 +8,8 @@ hash as cluster/router.py), so equal prefixes have equal hashes on every replica
 
     PrefixCache.insert (a new leaf) ──► KVEventRecorder.stored(path) ─► BlockStored
     PrefixCache.evict (each leaf)   ──► KVEventRecorder.removed(path, n) ─► BlockRemoved
-    a reset that empties the tree   ──► AllBlocksCleared
+    the publisher starting          ──► AllBlocksCleared (a new or restarted engine:
+                                          subscribers drop what they knew of it)
                                           │ queue ─► publisher thread ─► ZMQ PUB
 
 Wire format (the layout vLLM publishes; msgpack): a multipart message
@@ -88,8 +89,6 @@ class KVEventRecorder:
         if gone:
             self.blocks.difference_update(gone)
             self.sink(["BlockRemoved", gone, self.medium])
-        if not self.blocks and num_removed == len(path):
-            self.sink(["AllBlocksCleared"])
 
 
 class KVEventPublisher:
@@ -106,6 +105,7 @@ class KVEventPublisher:
         self._socket.bind(self.endpoint)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._seq = 0
+        self.put(["AllBlocksCleared"])
         self._thread = threading.Thread(target=self._run, name="gearshift-kv-events",
                                         daemon=True)
         self._thread.start()
