@@ -88,11 +88,11 @@ def start_replicas(config: EngineConfig, data_parallel_size: int, *, kv_events: 
     actor_cls = ray.remote(ReplicaActor)
     groups, actors = [], []
     for i in range(data_parallel_size):
-        pg = placement_group(_bundles(config), strategy="PACK", name=f"gearshift-replica{i}")
+        pg = placement_group(_bundles(config), strategy="PACK")
         groups.append(pg)
         gpu = 1.0 if config.device.startswith("cuda") else 0.0
         actors.append(actor_cls.options(
-            name=f"gearshift-replica{i}", num_cpus=1.0, num_gpus=gpu,
+            num_cpus=1.0, num_gpus=gpu,
             max_restarts=max_restarts, max_task_retries=0, max_concurrency=4,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
         ).remote(config, i, pg, kv_events, log_level))
@@ -146,6 +146,15 @@ def start_replicas(config: EngineConfig, data_parallel_size: int, *, kv_events: 
     for i, info in enumerate(infos):
         router.set_capacity(i, info["kv_slots_total"])
     rs = ReplicaSet(replicas, router=router, make_engine=restarted)
-    rs.placement_groups = groups
+
+    def release() -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        for pg in groups:
+            remove_placement_group(pg)
+
+    rs.on_shutdown = release
     return rs
 

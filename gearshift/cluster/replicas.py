@@ -60,6 +60,7 @@ class ReplicaSet:
         self.vocab_size: int = first.vocab_size
         self.on_death: Any = None  # the server's: called once every replica is gone for good
         self.error: BaseException | None = None
+        self.on_shutdown: Any = None  # launch.py's: the actors and their placement groups go
         self.routed = {(r.index, why): 0 for r in replicas for why in ("prefix", "load")}
         self._tasks: set[asyncio.Task] = set()
 
@@ -80,6 +81,8 @@ class ReplicaSet:
             task.cancel()
         for r in self.replicas:
             r.engine.shutdown(timeout)
+        if self.on_shutdown is not None:
+            self.on_shutdown()
 
     @property
     def is_alive(self) -> bool:
