@@ -147,13 +147,9 @@ def start_replicas(config: EngineConfig, data_parallel_size: int, *, kv_events: 
         router.set_capacity(i, info["kv_slots_total"])
     rs = ReplicaSet(replicas, router=router, make_engine=restarted)
 
-    def release() -> None:
-        from ray.util.placement_group import remove_placement_group
-
+    def release() -> None:  # the placement groups go with this driver's job
         for actor in actors:
             ray.kill(actor, no_restart=True)
-        for pg in groups:
-            remove_placement_group(pg)
 
     rs.on_shutdown = release
     return rs

@@ -1,6 +1,6 @@
 """Which replica takes a request: the one that most likely holds the longest prefix of its
 prompt in its KV cache, unless that replica is much busier than the least loaded one; with
-no cached prefix anywhere, the least loaded (requests in flight, then free KV).
+no cached prefix anywhere, the least loaded (requests in flight, then free KV, then fewest sent so far).
 
 The router keeps, per replica, the chained hashes of the prompt blocks it sent there
 (BLOCK_TOKENS tokens a block, as llm-d's approximate prefix scorer does), least recently
@@ -69,6 +69,7 @@ class PrefixRouter:
         self.max_imbalance = max_imbalance
         self._capacity = [capacity_blocks] * num_replicas
         self._blocks: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_replicas)]
+        self._assigned = [0] * num_replicas  # requests recorded per replica: spreads ties
 
     def set_capacity(self, replica: int, kv_slots: int) -> None:
         """The replica's KV cache size in tokens: it holds at most that many blocks."""
@@ -94,8 +95,8 @@ class PrefixRouter:
         if not alive:
             raise LookupError("no replica is alive")
 
-        def busy(i: int) -> tuple[int, float, int]:
-            return loads[i].in_flight, -loads[i].kv_free_fraction, i
+        def busy(i: int) -> tuple[int, float, int, int]:
+            return loads[i].in_flight, -loads[i].kv_free_fraction, self._assigned[i], i
 
         least = min(alive, key=busy)
         hashes = block_hashes(token_ids, self.block_tokens)
@@ -109,6 +110,7 @@ class PrefixRouter:
 
     def record(self, replica: int, token_ids: list[int]) -> None:
         """The prompt went to `replica`: its blocks are (about to be) cached there."""
+        self._assigned[replica] += 1
         blocks = self._blocks[replica]
         # the first block last: most recently used, evicted after the blocks that extend it
         for h in reversed(block_hashes(token_ids, self.block_tokens)):

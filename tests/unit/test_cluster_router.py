@@ -67,6 +67,16 @@ def test_free_kv_breaks_a_load_tie():
     assert router.choose(B, loads).replica == 1
 
 
+def test_idle_replicas_take_turns():
+    router = PrefixRouter(3)
+    picks = []
+    for prompt in (A, B, [3] * 20, [4] * 20):
+        route = router.choose(prompt, idle(3))
+        router.record(route.replica, prompt)
+        picks.append(route.replica)
+    assert picks == [0, 1, 2, 0]
+
+
 def test_dead_replicas_are_skipped_and_none_alive_raises():
     router = PrefixRouter(2)
     router.record(0, A)
