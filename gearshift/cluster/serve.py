@@ -20,10 +20,6 @@ def start_cluster_engine(config: EngineConfig, args):
     except ImportError:
         raise ConfigError("--data-parallel-size / --ray need Ray: pip install "
                           "'gearshift[ray]'") from None
-    if args.kv_events:
-        from gearshift.cluster.kv_events import check_endpoint
-
-        check_endpoint(args.kv_events)
     from gearshift.cluster.launch import connect_ray, start_replicas
 
     connect_ray(args.ray_address)

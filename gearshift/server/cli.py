@@ -86,16 +86,24 @@ def run(args: argparse.Namespace) -> int:
                     args.host)
     config = build_engine_config(**engine_kwargs(args))
     check_port_free(args.host, args.port)  # before the model loads, not minutes later
-    if args.data_parallel_size != 1 or args.ray or args.kv_events:
+    if args.kv_events:
+        from gearshift.cluster.kv_events import check_endpoint
+
+        check_endpoint(args.kv_events)
+    if args.data_parallel_size != 1 or args.ray:
         from gearshift.cluster.serve import start_cluster_engine
 
         engine = start_cluster_engine(config, args)
     elif args.engine_process and config.tensor_parallel_size == 1 and torchrun_env() is None:
         from gearshift.engine.engine_process import EngineProcess
 
-        engine = EngineProcess(config)
+        engine = EngineProcess(config, kv_events=args.kv_events)
     else:
         engine = create_engine(config)
+        if args.kv_events:
+            from gearshift.cluster.kv_events import attach_publisher
+
+            attach_publisher(engine, args.kv_events)
     print(f"gearshift: serving {engine.model_name!r} (context {engine.max_model_len} tokens) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     async_engine = engine if isinstance(engine, AsyncEngine) or hasattr(engine, "replicas") \
