@@ -26,7 +26,7 @@ from gearshift.cluster.launch import connect_ray, start_replicas  # noqa: E402
 from gearshift.llm import LLM, build_engine_config  # noqa: E402
 from gearshift.request import SamplingParams  # noqa: E402
 from gearshift.server.app import build_app  # noqa: E402
-from gearshift.server.background import BackgroundServer  # noqa: E402
+from gearshift.server.background import BackgroundServer, free_port  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,9 +46,13 @@ def cluster():
     ray.shutdown()
 
 
+KV_PORT = free_port()  # replica i publishes its KV-cache events at KV_PORT + i
+
+
 @pytest.fixture(scope="module")
 def served(cluster):
-    replicas = start_replicas(build_engine_config(None, **OPTIONS), 2, start_timeout=240)
+    replicas = start_replicas(build_engine_config(None, **OPTIONS), 2, start_timeout=240,
+                              kv_events=f"tcp://127.0.0.1:{KV_PORT}")
     with BackgroundServer(build_app(replicas)) as srv:
         yield srv, replicas
 
@@ -105,6 +109,40 @@ def test_two_prefixes_stick_to_their_replicas_and_equal_one_engine(served, offli
     assert m["gearshift_kv_slots_total"] == 2 * 4096
     assert m["vllm:num_requests_running"] == 0
     assert m['gearshift_router_requests_total{reason="prefix",replica="0"}'] >= 1
+
+
+def test_each_replica_publishes_its_kv_events(served):
+    msgpack = pytest.importorskip("msgpack")
+    zmq = pytest.importorskip("zmq")
+    srv, replicas = served
+    subs = []
+    for i in (0, 1):
+        sub = zmq.Context.instance().socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+        sub.setsockopt(zmq.RCVTIMEO, 200)
+        sub.connect(f"tcp://127.0.0.1:{KV_PORT + i}")
+        subs.append(sub)
+    try:
+        time.sleep(0.5)  # the subscriptions reach the publishers
+        before = dict(replicas.routed)
+        _complete(_client(srv), "A brand new prefix that no replica has seen so far, long "
+                                "enough to fill two blocks of sixteen tokens each.")
+        target = next(i for i in (0, 1) if replicas.routed[(i, "load")] > before[(i, "load")])
+        deadline = time.monotonic() + 30
+        stored = []
+        while not stored:
+            assert time.monotonic() < deadline, "no BlockStored from the replica that served"
+            try:
+                _, _, payload = subs[target].recv_multipart()
+            except zmq.Again:
+                continue
+            _, events, replica = msgpack.unpackb(payload)
+            assert replica == target
+            stored = [e for e in events if e[0] == "BlockStored"]
+        assert stored[0][4] == 16 and len(stored[0][1]) >= 2
+    finally:
+        for sub in subs:
+            sub.close()
 
 
 def test_a_killed_replica_fails_its_requests_and_the_rest_serve(served):
