@@ -122,6 +122,9 @@ class ReplicaActor:
     def stop(self, timeout: float = 10.0) -> None:
         self._inbox.stop()
         self._thread.join(timeout)
+        trace = getattr(getattr(self.engine, "step_stats", None), "trace", None)
+        if trace is not None:  # --step-trace: the last lines
+            trace.flush()
         if self.publisher is not None:
             self.publisher.close()
         shutdown = getattr(self.engine, "shutdown", None)

@@ -60,6 +60,13 @@ def replica_config(config: EngineConfig, data_parallel_size: int) -> EngineConfi
     return replace(config, cpu_threads=max(1, default_cpu_threads() // data_parallel_size))
 
 
+def _numbered(config: EngineConfig, index: int, data_parallel_size: int) -> EngineConfig:
+    """Replica `index`'s config: its own --step-trace file (PATH.replicaI) when several."""
+    if config.step_trace is None or data_parallel_size == 1:
+        return config
+    return replace(config, step_trace=f"{config.step_trace}.replica{index}")
+
+
 def _bundles(config: EngineConfig) -> list[dict]:
     rank = {"GPU": 1.0, "CPU": 1.0} if config.device.startswith("cuda") else {"CPU": 1.0}
     return [dict(rank) for _ in range(config.tensor_parallel_size)]
@@ -95,7 +102,7 @@ def start_replicas(config: EngineConfig, data_parallel_size: int, *, kv_events: 
             num_cpus=1.0, num_gpus=gpu,
             max_restarts=max_restarts, max_task_retries=0, max_concurrency=4,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
-        ).remote(config, i, pg, kv_events, log_level))
+        ).remote(_numbered(config, i, data_parallel_size), i, pg, kv_events, log_level))
     deadline = time.monotonic() + start_timeout
     try:
         ready = ray.wait([pg.ready() for pg in groups], num_returns=len(groups),
