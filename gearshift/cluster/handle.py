@@ -89,8 +89,7 @@ class ReplicaHandle:
             try:
                 ray.get(self.actor.post.remote(batch))
             except Exception:  # noqa: BLE001 - the actor is gone: the reader reports it
-                if self.dead or self._closing:
-                    continue
+                pass
 
     def _read(self, sink: Any) -> None:
         import ray

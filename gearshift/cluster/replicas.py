@@ -60,7 +60,7 @@ class ReplicaSet:
         self.vocab_size: int = first.vocab_size
         self.on_death: Any = None  # the server's: called once every replica is gone for good
         self.error: BaseException | None = None
-        self.on_shutdown: Any = None  # launch.py's: the actors and their placement groups go
+        self.on_shutdown: Any = None  # launch.py's: ends the actors (placement groups end with the job)
         self.routed = {(r.index, why): 0 for r in replicas for why in ("prefix", "load")}
         self._tasks: set[asyncio.Task] = set()
 

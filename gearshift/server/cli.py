@@ -58,9 +58,9 @@ def register(sub) -> None:
                    help="a running Ray cluster to join (default: $RAY_ADDRESS, else a local "
                         "Ray instance started here)")
     r.add_argument("--kv-events", metavar="ENDPOINT", default=None,
-                   help="publish each replica's KV-cache events (blocks stored / removed / "
-                        "cleared) over ZMQ at ENDPOINT, e.g. tcp://*:5557 (replica i binds "
-                        "port + i); needs pyzmq")
+                   help="publish the engine's (each replica's) KV-cache events (blocks stored / "
+                        "removed / cleared) over ZMQ at ENDPOINT, e.g. tcp://*:5557 (replica i "
+                        "binds port + i); needs pyzmq")
     p.set_defaults(func=run)
 
 
