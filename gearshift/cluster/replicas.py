@@ -116,6 +116,16 @@ class ReplicaSet:
                 if key in s.memory:
                     memory[key] = s.memory[key]
         stats: dict = {}
+        for snap in snaps:  # top-level counts (steps, tokens, preemptions) add up
+            for key, value in snap.stats.items():
+                if isinstance(value, int) and not isinstance(value, bool):
+                    stats[key] = stats.get(key, 0) + value
+        by_k: dict = {}
+        for snap in snaps:
+            for k, n in ((snap.stats.get("spec") or {}).get("steps_by_k") or {}).items():
+                by_k[k] = by_k.get(k, 0) + n
+        if by_k:
+            stats["spec"] = {"steps_by_k": by_k}
         caches = [s.stats["prefix_cache"] for s in snaps if s.stats.get("prefix_cache")]
         if caches:
             q = sum(c["queries_tokens"] for c in caches)

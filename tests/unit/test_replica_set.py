@@ -53,6 +53,8 @@ def test_a_prefix_stays_on_its_replica_and_other_prompts_spread():
         seen = [set(fake(rs, i).params_seen) for i in (0, 1)]
         metrics = c.get("/metrics").text
     assert sorted(len(s) for s in seen) == [1, 3]
+    steps = [fake(rs, i).stats()["steps"] for i in (0, 1)]
+    assert f'gearshift_engine_stat{{name="steps"}} {float(sum(steps))}' in metrics
     assert rs.routed[(0, "prefix")] + rs.routed[(1, "prefix")] == 2
     assert 'gearshift_replica_up{replica="1"} 1.0' in metrics
     assert "gearshift_router_requests_total" in metrics
