@@ -111,6 +111,10 @@ class ReplicaActor:
                 "pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
                 "kv_slots_total": engine.memory_stats().get("kv_slots_total", 0)}
 
+    def rank_pids(self) -> list[int]:
+        """The processes of tensor-parallel ranks 1..T-1 (none at T = 1)."""
+        return list(getattr(self.engine, "rank_pids", []))
+
     def post(self, items: list[tuple]) -> None:
         for item in items:
             self._inbox.put(item)

@@ -19,6 +19,7 @@ Data flow: cluster/actor.ReplicaActor -> start_leader(config, pg) -> LeaderEngin
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -30,10 +31,13 @@ log = logging.getLogger("gearshift.cluster")
 class RankActor:
     """A follower rank (wrapped by ray.remote in start_leader)."""
 
-    def node_ip(self) -> str:
+    def where(self) -> tuple[str, int]:
+        """(node address, pid), asked before serve() occupies the actor."""
+        import os
+
         import ray
 
-        return ray.util.get_node_ip_address()
+        return ray.util.get_node_ip_address(), os.getpid()
 
     def serve(self, config: EngineConfig, host: str, port: int, rank: int, size: int,
               local: bool) -> int:
@@ -74,8 +78,8 @@ def start_leader(config: EngineConfig, placement_group: Any):
                                                              placement_group_bundle_index=r),
     ).remote() for r in range(1, size)]
     host = ray.util.get_node_ip_address()
-    ips = ray.get([r.node_ip.remote() for r in ranks], timeout=START_TIMEOUT.total_seconds())
-    local = all(ip == host for ip in ips)
+    where = ray.get([r.where.remote() for r in ranks], timeout=START_TIMEOUT.total_seconds())
+    local = all(ip == host for ip, _ in where)
     if local:
         host = "127.0.0.1"
     port = _free_port() if local else _free_port_on(host)
@@ -93,7 +97,31 @@ def start_leader(config: EngineConfig, placement_group: Any):
         raise
     engine = _lead(cfg, group)
     engine.rank_actors = ranks  # they live as long as the engine
+    engine.rank_pids = [pid for _, pid in where]
+    threading.Thread(target=_watch, args=(group, served), name="gearshift-rank-actors",
+                     daemon=True).start()
     return engine
+
+
+def _watch(group, served: list) -> None:
+    """Rank 0: a rank's actor that ends (killed, its node lost) fails the group at once,
+    as the watcher of engine-started ranks does for their processes."""
+    import ray
+
+    while not group.closed:
+        done, _ = ray.wait(served, num_returns=1, timeout=0.5)
+        if not done or group.closed:
+            continue
+        rank = served.index(done[0]) + 1
+        try:
+            why = f"rank {rank} exited with code {ray.get(done[0])}"
+        except Exception as exc:  # noqa: BLE001 - the actor died
+            why = f"rank {rank}'s actor died ({type(exc).__name__})"
+        group.fail(why)
+        log.error("tensor parallelism: %s", why)
+        if group.comm.device.type == "cuda":  # an NCCL wait never ends by itself
+            group.comm.abort()
+        return
 
 
 def _free_port_on(host: str) -> int:

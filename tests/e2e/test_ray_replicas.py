@@ -3,7 +3,8 @@ OpenAI endpoint serve a burst with two long shared prefixes, both serve, repeats
 prefix land on the replica that cached it (cached_tokens), greedy text equals one engine's,
 /metrics has per-replica series; a replica whose actor is killed mid-burst fails its own
 requests with a clear 503 while the next requests succeed, and Ray brings it back; tensor
-parallelism with its two ranks placed by Ray (gloo) equals one rank.
+parallelism with its two ranks placed by Ray (gloo) equals one rank, and a killed rank
+fails its replica, which Ray restarts whole.
 
 Data flow (tests only): start_replicas (cluster/launch.py) -> ReplicaSet -> build_app ->
 uvicorn in a thread -> openai / httpx clients; LLM.generate for the texts to compare with.
@@ -194,5 +195,18 @@ def test_tensor_parallel_ranks_placed_by_ray_equal_one_rank(cluster, offline):
         client = _client(srv)
         got = [_complete(client, p).choices[0].text for p in prompts]
         m = _metrics(srv)
-    assert got == want
-    assert m["gearshift_tensor_parallel_size"] == 2
+        assert got == want
+        assert m["gearshift_tensor_parallel_size"] == 2
+        # rank 1 dies: the replica fails (503, no hang) and Ray restarts it, ranks and all
+        replica = replicas.replicas[0]
+        (rank1,) = ray.get(replica.actor.rank_pids.remote())
+        os.kill(rank1, signal.SIGKILL)
+        with pytest.raises(openai.APIStatusError) as failed:
+            _complete(client, prompts[0])
+        assert failed.value.status_code == 503
+        deadline = time.monotonic() + 120
+        while not (replica.engine.is_alive and replica.restarts == 1):
+            assert time.monotonic() < deadline, "the replica did not come back"
+            time.sleep(0.2)
+        assert _complete(client, prompts[0]).choices[0].text == want[0]
+        assert ray.get(replica.actor.rank_pids.remote()) != [rank1]
