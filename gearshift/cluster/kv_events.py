@@ -12,7 +12,7 @@ hash as cluster/router.py), so equal prefixes have equal hashes on every replica
                                           subscribers drop what they knew of it)
                                           │ queue ─► publisher thread ─► ZMQ PUB
 
-Wire format (the layout vLLM publishes; msgpack): a multipart message
+Wire format (modelled on the layout vLLM publishes; msgpack): a multipart message
 [topic b"kv-events", sequence number (8 bytes, big-endian), payload], where payload is
 [timestamp, [event, ...], replica index] and an event is one of
     ["BlockStored", block_hashes, parent_block_hash | None, token_ids, block_size, None, medium]

@@ -30,7 +30,7 @@ DEFAULT_MAX_IMBALANCE = 8  # in-flight requests a prefix hit may put on a replic
 def block_hashes(token_ids: list[int], block_tokens: int = BLOCK_TOKENS,
                  parent: int | None = None) -> list[int]:
     """The chained hash of each full block of `token_ids`: block i's hash covers blocks
-    0..i (64-bit, stable across processes and runs)."""
+    0..i (63 bits: a non-negative int64; stable across processes and runs)."""
     out = []
     prev = parent or 0
     for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
