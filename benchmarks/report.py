@@ -10,8 +10,12 @@ goodput >= 0.97 x the best other policy at every concurrency and >= 1.8 x `off` 
 (gearshift/bench/sweep_report.py), and the spec tax: the decode step with a draft configured
 at spec_policy off over the step without a draft, <= 1.03 at every batch size.
 
+The README quotes the page's summary table between its README_BEGIN / README_END markers,
+copied from the page each time the page is written (or alone: `report.py --readme-only`), so
+the two never disagree.
+
 Data flow: OUT/{meta.json, steps.jsonl, decode_plain.json, decode_draft.json, offline.json,
-sweep.json, sweep.png} -> render() -> the page + its plot.
+sweep.json, sweep.png} -> render() -> the page + its plot -> readme_block() -> README.md.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "benchmarks.md"
 sys.path.insert(0, str(ROOT))  # this checkout's gearshift, whatever else is installed
 
 from gearshift.bench.sweep_report import (  # noqa: E402
@@ -40,6 +45,9 @@ PNG_NAME = "spec_sweep.png"
 KEPT = "<!-- Figures below are measured on CPU, not by benchmarks/h200.sh: report.py keeps them. -->"
 # benchmarks/serve_report.py's section sits between these, just before KEPT; a new page keeps it
 SERVE_BEGIN, SERVE_END = "<!-- serve: begin -->", "<!-- serve: end -->"
+# the README's copy of the page's summary sits between these
+README_BEGIN = "<!-- figures: begin (benchmarks/report.py copies them from docs/benchmarks.md) -->"
+README_END = "<!-- figures: end -->"
 FILES = ("meta", "decode_plain", "decode_draft", "offline", "sweep", "mixed")
 MIXED_REF = "goodput-request"  # the mixed workload's policy under test: a K per request
 MIXED_RATIO, MIXED_AT = 1.10, (32, 64)  # over the best batch-wide policy, at these c
@@ -381,14 +389,57 @@ def render(data: dict, out: Path, commit: str, png: str | None, tail: str = "") 
     return page + "\n" + tail if tail else page
 
 
+def summary_table(page: str) -> list[str]:
+    """The page's summary table, as its lines."""
+    lines = page.splitlines()
+    start = lines.index("## Summary") + 2
+    end = lines.index("", start)
+    return lines[start:end]
+
+
+def readme_block(page: str) -> str:
+    """What the README shows between its markers: where the figures come from, and the
+    page's summary table."""
+    head = page.split("\n\n", 2)[1]  # "Gearshift's headline figures, all from one run ..."
+    source = head.split(" Earlier figures")[0].replace("Gearshift's headline figures, all from",
+                                                        "From")
+    return "\n".join([f"{source.rstrip('.')}; [docs/benchmarks.md](docs/benchmarks.md) has "
+                      "every figure with its command, model and engine settings:", "",
+                      *summary_table(page)])
+
+
+def sync_readme(page: Path, readme: Path) -> bool:
+    """Copy the page's summary into the README between its markers; False if it has none."""
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        return False
+    before, rest = text.split(README_BEGIN, 1)
+    after = rest.split(README_END, 1)[1]
+    readme.write_text(f"{before}{README_BEGIN}\n{readme_block(page.read_text())}\n{README_END}{after}")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out", type=Path, help="the folder benchmarks/h200.sh wrote ($OUT)")
-    p.add_argument("--output", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    p.add_argument("out", type=Path, nargs="?", help="the folder benchmarks/h200.sh wrote ($OUT)")
+    p.add_argument("--output", type=Path, default=PAGE)
+    p.add_argument("--readme", type=Path, help="the README whose figures quote the page's "
+                   "summary (default: this checkout's, when --output is its page)")
+    p.add_argument("--readme-only", action="store_true",
+                   help="only copy the page's summary into the README (no OUT)")
     p.add_argument("--commit", help="the measured commit (default: the run's, else this checkout's)")
     p.add_argument("--mixed", type=Path, help="the folder of the mixed workload's own call "
                    "(STEPS=\"pair mixed\"; default: OUT)")
     args = p.parse_args(argv)
+    if args.readme is None and args.output.resolve() == PAGE:
+        args.readme = ROOT / "README.md"
+    if args.readme_only:
+        if args.readme is None or not sync_readme(args.output, args.readme):
+            raise SystemExit(f"report: no figure markers in {args.readme}")
+        print(f"wrote {args.readme}")
+        return 0
+    if args.out is None:
+        p.error("the folder benchmarks/h200.sh wrote is needed (or --readme-only)")
     for folder in (args.out, args.mixed):
         if folder is not None and not folder.is_dir():
             raise SystemExit(f"report: no folder {folder}")
@@ -405,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(page)
     print("\n".join(summary(data)) + f"wrote {args.output}")
+    if args.readme is not None and sync_readme(args.output, args.readme):
+        print(f"wrote {args.readme}")
     return 0
 
 

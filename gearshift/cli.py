@@ -35,9 +35,10 @@ COMMANDS = {
 
 
 def _generate(args: argparse.Namespace) -> int:
+    kwargs = engine_kwargs(args)  # checked before torch loads
     from gearshift import LLM, SamplingParams
 
-    llm = LLM(**engine_kwargs(args))
+    llm = LLM(**kwargs)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, seed=args.sampling_seed,
                             stop=args.stop or None, ignore_eos=args.ignore_eos)

@@ -201,6 +201,9 @@ class EngineConfig:
             raise ConfigError("kv_cache_tokens must be >= 16")
         if self.max_num_batched_tokens < 1:
             raise ConfigError("max_num_batched_tokens must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be >= 2, not {self.max_model_len} (the context "
+                              "holds a prompt of at least one token and one more)")
         if self.step_trace is not None and not Path(self.step_trace).resolve().parent.is_dir():
             raise ConfigError(f"step_trace: no folder for {self.step_trace!r}")
         if self.extend_graph_max_tokens < 0:

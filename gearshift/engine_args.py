@@ -127,7 +127,22 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     if kw.get("draft_model") and kw.get("speculative_algorithm") == "none":
         raise SystemExit("error: --draft-model names a draft, but speculation is off "
                          "(--no-speculation / --speculative-algorithm none)")
+    check_engine_kwargs(kw)
     return kw
+
+
+def check_engine_kwargs(kw: dict) -> None:
+    """EngineConfig's own checks on the flags' values, before anything heavy is imported:
+    a bad value ends the command at once (ConfigError), not after torch and the model load.
+    Defaults that need torch (the device, its dtype) stand in as the CPU's."""
+    fixed = {"model": kw.get("model") or "-", "device": kw.get("device") or "cpu",
+             "dtype": kw.get("dtype") or "float32"}
+    if kw.get("max_num_seqs") is None:
+        fixed["max_num_seqs"] = 64
+    if kw.get("speculative_algorithm") == "none":  # off (build_engine_config's reading)
+        fixed["speculative_algorithm"] = None
+    known = EngineConfig.__dataclass_fields__  # build_engine_config names any other key
+    EngineConfig(**{k: v for k, v in {**kw, **fixed}.items() if k in known})
 
 
 def draft_algorithm(draft_dir: str) -> str:

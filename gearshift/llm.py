@@ -17,7 +17,7 @@ from gearshift.config import ConfigError, EngineConfig
 from gearshift.distributed import create_engine
 from gearshift.engine.engine import PromptError
 from gearshift.engine.output_processor import OutputProcessor
-from gearshift.engine.tokenizer import read_chat_template, render_chat
+from gearshift.engine.tokenizer import encode_prompt, read_chat_template, render_chat
 from gearshift.request import RequestOutput, SamplingParams
 
 
@@ -62,8 +62,8 @@ def build_engine_config(model: str | None, *, device: str | None = None, dtype: 
     if unknown:
         raise ConfigError(f"unknown engine option(s) {unknown}; known: {sorted(known - {'model'})}")
     return EngineConfig(model=model, device=device, dtype=dtype,
-                        max_num_seqs=max_num_seqs or 64, kv_cache_tokens=kv_cache_tokens,
-                        seed=seed, **options)
+                        max_num_seqs=64 if max_num_seqs is None else max_num_seqs,
+                        kv_cache_tokens=kv_cache_tokens, seed=seed, **options)
 
 
 class LLM:
@@ -137,7 +137,7 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise PromptError("this model directory has no tokenizer: pass token-id prompts")
-            return self.tokenizer.encode(prompt)
+            return encode_prompt(self.tokenizer, prompt)
         return list(prompt)
 
     def memory_stats(self) -> dict:

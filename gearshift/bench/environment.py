@@ -9,10 +9,10 @@ from __future__ import annotations
 import platform
 from datetime import UTC, datetime
 
-import torch
-
 
 def environment(llm) -> dict:
+    import torch
+
     cfg = llm.engine.config
     mc = llm.engine.model_config
     dev = torch.cuda.get_device_name() if cfg.device.startswith("cuda") else platform.processor()

@@ -20,7 +20,6 @@ import json
 import statistics
 import time
 
-import torch
 from tqdm.auto import tqdm
 
 from gearshift.bench import percentile, require_extras
@@ -32,6 +31,8 @@ SKIP_DECODE_STEPS = 4  # a decode table's first full-batch steps follow the pref
 
 
 def synthetic_prompts(n: int, input_len: int, vocab: int, seed: int) -> list[list[int]]:
+    import torch  # here: `gearshift --help` builds this bench's parser without torch
+
     g = torch.Generator().manual_seed(seed)
     return torch.randint(10, vocab, (n, input_len), generator=g).tolist()
 
@@ -134,6 +135,8 @@ def _start_profiler():
 
 
 def _write_profile(prof, path: str, steps: list[dict]) -> None:
+    import torch
+
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     prof.__exit__(None, None, None)
@@ -183,11 +186,12 @@ def print_decode_table(result: dict) -> None:
 
 
 def run(args) -> int:
-    from gearshift import LLM
     from gearshift.engine_args import engine_kwargs
 
     require_extras("rich")
-    kw = engine_kwargs(args)
+    kw = engine_kwargs(args)  # checked before torch loads
+    from gearshift import LLM
+
     if args.batch_sizes and args.max_num_seqs is None:
         kw["max_num_seqs"] = max(args.batch_sizes)
     llm = LLM(**kw)

@@ -233,15 +233,10 @@ async def _count_5xx(client: httpx.AsyncClient) -> int:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="model directory (default: embedded model)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--kv-cache-tokens", type=int, default=16384)
-    p.add_argument("--spec-policy", default=None, help="goodput | always | off | random | ...")
-    p.add_argument("--speculative-algorithm", default=None, help="eagle3 | draft | ngram")
-    p.add_argument("--spec-sampling", default=None, choices=["coupled", "rejection"])
-    p.add_argument("--draft-model", default=None)
-    p.add_argument("--num-draft-tokens", type=int, default=None)
+    from gearshift.engine_args import add_engine_args
+
+    add_engine_args(p)  # the engine flags of `serve`; --seed also seeds the random requests
+    p.set_defaults(device="cpu", max_num_seqs=32, kv_cache_tokens=16384)
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                    help="the engine in a process of its own, as `serve` runs it (default)")
     p.add_argument("--num-requests", type=int, default=3000)
@@ -255,7 +250,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="--hostile: ~4 MB prompts sent beside a live stream (0: none)")
     p.add_argument("--disconnect-prob", type=float, default=0.1)
     p.add_argument("--bad-prob", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", default="soak.json")
 
 
@@ -263,17 +257,16 @@ def run(args: argparse.Namespace) -> int:
     if not args.time_limit > 0:
         raise SystemExit("error: --time-limit must be > 0 seconds")
 
+    from gearshift.engine_args import engine_kwargs
+
+    kwargs = engine_kwargs(args)  # checked before torch loads
     from gearshift.engine.async_engine import AsyncEngine
     from gearshift.engine.engine import Engine
     from gearshift.llm import build_engine_config
     from gearshift.server.app import build_app
     from gearshift.server.background import BackgroundServer
 
-    options = {k: getattr(args, k) for k in ("spec_policy", "speculative_algorithm",
-                                             "draft_model", "num_draft_tokens", "spec_sampling")
-               if getattr(args, k) is not None}
-    config = build_engine_config(args.model, device=args.device, max_num_seqs=args.max_num_seqs,
-                                 kv_cache_tokens=args.kv_cache_tokens, **options)
+    config = build_engine_config(**kwargs)
     if args.engine_process:
         from gearshift.engine.engine_process import EngineProcess
 

@@ -27,7 +27,6 @@ import json
 import logging
 import time
 
-import torch
 from tqdm.auto import tqdm
 
 from gearshift.bench import require_extras
@@ -58,6 +57,8 @@ def make_prompts(tokenizer, vocab: int, n: int, input_len: int, seed: int) -> li
                 return [windows[i % len(windows)] for i in range(n)]
         except Exception as e:  # noqa: BLE001 (any corpus problem: fall back to synthetic prompts)
             log.warning("held-out corpus prompts unavailable (%s): using random token ids", e)
+    import torch  # here: `gearshift --help` builds this bench's parser without torch
+
     g = torch.Generator().manual_seed(seed)
     return torch.randint(10, vocab, (n, input_len), generator=g).tolist()
 
@@ -147,12 +148,13 @@ def settle(engine, policies: dict, names: list[str], prompts: list[list[int]], c
 
 
 def run(args) -> int:
-    from gearshift import LLM
-    from gearshift.bench.environment import environment
     from gearshift.engine_args import engine_kwargs
 
     require_extras("rich", "matplotlib")
-    kw = engine_kwargs(args)
+    kw = engine_kwargs(args)  # checked before torch loads
+    from gearshift import LLM
+    from gearshift.bench.environment import environment
+
     kw.update(max_num_seqs=max(args.concurrency), spec_policy="off")
     kw.setdefault("speculative_algorithm", "eagle3")
     kw.pop("num_draft_tokens", None)

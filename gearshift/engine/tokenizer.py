@@ -1,8 +1,10 @@
 """The engine's tokenizer: the model directory's own or --tokenizer DIR, with the chat
-template of --chat-template when given; and chat rendering for LLM.chat and /tokenize.
+template of --chat-template when given; text prompts to ids (encode_prompt); and chat
+rendering for LLM.chat and /tokenize.
 
 Data flow: Engine.__init__ -> load_engine_tokenizer(config, model dir) -> engine.tokenizer
-(LLM, OutputProcessor, server); LLM.chat / POST /tokenize -> render_chat -> prompt text.
+(LLM, OutputProcessor, server); LLM.generate / the server's text prompts -> encode_prompt ->
+ids; LLM.chat / POST /tokenize -> render_chat -> prompt text.
 """
 
 from __future__ import annotations
@@ -34,6 +36,23 @@ def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+def encode_prompt(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
+    """A text prompt's ids, the tokenizer's special tokens (BOS) added unless told not to;
+    a text that already starts with the BOS token's text (an evaluation harness's, a
+    rendered template's) does not get a second one, as lm-evaluation-harness's HF backend."""
+    ids = list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    if doubled_bos(tokenizer, text, ids):
+        return ids[1:]
+    return ids
+
+
+def doubled_bos(tokenizer, text: str, ids: list[int]) -> bool:
+    """Whether `ids` (text's encoding) start with BOS twice: one added, one in the text."""
+    bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
+    return (bool(bos) and bos_id is not None and text.startswith(bos) and len(ids) >= 2
+            and ids[0] == ids[1] == bos_id)
 
 
 def load_engine_tokenizer(config: EngineConfig, model_path: Path | None):

@@ -145,6 +145,7 @@ def build_app(
         req = _parse(CompletionRequest, await read_json(request, max_body_bytes, offload))
         admit(len(req.prompts) * req.n)
         gen = await prepare_completion(engine, metrics, offload, req)
+        gen.continuous_usage = req.continuous_usage_in_stream
         return await _run(request, gen, req.stream, req.include_usage_in_stream,
                           _completion_chunks, _completion_response)
 
@@ -153,6 +154,7 @@ def build_app(
         req = _parse(ChatCompletionRequest, await read_json(request, max_body_bytes, offload))
         admit(req.n)
         gen = await prepare_chat(engine, metrics, offload, req)
+        gen.continuous_usage = req.continuous_usage_in_stream
         return await _run(request, gen, req.stream, req.include_usage_in_stream,
                           _chat_chunks, _chat_response)
 
@@ -276,9 +278,12 @@ async def _sse(gen: Generation, watcher: asyncio.Task, events: AsyncIterator[dic
 # ---------------------------------------------------------------- response side
 
 
-def _usage_fields(include_usage: bool) -> dict:
-    """With stream_options.include_usage every chunk carries "usage": null, the last a total."""
-    return {"usage": None} if include_usage else {}
+def _usage_fields(gen: Generation, include_usage: bool) -> dict:
+    """With stream_options.include_usage every chunk carries "usage": null, the last a total;
+    with continuous_usage_stats too (vLLM's), each chunk's is the counts so far."""
+    if not include_usage:
+        return {}
+    return {"usage": gen.usage().model_dump() if gen.continuous_usage else None}
 
 
 async def _completion_chunks(gen: Generation, model: str, include_usage: bool
@@ -288,7 +293,7 @@ async def _completion_chunks(gen: Generation, model: str, include_usage: bool
 
     def chunk(choice: CompletionChoice) -> dict:
         body = CompletionChunk(**head, choices=[choice]).model_dump(exclude={"usage"})
-        return {**body, **_usage_fields(include_usage)}
+        return {**body, **_usage_fields(gen, include_usage)}
 
     async for c, text in gen.events():
         if gen.echo is not None and c.num_deltas == 1:  # the prompt first (its logprobs known now)
@@ -298,7 +303,7 @@ async def _completion_chunks(gen: Generation, model: str, include_usage: bool
         if not text and not c.finished:
             continue  # tokens whose text is held back: their logprobs go with the next chunk
         yield chunk(CompletionChoice(index=c.index, text=text, finish_reason=c.finish_reason,
-                                     logprobs=completion_chunk_logprobs(gen, c, token_text, text)))
+                                     logprobs=completion_chunk_logprobs(gen, c, token_text)))
     if include_usage:
         yield CompletionChunk(**head, choices=[], usage=gen.usage()).model_dump()
 
@@ -309,7 +314,7 @@ async def _chat_chunks(gen: Generation, model: str, include_usage: bool) -> Asyn
     def chunk(choice: ChatChunkChoice) -> dict:
         body = ChatCompletionChunk(**head, choices=[choice]).model_dump(exclude={"usage"})
         body["choices"][0]["delta"] = choice.delta.model_dump(exclude_none=True)
-        return {**body, **_usage_fields(include_usage)}
+        return {**body, **_usage_fields(gen, include_usage)}
 
     for c in gen.choices:
         yield chunk(ChatChunkChoice(index=c.index, delta=ChatDelta(role="assistant", content="")))

@@ -65,11 +65,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gearshift.distributed import create_engine, torchrun_env
-    from gearshift.engine.async_engine import AsyncEngine
     from gearshift.engine_args import engine_kwargs
-    from gearshift.llm import build_engine_config
-    from gearshift.server.background import check_port_free
 
     if args.max_waiting < 1 or args.max_body_bytes < 1 or args.max_connections < 1:
         raise ConfigError("--max-waiting, --max-body-bytes and --max-connections must be >= 1")
@@ -84,8 +80,15 @@ def run(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         log.warning("binding %s without an API key: anyone who can reach it can use it",
                     args.host)
-    config = build_engine_config(**engine_kwargs(args))
+    from gearshift.server.background import check_port_free
+
+    kwargs = engine_kwargs(args)  # checked before torch loads: a bad flag fails at once
     check_port_free(args.host, args.port)  # before the model loads, not minutes later
+    from gearshift.distributed import create_engine, torchrun_env
+    from gearshift.engine.async_engine import AsyncEngine
+    from gearshift.llm import build_engine_config
+
+    config = build_engine_config(**kwargs)
     if args.kv_events:
         from gearshift.cluster.kv_events import check_endpoint
 

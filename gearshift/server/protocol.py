@@ -49,6 +49,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk's counts so far
 
 
 class JsonSchemaFormat(_Strict):
@@ -142,6 +143,10 @@ class _SamplingFields(_Strict):
     def include_usage_in_stream(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage_in_stream(self) -> bool:
+        return self.include_usage_in_stream and self.stream_options.continuous_usage_stats
+
 
 class CompletionRequest(_SamplingFields):
     """POST /v1/completions. A prompt is a string, a list of token ids, or a batch of either."""
@@ -150,6 +155,7 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False  # the prompt (and with logprobs its logprobs) before the completion
     max_tokens: int | None = Field(16, ge=0, le=INT32_MAX)  # 0: with echo, the prompt scored alone
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # alternatives per token
+    add_special_tokens: bool = True  # vLLM's: the tokenizer's BOS before a text prompt
     best_of: int | None = None
     suffix: str | None = None
 

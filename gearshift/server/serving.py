@@ -26,6 +26,7 @@ from gearshift.engine.async_engine import (
     StreamFailure,
 )
 from gearshift.engine.seeds import SEED_BOUND
+from gearshift.engine.tokenizer import encode_prompt
 from gearshift.request import SamplingParams, SamplingParamsError
 from gearshift.server.errors import APIError
 from gearshift.server.metrics import ServerMetrics
@@ -36,6 +37,7 @@ from gearshift.server.protocol import (
     Usage,
 )
 from gearshift.server.structured import structured_output
+from gearshift.server.text_offsets import prompt_offsets
 from gearshift.structured.params import StructuredOutput, StructuredOutputError
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -59,6 +61,7 @@ class Choice:
     prompt_logprobs: list | None = None  # the prompt's (None first), with echo + logprobs
     num_deltas: int = 0  # deltas received (a stream echoes the prompt before the first)
     cached_tokens: int = 0  # prompt tokens the prefix cache served
+    offset_walker: Any = None  # the generated tokens' text offsets so far (logprobs.py)
 
 
 @dataclass
@@ -72,6 +75,8 @@ class Generation:
     n: int
     seed: int  # the request's (given or drawn): choice i of each prompt samples with seed + i
     echo: list[str] | None = None  # completions with echo: the text of each prompt
+    echo_offsets: list[list[int]] | None = None  # with echo + logprobs: its tokens' text offsets
+    continuous_usage: bool = False  # a stream whose every chunk carries the usage so far
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     arrival: float = field(default_factory=time.monotonic)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -214,14 +219,15 @@ def check_model(engine: AsyncEngine, model: str | None) -> None:
         )
 
 
-def tokenize_prompt(engine: AsyncEngine, prompt: str | list[int]) -> list[int]:
+def tokenize_prompt(engine: AsyncEngine, prompt: str | list[int],
+                    add_special_tokens: bool = True) -> list[int]:
     if isinstance(prompt, list):
         return list(prompt)
     if engine.tokenizer is None:
         raise APIError(400, "this model has no tokenizer: send the prompt as a list of token ids",
                        param="prompt", code="no_tokenizer")
     try:
-        ids = engine.tokenizer.encode(prompt)
+        ids = encode_prompt(engine.tokenizer, prompt, add_special_tokens)
     except Exception as e:  # the tokenizer refused the text
         raise APIError(400, f"could not tokenise the prompt: {e}", param="prompt") from None
     if not ids:
@@ -339,8 +345,8 @@ async def prepare_completion(engine: AsyncEngine, metrics: ServerMetrics, offloa
                              req: CompletionRequest) -> Generation:
     check_model(engine, req.model)
     check_vocab(engine, req)
-    prompts = [await offload.run(len(p) if isinstance(p, str) else 0, tokenize_prompt, engine, p)
-               for p in req.prompts]
+    prompts = [await offload.run(len(p) if isinstance(p, str) else 0, tokenize_prompt, engine, p,
+                                 req.add_special_tokens) for p in req.prompts]
     max_tokens = [check_context(engine, len(p), req.max_tokens) for p in prompts]
     structured = await structured_output(engine, offload, req)
     seed = request_seed(req)
@@ -349,7 +355,12 @@ async def prepare_completion(engine: AsyncEngine, metrics: ServerMetrics, offloa
         for i in range(len(prompts) * req.n)
     ]
     echo = [echo_text(engine, p) for p in req.prompts] if req.echo else None
-    return Generation(engine, metrics, prompts, params, req.n, seed, echo)
+    offsets = None
+    if req.echo and req.logprobs is not None and engine.tokenizer is not None:
+        offsets = [await offload.run(8 * len(ids), prompt_offsets, engine.tokenizer, p, ids,
+                                     req.add_special_tokens)
+                   for p, ids in zip(req.prompts, prompts)]
+    return Generation(engine, metrics, prompts, params, req.n, seed, echo, offsets)
 
 
 async def prepare_chat(engine: AsyncEngine, metrics: ServerMetrics, offload: Offload,

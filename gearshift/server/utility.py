@@ -5,6 +5,7 @@ tokenizer both ways, and the version. Behind the API key like /v1.
     POST /tokenize         {"prompt" | "messages", "add_special_tokens"} ->
                            {"tokens", "count", "max_model_len", "token_strs"}
     POST /detokenize       {"tokens"} -> {"prompt"}; 400 for ids outside the vocabulary
+                           (both also under /v1, where a client's base URL points)
     GET  /version          {"version"}
 
 Data flow: app.build_app -> add_utility_routes(app, ...) -> handlers -> engine.tokenizer.
@@ -20,7 +21,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from gearshift import __version__
 from gearshift.engine.async_engine import EngineDeadError
-from gearshift.engine.tokenizer import ChatTemplateError, render_chat
+from gearshift.engine.tokenizer import ChatTemplateError, encode_prompt, render_chat
 from gearshift.server.errors import APIError
 from gearshift.server.protocol import ChatMessage, ModelCard, _Strict
 from gearshift.server.serving import check_model
@@ -77,13 +78,14 @@ def add_utility_routes(app: FastAPI, engine: Any, require_key: Callable[[Request
         return ModelCard(id=engine.model_name, max_model_len=engine.max_model_len)
 
     @app.post("/tokenize", dependencies=auth)
+    @app.post("/v1/tokenize", dependencies=auth)
     async def tokenize(request: Request) -> TokenizeResponse:
         req = parse(TokenizeRequest, await read_body(request))
         check_model(engine, req.model)
         tok = _tokenizer(engine, "prompt" if req.prompt is not None else "messages")
         if req.prompt is not None:
             special = True if req.add_special_tokens is None else req.add_special_tokens
-            tokens = tok.encode(req.prompt, add_special_tokens=special)
+            tokens = encode_prompt(tok, req.prompt, special)  # as a completion's prompt
         else:
             try:
                 text = render_chat(tok, [m.template_dict() for m in req.messages],
@@ -97,6 +99,7 @@ def add_utility_routes(app: FastAPI, engine: Any, require_key: Callable[[Request
                                 tokens=tokens, token_strs=strs)
 
     @app.post("/detokenize", dependencies=auth)
+    @app.post("/v1/detokenize", dependencies=auth)
     async def detokenize(request: Request) -> dict:
         req = parse(DetokenizeRequest, await read_body(request))
         check_model(engine, req.model)

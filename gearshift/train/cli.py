@@ -52,18 +52,18 @@ def _make_bench_model(args: argparse.Namespace) -> int:
 
 
 def register_tiny_lm(sub: argparse._SubParsersAction) -> None:
-    from gearshift.train import tiny_lm
+    from gearshift.train.args import tiny_lm_args
 
     p = sub.add_parser("train-tiny-lm", help="train the default tiny Llama target")
-    tiny_lm.build_parser(p)
+    tiny_lm_args(p)
     p.set_defaults(func=_train_tiny_lm)
 
 
 def register_eagle3(sub: argparse._SubParsersAction) -> None:
-    from gearshift.train import eagle3
+    from gearshift.train.args import eagle3_args
 
     p = sub.add_parser("train-eagle3", help="train an EAGLE-3 draft head for a target model")
-    eagle3.build_parser(p)
+    eagle3_args(p)
     p.set_defaults(func=_train_eagle3)
 
 

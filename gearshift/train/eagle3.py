@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from gearshift.train.args import DEFAULT_TOKEN_CACHE, eagle3_args
 from gearshift.train.eagle3_head import Eagle3Trainable, HeadShape, head_config, save_head
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM
 
-DEFAULT_TOKEN_CACHE = Path(".cache") / "corpus_tokens"
 
 
 def select_draft_vocab(tokens: np.ndarray, vocab_size: int, size: int) -> torch.Tensor:
@@ -229,37 +229,7 @@ def _command_line() -> str:
 
 
 def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    ap = ap or argparse.ArgumentParser(description="Train an EAGLE-3 draft head.")
-    ap.add_argument("--target", required=True, help="target HF Llama checkpoint directory")
-    ap.add_argument("--out", required=True, help="head directory to write")
-    ap.add_argument("--data", default=None,
-                    help="token ids: a .npy file, a dir with train.npy, or a corpus cache dir "
-                         f"(default: {DEFAULT_TOKEN_CACHE}, built with the target's tokenizer)")
-    ap.add_argument("--device", default="cpu", help="cpu | cuda")
-    ap.add_argument("--steps", type=int, default=100_000)
-    ap.add_argument("--minutes", type=float, default=30.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup-steps", type=int, default=50)
-    ap.add_argument("--grad-clip", type=float, default=0.5)
-    ap.add_argument("--ttt-steps", type=int, default=5, choices=range(1, 8), metavar="3..7")
-    ap.add_argument("--draft-vocab-size", type=int, default=3072)
-    ap.add_argument("--intermediate-size", type=int, default=None, help="default: target's")
-    ap.add_argument("--num-heads", type=int, default=None, help="default: target's")
-    ap.add_argument("--num-kv-heads", type=int, default=None, help="default: target's")
-    ap.add_argument("--aux-layers", type=int, nargs=3, default=None,
-                    help="target layer ids (default [1, N//2-1, N-4])")
-    ap.add_argument("--resume", default=None,
-                    help="start from a saved head (its shape and draft vocabulary)")
-    ap.add_argument("--no-init-from-target", dest="init_from_target", action="store_false",
-                    help="random lm_head/norm instead of the target's rows")
-    ap.add_argument("--save-dtype", choices=("bfloat16", "float16", "float32"),
-                    default="bfloat16")
-    ap.add_argument("--log-every", type=int, default=10)
-    ap.set_defaults(record_command=True)
-    return ap
+    return eagle3_args(ap)
 
 
 def main(argv: list[str] | None = None) -> None:

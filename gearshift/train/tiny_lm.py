@@ -31,11 +31,11 @@ import torch
 
 from gearshift.train import corpus
 from gearshift.train import tokenizer as tk
+from gearshift.train.args import tiny_lm_args
 
 if TYPE_CHECKING:  # transformers is imported when training starts, not by the CLI parser
     from transformers import LlamaConfig, LlamaForCausalLM
 
-DEFAULT_TOKENIZER = Path(__file__).resolve().parents[1] / "default_model" / "target"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 SPLITS = corpus.SPLITS
 
@@ -272,36 +272,7 @@ def save_checkpoint(
 
 
 def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    ap = ap or argparse.ArgumentParser(description="Train the default tiny Llama target.")
-    ap.add_argument("--out", required=True, help="checkpoint directory to write")
-    ap.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER),
-                    help="directory holding tokenizer.json (default: the shipped one)")
-    ap.add_argument("--data", default=None,
-                    help="token-id cache directory (default: <out>_tokens next to --out)")
-    ap.add_argument("--device", default="auto", help="cuda | cpu | auto")
-    ap.add_argument("--steps", type=int, default=100_000)
-    ap.add_argument("--minutes", type=float, default=6.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--seq-len", type=int, default=1024)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--min-lr", type=float, default=2e-4)
-    ap.add_argument("--warmup-steps", type=int, default=200)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--dropout", type=float, default=0.0, help="residual-branch dropout")
-    ap.add_argument("--max-epochs", type=float, default=None, help="caps --steps")
-    ap.add_argument("--log-every", type=int, default=50)
-    ap.add_argument("--eval-every", type=int, default=250)
-    ap.add_argument("--max-files", type=int, default=None, help="first N files per split")
-    ap.add_argument("--prepare-only", action="store_true",
-                    help="build the token-id cache (e.g. to carry to another machine) and exit")
-    ap.add_argument("--hidden-size", type=int, default=256)
-    ap.add_argument("--intermediate-size", type=int, default=640)
-    ap.add_argument("--num-layers", type=int, default=8)
-    ap.add_argument("--num-heads", type=int, default=2)
-    ap.add_argument("--num-kv-heads", type=int, default=1)
-    ap.add_argument("--head-dim", type=int, default=128)
-    return ap
+    return tiny_lm_args(ap)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -60,7 +60,9 @@ def test_completion_logprobs_and_echo_equal_offline(client, live, offline):
     assert out.choices[0].text == PROMPT + ref.text
     want = [None] + [e.logprob for e in ref.prompt_logprobs[1:]] + [e.logprob for e in ref.logprobs]
     assert _close(lp.token_logprobs, want)
-    assert lp.top_logprobs[0] is None and all(len(t) <= 3 for t in lp.top_logprobs[1:])
+    assert lp.top_logprobs[0] is None and all(len(t) <= 4 for t in lp.top_logprobs[1:])
+    assert all(t[tok] == v for tok, v, t in zip(lp.tokens[1:], lp.token_logprobs[1:],
+                                                lp.top_logprobs[1:]))  # the token + 3
     tok = offline.tokenizer
     assert lp.tokens[p:] == [tok.decode([t]) for t in ref.token_ids]
     best = ref.logprobs[0].top[0]

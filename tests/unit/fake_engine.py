@@ -86,8 +86,12 @@ def expected_tokens(prompt: list[int], params: SamplingParams, n: int) -> list[i
 
 def fake_logprob(token: int, position: int, n: int) -> TokenLogprob:
     """A made-up but checkable entry: the token's logprob encodes its position (prompt
-    positions negative), its alternatives are the next ids."""
+    positions negative), its alternatives are the next ids: from the token itself when
+    generated, after it in the prompt (whose token is not among the N most likely)."""
     value = -1.0 - position / 1000
+    if position < 0:
+        return TokenLogprob(token, value, [(token + k, value + 0.1 * (n + 1 - k))
+                                           for k in range(1, n + 1)])
     return TokenLogprob(token, value, [(token + k, value - k) for k in range(n)])
 
 

@@ -167,3 +167,36 @@ def test_the_mixed_workload_from_its_own_call(tmp_path):
     assert "- c = 32: goodput-request / off = 1.077 (>= 1.1): FAIL" in section
     with pytest.raises(SystemExit, match="no folder"):
         report.main([str(out), "--mixed", str(tmp_path / "none"), "--output", str(page_path)])
+
+
+def test_the_readme_quotes_the_pages_summary(tmp_path):
+    """Writing the page also writes its summary table into the README, between its markers
+    (the rest of the README untouched); --readme-only copies it from the page alone."""
+    out, page_path, readme = tmp_path / "out", tmp_path / "benchmarks.md", tmp_path / "README.md"
+    _fake_out(out)
+    report = _report()
+    readme.write_text(f"# Title\n\n{report.README_BEGIN}\n| stale | 9 ms |\n{report.README_END}\n\ntail\n")
+    assert report.main([str(out), "--output", str(page_path), "--readme", str(readme)]) == 0
+    page, text = page_path.read_text(), readme.read_text()
+    assert text.startswith(f"# Title\n\n{report.README_BEGIN}\n") and text.endswith(
+        f"{report.README_END}\n\ntail\n")
+    assert "stale" not in text and "| **7,629 output tok/s** |" in text
+    assert "\n".join(report.summary_table(page)) in text
+    assert "NVIDIA H200 (NVIDIA H200, 700.00 W, 1980 MHz), 2026-12-02, commit `0123456789ab`" in text
+    readme.write_text(f"{report.README_BEGIN}\n{report.README_END}\n")
+    assert report.main(["--readme-only", "--output", str(page_path), "--readme", str(readme)]) == 0
+    assert readme.read_text() == f"{report.README_BEGIN}\n{report.readme_block(page)}\n" \
+                                 f"{report.README_END}\n"
+
+
+def test_the_readmes_figures_are_the_benchmark_pages():
+    """One source: the README's figures are docs/benchmarks.md's summary, as report.py copies
+    it (after editing the page by hand: python benchmarks/report.py --readme-only)."""
+    report = _report()
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(report.README_BEGIN, 1)[1].split(report.README_END, 1)[0]
+    assert block.strip() == report.readme_block((ROOT / "docs" / "benchmarks.md").read_text())
+    for line in report.summary_table((ROOT / "docs" / "benchmarks.md").read_text())[2:]:
+        assert line in block
+    outside = readme.replace(block, "")
+    assert " ms |" not in outside and "tok/s |" not in outside  # no figures beside them

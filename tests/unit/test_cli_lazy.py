@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,44 @@ def test_bench_without_its_extra_stops_at_once_with_the_install_command(monkeypa
     with pytest.raises(SystemExit) as e:
         main(["bench", "--help"])
     assert e.value.code == 0
+
+
+def test_full_help_loads_no_torch_and_answers_within_a_second():
+    """`gearshift --help` builds every subcommand's parser (bench and server modules load)
+    without torch, transformers or numpy: it answers in well under a second."""
+    code = ("import contextlib, io, sys\nfrom gearshift.cli import main\n"
+            "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main(['--help'])\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', "
+            "'numpy'}), sorted({m.split('.')[1] for m in sys.modules "
+            "if m.startswith('gearshift.')} & {'bench', 'server', 'train'}))")
+    assert _python(code) == "[] ['bench', 'server', 'train']"
+    best = min(_timed([sys.executable, "-m", "gearshift.cli", "--help"]) for _ in range(3))
+    assert best < 1.0, f"gearshift --help took {best:.2f} s"
+
+
+def _timed(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    res = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["serve", "--max-model-len", "0"], "max_model_len must be >= 2, not 0"),
+    (["generate", "--prompt", "x", "--max-model-len", "1"], "max_model_len must be >= 2, not 1"),
+    (["serve", "--max-num-seqs", "0"], "max_num_seqs must be >= 1"),
+    (["bench", "offline", "--max-num-batched-tokens", "0"], "max_num_batched_tokens must be >= 1"),
+])
+def test_a_bad_engine_flag_stops_at_once_in_one_line(argv, message):
+    """Engine flags are checked before torch loads (or a model, or a server starts): exit
+    code 2 and one line naming the value."""
+    code = ("import contextlib, sys\nfrom gearshift.cli import main\n"
+            f"rc = main({argv!r})\n"
+            "print(rc, 'torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert res.stdout.split() == ["2", "False"], res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gearshift {argv[0]}: error: ")
+    assert message in lines[0]

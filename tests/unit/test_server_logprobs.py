@@ -45,6 +45,7 @@ def test_completion_logprobs(server, client):
     assert lp.tokens == [_text(server, t) for t in toks]
     assert lp.token_logprobs == [e.logprob for e in entries]
     assert lp.top_logprobs == [{_text(server, t): v for t, v in e.top} for e in entries]
+    assert all(len(top) == 3 for top in lp.top_logprobs)  # the token is among the 3 here
     assert lp.text_offset == [sum(len(x) for x in lp.tokens[:i]) for i in range(len(toks))]
     plain = client.completions.create(model="fake-model", prompt="Hi there", max_tokens=12,
                                       temperature=0)
@@ -88,6 +89,63 @@ def test_echo_with_logprobs_and_echo_only(server, client, stream):
                                       for i, t in enumerate(ids[1:], 1)]
         if max_tokens == 0:
             assert text == prompt
+
+
+def _slices(text: str, offsets: list[int]) -> list[str]:
+    return [text[a:b] for a, b in zip(offsets, offsets[1:] + [len(text)])]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("prompt", ["def add(a, b):", "h\u00e9llo \u2713 ok"])
+def test_echo_offsets_slice_the_returned_text(server, client, stream, prompt):
+    """text_offset indexes the returned text: the BOS the tokenizer adds takes no room, each
+    token's slice is its text, the pieces of a multi-byte character join it; the same whether
+    the prompt comes as text or as ids (echoed as their decoding, BOS included)."""
+    tok = server.engine.tokenizer
+    ids = tok.encode(prompt)
+    assert ids[0] == tok.bos_token_id
+    for sent in (prompt, ids):
+        resp = client.completions.create(model="fake-model", prompt=sent, max_tokens=40,
+                                         temperature=0, echo=True, logprobs=2, stream=stream)
+        chunks = list(resp) if stream else [resp]
+        text = "".join(ch.text for c in chunks for ch in c.choices)
+        tokens, offsets = [], []
+        for c in chunks:
+            for ch in c.choices:
+                if ch.logprobs is not None:
+                    tokens += ch.logprobs.tokens
+                    offsets += ch.logprobs.text_offset
+        echoed = prompt if isinstance(sent, str) else tok.decode(ids)
+        assert text.startswith(echoed) and len(text) > len(echoed)
+        assert offsets == sorted(offsets) and offsets[-1] < len(text)
+        pieces = _slices(text, offsets)
+        assert "".join(pieces) == text
+        if isinstance(sent, str):
+            assert offsets[:2] == [0, 0] and pieces[0] == ""  # BOS: not in the text
+        for i, (token, piece) in enumerate(zip(tokens, pieces, strict=True)):
+            if "\ufffd" in token:  # a piece of a character: the last piece holds it
+                assert piece == "" or "\ufffd" not in tokens[i + 1]
+            elif i > 0 or not isinstance(sent, str):
+                assert piece == token, (pieces, tokens)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_top_logprobs_hold_the_token_and_n_alternatives(server, client, stream):
+    """As vLLM and OpenAI's completions ("up to logprobs + 1 elements"): the position's
+    token is always in its top_logprobs, with its own logprob, beside the N most likely,
+    prompt positions (where it is not among them) as generated ones."""
+    resp = client.completions.create(model="fake-model", prompt="import os", max_tokens=6,
+                                     temperature=0, echo=True, logprobs=1, stream=stream)
+    chunks = list(resp) if stream else [resp]
+    rows = [(tok, lp, top) for c in chunks for ch in c.choices if ch.logprobs is not None
+            for tok, lp, top in zip(ch.logprobs.tokens, ch.logprobs.token_logprobs,
+                                    ch.logprobs.top_logprobs, strict=True)]
+    n_prompt = len(server.engine.tokenizer.encode("import os"))
+    assert len(rows) == n_prompt + 6 and rows[0][2] is None
+    for i, (tok, lp, top) in enumerate(rows[1:], 1):
+        assert top[tok] == lp
+        assert len(top) == (2 if i < n_prompt else 1)  # prompt: the token + the 1 likeliest
+        assert max(top.values()) > lp if i < n_prompt else max(top.values()) == lp
 
 
 def test_echo_without_logprobs(server, client):

@@ -42,6 +42,30 @@ def test_soak_is_a_bench_command():
         soak_module.run(build_parser().parse_args(["bench", "soak", "--time-limit", "0"]))
 
 
+def _engine_flags(parser) -> set[str]:
+    group = next(g for g in parser._action_groups if g.title == "engine")
+    return {o for a in group._group_actions for o in a.option_strings}
+
+
+def test_soak_takes_every_engine_flag_of_serve():
+    """The engine flags are one set (gearshift/engine_args.py): the soak's server is built
+    from the same ones as `serve`'s, with the soak's own defaults (CPU, a small cache)."""
+    from gearshift.cli import _every_subparser, build_parser
+    from gearshift.engine_args import engine_kwargs
+
+    parsers = {p.prog.split(" ", 1)[1]: p for p in _every_subparser(build_parser())}
+    serve = _engine_flags(parsers["serve"])
+    assert "--max-model-len" in serve and "--no-enable-prefix-caching" in serve
+    for name in ("bench soak", "bench offline", "bench sweep", "generate"):
+        assert _engine_flags(parsers[name]) == serve, name
+    args = build_parser().parse_args(["bench", "soak", "--max-model-len", "512", "--seed", "3",
+                                      "--no-enable-prefix-caching", "--attention-backend", "torch"])
+    kw = engine_kwargs(args)
+    assert (kw["max_model_len"], kw["seed"], kw["enable_prefix_caching"]) == (512, 3, False)
+    assert (kw["device"], kw["max_num_seqs"], kw["kv_cache_tokens"]) == ("cpu", 32, 16384)
+    assert kw["attention_backend"] == "torch" and args.seed == 3
+
+
 def test_short_hostile_soak_passes():
     """Hostile bodies and greedy checks in the load, a small idle-connection flood and huge
     prompts beside a stream first: no 5xx, greedy texts equal their solo runs, /health fast."""

@@ -85,6 +85,25 @@ def test_usage_and_include_usage(server, client):
     assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (n_prompt, 14)
 
 
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_continuous_usage_stats(server, client, route):
+    """vLLM's stream_options.continuous_usage_stats (load generators such as guidellm send
+    it): every chunk carries the usage so far, the last the total."""
+    kwargs = dict(model="fake-model", max_tokens=9, stream=True, extra_body={"ignore_eos": True},
+                  stream_options={"include_usage": True, "continuous_usage_stats": True})
+    if route == "chat":
+        chunks = list(client.chat.completions.create(
+            messages=[{"role": "user", "content": "count"}], **kwargs))
+    else:
+        chunks = list(client.completions.create(prompt="count", **kwargs))
+    usages = [c.usage for c in chunks]
+    assert all(u is not None for u in usages)
+    counts = [u.completion_tokens for u in usages]
+    assert counts == sorted(counts) and counts[-1] == 9 and chunks[-1].choices == []
+    assert len({u.prompt_tokens for u in usages}) == 1
+    assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in usages)
+
+
 def test_n_choices_use_seed_plus_index(server, client):
     prompt = "seeded"
     ids = _ids(server, prompt)

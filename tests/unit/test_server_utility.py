@@ -37,7 +37,7 @@ def _bytes(text: str) -> list[int]:
 
 @pytest.mark.parametrize(("method", "path"), [
     ("GET", "/v1/models/org/fake-model"), ("POST", "/tokenize"), ("POST", "/detokenize"),
-    ("GET", "/version"),
+    ("POST", "/v1/tokenize"), ("POST", "/v1/detokenize"), ("GET", "/version"),
 ])
 def test_routes_need_the_api_key(server, method, path):
     r = httpx.request(method, server.base_url + path, json={"tokens": [5]})
@@ -79,6 +79,31 @@ def test_tokenize_messages_counts_as_the_chat_request(client):
     plain = client.post("/tokenize", json={"messages": messages, "add_generation_prompt": False,
                                            "add_special_tokens": True}).json()
     assert plain["tokens"] == [BOS_ID, *_bytes("<|system|>be brief\n<|user|>hi\n")]
+
+
+def test_a_prompt_starting_with_bos_gets_no_second(client):
+    """As a completion's text prompt: the tokenizer's BOS is not added before a BOS the text
+    already holds (an evaluation harness's decoded ids)."""
+    body = client.post("/tokenize", json={"prompt": "<|begin|>hi"}).json()
+    assert body["tokens"] == [BOS_ID, *_bytes("hi")]
+    body = client.post("/tokenize", json={"prompt": "<|begin|>hi", "add_special_tokens": False})
+    assert body.json()["tokens"] == [BOS_ID, *_bytes("hi")]
+    r = client.post("/v1/completions", json={"prompt": "<|begin|>hi", "max_tokens": 1})
+    assert r.json()["usage"]["prompt_tokens"] == 3
+    r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1,
+                                             "add_special_tokens": False})
+    assert r.json()["usage"]["prompt_tokens"] == 2
+
+
+def test_tokenize_and_detokenize_under_v1(client):
+    """Also where an OpenAI client's base URL points (vLLM serves both paths)."""
+    for prefix in ("", "/v1"):
+        ids = client.post(prefix + "/tokenize", json={"prompt": "héllo"}).json()["tokens"]
+        assert ids == [BOS_ID, *_bytes("héllo")]
+        r = client.post(prefix + "/detokenize", json={"tokens": ids[1:]})
+        assert r.status_code == 200 and r.json() == {"prompt": "héllo"}
+        r = client.post(prefix + "/detokenize", json={"tokens": [-1]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
 
 
 def test_detokenize(client):

@@ -96,3 +96,10 @@ def test_cpu_threads_are_set(monkeypatch):
         torch.set_num_threads(before)
     with pytest.raises(ConfigError, match="cpu_threads"):
         EngineConfig(model="m", cpu_threads=0)
+
+
+@pytest.mark.parametrize("length", [-1, 0, 1])
+def test_a_context_without_room_for_a_prompt_and_a_token_is_refused(length):
+    with pytest.raises(ConfigError, match=f"max_model_len must be >= 2, not {length}"):
+        EngineConfig(model="m", max_model_len=length)
+    assert EngineConfig(model="m", max_model_len=2).max_model_len == 2

@@ -11,6 +11,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from gearshift.train import corpus, tiny_lm
 from gearshift.train import tokenizer as tk
+from gearshift.train.args import DEFAULT_TOKENIZER
 
 
 def test_trains_saves_and_reloads(tmp_path) -> None:
@@ -48,7 +49,7 @@ def test_trains_saves_and_reloads(tmp_path) -> None:
     assert cached["train"].dtype == np.uint16 and cached["train"].size > 1000
 
 
-SHIPPED = tiny_lm.DEFAULT_TOKENIZER  # gearshift/default_model/target
+SHIPPED = DEFAULT_TOKENIZER  # gearshift/default_model/target
 
 
 def test_shipped_target_loads_and_writes_python() -> None:
