@@ -39,7 +39,7 @@ class EngineProcess:
 
     remote = True  # AsyncEngine: post to it, do not step it
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, kv_events: str | None = None) -> None:
         from gearshift.engine.tokenizer import load_engine_tokenizer
         from gearshift.models.loader import resolve_model_config
         from gearshift.structured.compiler import GrammarCompiler
@@ -50,7 +50,7 @@ class EngineProcess:
         # not a daemon: a tensor-parallel or draft process of its own must stay possible
         self.process = ctx.Process(target=_main, name="gearshift-engine",
                                    args=(config, child_in, child_out,
-                                         logging.getLogger("gearshift").level))
+                                         logging.getLogger("gearshift").level, kv_events))
         self.process.start()
         child_in.close()
         child_out.close()
@@ -229,7 +229,8 @@ def _portable(exc: BaseException | None) -> BaseException | None:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def _main(config: EngineConfig, inbox_conn, out_conn, log_level: int) -> None:
+def _main(config: EngineConfig, inbox_conn, out_conn, log_level: int,
+          kv_events: str | None = None) -> None:
     # Ctrl-C and a supervisor's SIGTERM reach the whole process group: the server's process
     # stops us in order after its last response (or we see its pipe close)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -243,6 +244,10 @@ def _main(config: EngineConfig, inbox_conn, out_conn, log_level: int) -> None:
     sink = _PipeSink(out_conn)
     try:
         engine = Engine(config)
+        if kv_events is not None:  # the prefix cache's blocks over ZMQ (cluster/kv_events.py)
+            from gearshift.cluster.kv_events import attach_publisher
+
+            attach_publisher(engine, kv_events)
     except BaseException as exc:  # noqa: BLE001 - the server's process raises it
         sink._send("failed", _portable(exc))
         return

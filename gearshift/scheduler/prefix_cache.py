@@ -55,6 +55,8 @@ class PrefixCache:
         self.num_held = 0  # of which held by running requests
         self.queries_tokens = 0  # prompt tokens looked up / found (metrics)
         self.hit_tokens = 0
+        # told of every path cached and every leaf evicted (cluster/kv_events.py), or None
+        self.listener = None
 
     @property
     def num_evictable(self) -> int:
@@ -139,6 +141,8 @@ class PrefixCache:
                             parent=node, last_used=now)
                 node.children[tokens[i]] = leaf
                 self.num_slots += len(leaf.slots)
+                if self.listener is not None:
+                    self.listener.stored(tokens)
                 return dup
             n = _common(child.key, tokens, i)
             if n < len(child.key):
@@ -162,6 +166,8 @@ class PrefixCache:
         freed: list[int] = []
         while leaves and len(freed) < n:
             _, _, leaf = heapq.heappop(leaves)
+            if self.listener is not None:
+                self.listener.removed(self._path(leaf), len(leaf.key))
             freed.extend(leaf.slots)
             self.num_slots -= len(leaf.slots)
             parent = leaf.parent
@@ -184,6 +190,14 @@ class PrefixCache:
         child.draft_rows = max(0, child.draft_rows - n)
         child.parent = head
         return head
+
+    def _path(self, node: Node) -> list[int]:
+        """The token ids from the root to the end of `node`."""
+        keys = []
+        while node is not None:
+            keys.append(node.key)
+            node = node.parent
+        return [t for key in reversed(keys) for t in key]
 
     def _nodes(self):
         stack = list(self.root.children.values())

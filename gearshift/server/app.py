@@ -71,6 +71,10 @@ def build_app(
     """A FastAPI app serving `async_engine`; the app's lifespan starts and stops its thread."""
     engine = async_engine
     metrics = ServerMetrics()
+    if hasattr(engine, "replicas"):  # a ReplicaSet (cluster/): per-replica series too
+        from gearshift.cluster.metrics import ReplicaCollector
+
+        metrics.registry.register(ReplicaCollector(engine))
     key = api_key.encode() if api_key else None
     offload: Offload | None = None
 

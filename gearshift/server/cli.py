@@ -46,6 +46,21 @@ def register(sub) -> None:
                    help="step the engine in a process of its own, so that HTTP and "
                         "detokenising never hold up a step (default; tensor parallelism "
                         "always runs it on a thread of the server)")
+    r = p.add_argument_group("replicas (Ray; pip install 'gearshift[ray]')")
+    r.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                   help="engine replicas behind this endpoint, each a Ray actor with its own "
+                        "KV cache and controller; requests routed by cached prefix, then load")
+    r.add_argument("--ray", action="store_true",
+                   help="run the engine on Ray even with one replica (its tensor-parallel "
+                        "ranks placed by a Ray placement group, across nodes if need be); "
+                        "implied by --data-parallel-size > 1")
+    r.add_argument("--ray-address", default=None,
+                   help="a running Ray cluster to join (default: $RAY_ADDRESS, else a local "
+                        "Ray instance started here)")
+    r.add_argument("--kv-events", metavar="ENDPOINT", default=None,
+                   help="publish the engine's (each replica's) KV-cache events (blocks stored / "
+                        "removed / cleared) over ZMQ at ENDPOINT, e.g. tcp://*:5557 (replica i "
+                        "binds port + i); needs pyzmq")
     p.set_defaults(func=run)
 
 
@@ -74,15 +89,29 @@ def run(args: argparse.Namespace) -> int:
     from gearshift.llm import build_engine_config
 
     config = build_engine_config(**kwargs)
-    if args.engine_process and config.tensor_parallel_size == 1 and torchrun_env() is None:
+    if args.kv_events:
+        from gearshift.cluster.kv_events import check_endpoint
+
+        check_endpoint(args.kv_events)
+    if args.data_parallel_size != 1 or args.ray:
+        from gearshift.cluster.serve import start_cluster_engine
+
+        engine = start_cluster_engine(config, args)
+    elif args.engine_process and config.tensor_parallel_size == 1 and torchrun_env() is None:
         from gearshift.engine.engine_process import EngineProcess
 
-        engine = EngineProcess(config)
+        engine = EngineProcess(config, kv_events=args.kv_events)
     else:
         engine = create_engine(config)
+        if args.kv_events:
+            from gearshift.cluster.kv_events import attach_publisher
+
+            attach_publisher(engine, args.kv_events)
     print(f"gearshift: serving {engine.model_name!r} (context {engine.max_model_len} tokens) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    return serve(AsyncEngine(engine), host=args.host, port=args.port,
+    async_engine = engine if isinstance(engine, AsyncEngine) or hasattr(engine, "replicas") \
+        else AsyncEngine(engine)
+    return serve(async_engine, host=args.host, port=args.port,
                  log_level=args.log_level.lower(), api_key=api_key,
                  max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
                  max_connections=args.max_connections, header_timeout=args.header_timeout)

@@ -17,6 +17,7 @@ from prometheus_client import (
 )
 
 from gearshift.engine.async_engine import EngineSnapshot
+from gearshift.server.router_metrics import RouterGauges
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -91,6 +92,7 @@ class ServerMetrics:
             "gearshift_spec_request_steps", "Request-steps of VERIFY steps by the draft length "
             "K each request was given (0: it decoded plainly in that step)", ["k"], registry=r,
         )
+        self.router_gauges = RouterGauges(r)  # the names outside routers read
 
     def observe_request(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
@@ -111,6 +113,7 @@ class ServerMetrics:
     def render(self, snapshot: EngineSnapshot, num_waiting: int) -> bytes:
         self.running.set(snapshot.num_running)
         self.waiting.set(num_waiting)
+        self.router_gauges.update(snapshot, num_waiting)
         mem = snapshot.memory
         self.kv_free.set(mem.get("kv_slots_free", 0))
         self.kv_total.set(mem.get("kv_slots_total", 0))
