@@ -2,8 +2,9 @@
 that the prices of gears not running stay measured. K = 0 probes (skipped where plain decode
 is confirmed far behind), the neighbours K +- 1, neighbours not yet measured at this batch
 size, the gear just left (rechecks), and at K = 0 one step for each new request with no
-acceptance evidence of its own (newcomers); probes back off per padded batch size while
-they confirm their predicted cost.
+acceptance evidence of its own (newcomers) and for the best speculative gear while it
+has fewer than fresh_obs online observations there; probes back off per padded batch
+size while they confirm their predicted cost.
 
 Data flow: GoodputPolicy._choose -> Explorer.step(scores, best, ...) -> the gear run this
 step; GoodputPolicy.observe -> Explorer.observe (did the probe confirm its price?).
@@ -76,6 +77,12 @@ class Explorer:
         # the draft knows is seen within a step of its first request
         self.newcomer_evidence = 1.0
         self._newcomers_tried: set[str] = set()
+        # At K = 0, the best speculative gear measured online fewer than fresh_obs times at
+        # this batch size (one slow first step, a one-off, sets a point's price) is tried
+        # again one plain step in fresh_gap while predicted within fresh_ratio of plain
+        # decode, as a neighbour is while speculating
+        self._plain_steps = 0
+        self._last_fresh_plain = 0
 
     def period(self, bs: int) -> int:
         """Steps between K = 0 probes (or, at K = 0, speculative ones) at padded size bs."""
@@ -135,6 +142,12 @@ class Explorer:
                 return up, "probe"
             if plausible and self._new_requests(view):
                 return up, "newcomer"
+            self._plain_steps += 1
+            if (up and catch_up_ms <= scores[0][1] and self.cost.observed(up, bs) < self.fresh_obs
+                    and scores[up][2] >= self.fresh_ratio * scores[0][2]
+                    and self._plain_steps - self._last_fresh_plain >= self.fresh_gap):
+                self._last_fresh_plain = self._plain_steps
+                return up, "fresh"
             return best, "scored"
         self._steps_speculating += 1
         if probe:

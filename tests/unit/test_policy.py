@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from policy_helpers import memory_bound_costs, reqs
+from policy_helpers import measured_online, memory_bound_costs, reqs
 
 from gearshift.policy.base import PolicyView
 from gearshift.policy.cost import CostModel
@@ -47,7 +47,7 @@ def test_goodput_picks_the_known_optimum_when_memory_bound(alpha, bs, want):
 
 
 def test_goodput_goes_to_zero_when_verification_is_compute_bound():
-    cost = memory_bound_costs()
+    cost = measured_online(memory_bound_costs())
     pol = GoodputPolicy(cost, 5, margin=0.0)
     assert pol.plan(PolicyView(reqs(256, 0.7, ctx=1), 0, 5)) == [0] * 256
     # and it stays there, but for one exploration step in `explore_every` (bounded loss)

@@ -67,14 +67,14 @@ def test_new_requests_are_tried_once_at_k0_when_speculation_is_plausible():
     """At K = 0 a batch with a request that has no acceptance evidence of its own gets one
     speculative step (the step that can show the traffic changed back), once per request;
     where speculation is far behind (plain decode wins by more than explore_ratio), never."""
-    from policy_helpers import reqs
+    from policy_helpers import measured_online, reqs
 
     from gearshift.policy.base import PolicyView
 
     cost = CostModel()
     for k, ms in {0: 5.0, 1: 6.0, 2: 7.0}.items():
         cost.set_measured(k, [[4.0, ms]])
-    pol = GoodputPolicy(cost, 2)
+    pol = GoodputPolicy(measured_online(cost), 2)
     known = reqs(4, alpha=0.05)  # evidence of near-zero acceptance: K = 0
     view = PolicyView(known, 0, 2, population=(5.0, 100.0))
     assert [pol.plan(view)[0] for _ in range(5)] == [0] * 5
@@ -88,3 +88,30 @@ def test_new_requests_are_tried_once_at_k0_when_speculation_is_plausible():
         costly.set_measured(k, [[4.0, ms]])
     far = GoodputPolicy(costly, 2)
     assert [far.plan(PolicyView(reqs(4), 0, 2))[0] for _ in range(3)] == [0] * 3
+
+
+def test_a_slow_first_step_does_not_keep_goodput_plain():
+    """Each speculative gear's first online step was a one-off (twice its cost, the most
+    one step moves a price): goodput drops to K = 0 on those prices, tries a gear again
+    within fresh_gap plain steps, and is back at speculation once its second observation
+    shows the real cost."""
+    from policy_helpers import reqs
+
+    from gearshift.policy.base import PolicyView
+
+    cost = CostModel()
+    actual = {0: 5.0, 1: 5.6, 2: 6.2}
+    for k, ms in actual.items():
+        cost.set_measured(k, [[1.0, ms]])
+    pol = GoodputPolicy(cost, 2)
+    rs = reqs(1, alpha=0.8)
+    chosen, seen = [], set()
+    for _ in range(40):
+        k = pol.plan(PolicyView(rs, 0, 2))[0]
+        chosen.append(k)
+        pol.observe(k, 1, 0, actual[k] * (2 if k and k not in seen else 1))
+        seen.add(k)
+    first_plain = chosen.index(0)
+    assert chosen[0] == 2 and first_plain <= 3  # the outliers priced the gears out
+    assert any(chosen[first_plain:first_plain + pol.explorer.fresh_gap + 2])  # tried again
+    assert chosen[-20:].count(0) <= 1  # and speculating again

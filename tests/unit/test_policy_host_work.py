@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from policy_helpers import memory_bound_costs, reqs
+from policy_helpers import measured_online, memory_bound_costs, reqs
 
 from gearshift.policy.base import PolicyView
 from gearshift.policy.cost import CostModel
@@ -20,7 +20,7 @@ def test_goodput_skips_scoring_while_plain_decode_leads_by_far():
     quiet_ratio: goodput scores one plan in quiet_steps + 1 at that batch size (scores()
     loops over every request), probes still come every explore_every steps, and a new batch
     size is scored at once."""
-    pol = GoodputPolicy(memory_bound_costs(), 5, margin=0.0)
+    pol = GoodputPolicy(measured_online(memory_bound_costs()), 5, margin=0.0)
     calls = []
     scores = pol.scores
     pol.scores = lambda v, top: calls.append(len(v.requests)) or scores(v, top)
