@@ -23,6 +23,9 @@ through the real step pipeline, so that
                                  step a gear: their draft expansions' graphs
     -> {gear: [(bs, ms)]} -> policy.cost.set_measured(...)
 
+On a CPU (`warm_up_engine`), where there is no graph to capture, only the timed steps run,
+at batch sizes up to CPU_MAX_BATCH, for a policy that prices gears (goodput).
+
 Counters (engine stats, speculation stats, the population's acceptance evidence, the
 runner's graphed / eager step counts) are restored afterwards: the warm-up is not part of any run.
 Data flow: Engine.__init__ -> warm_up_speculation(engine) -> CostModel.
