@@ -66,6 +66,20 @@ def test_completion_stream_carries_each_tokens_logprobs(server, client):
     assert tokens == full.logprobs.tokens and values == full.logprobs.token_logprobs
 
 
+def _echoed(resp, stream: bool, field: str) -> tuple[str, list, list]:
+    """A completion's text, its logprobs' tokens and one more logprobs field, streamed or
+    not."""
+    chunks = list(resp) if stream else [resp]
+    text = "".join(ch.text for c in chunks for ch in c.choices)
+    tokens, values = [], []
+    for c in chunks:
+        for ch in c.choices:
+            if ch.logprobs is not None:
+                tokens += ch.logprobs.tokens
+                values += getattr(ch.logprobs, field)
+    return text, tokens, values
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_echo_with_logprobs_and_echo_only(server, client, stream):
     prompt = "Score me"
@@ -73,14 +87,7 @@ def test_echo_with_logprobs_and_echo_only(server, client, stream):
     for max_tokens in (0, 5):
         resp = client.completions.create(model="fake-model", prompt=prompt, max_tokens=max_tokens,
                                          temperature=0, echo=True, logprobs=1, stream=stream)
-        chunks = list(resp) if stream else [resp]
-        text = "".join(ch.text for c in chunks for ch in c.choices)
-        tokens, values = [], []
-        for c in chunks:
-            for ch in c.choices:
-                if ch.logprobs is not None:
-                    tokens += ch.logprobs.tokens
-                    values += ch.logprobs.token_logprobs
+        text, tokens, values = _echoed(resp, stream, "token_logprobs")
         gen = expected_tokens(ids, SamplingParams(temperature=0), max_tokens)
         assert text.startswith(prompt) and len(tokens) == len(ids) + max_tokens
         assert tokens == [_text(server, t) for t in ids + gen]
@@ -107,14 +114,7 @@ def test_echo_offsets_slice_the_returned_text(server, client, stream, prompt):
     for sent in (prompt, ids):
         resp = client.completions.create(model="fake-model", prompt=sent, max_tokens=40,
                                          temperature=0, echo=True, logprobs=2, stream=stream)
-        chunks = list(resp) if stream else [resp]
-        text = "".join(ch.text for c in chunks for ch in c.choices)
-        tokens, offsets = [], []
-        for c in chunks:
-            for ch in c.choices:
-                if ch.logprobs is not None:
-                    tokens += ch.logprobs.tokens
-                    offsets += ch.logprobs.text_offset
+        text, tokens, offsets = _echoed(resp, stream, "text_offset")
         echoed = prompt if isinstance(sent, str) else tok.decode(ids)
         assert text.startswith(echoed) and len(text) > len(echoed)
         assert offsets == sorted(offsets) and offsets[-1] < len(text)
