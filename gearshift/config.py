@@ -140,8 +140,12 @@ class EngineConfig:
     load_format: str = "safetensors"  # "safetensors" | "dummy"
     attention_backend: str = "torch"  # "torch" | "triton"
     max_num_seqs: int = 64
-    kv_cache_tokens: int | None = None  # None: sized from free device memory
-    kv_memory_fraction: float = 0.85  # of free GPU memory, when kv_cache_tokens is None
+    kv_cache_tokens: int | None = None  # None: sized by the start-up memory profile (GPU)
+    # the share of the card's total memory the engine may use (weights, activations, graphs
+    # and KV cache together, as vLLM's flag of this name); the KV cache takes what the
+    # start-up profile of the largest steps leaves (runner/memory_plan.py)
+    gpu_memory_utilization: float = 0.9
+    kv_memory_fraction: float | None = None  # deprecated: read as gpu_memory_utilization
     max_num_batched_tokens: int = 2048  # prefill chunk budget per step
     max_model_len: int | None = None  # None: min(max_position_embeddings, KV capacity)
     allow_long_max_model_len: bool = False  # max_model_len past max_position_embeddings
@@ -204,8 +208,14 @@ class EngineConfig:
             raise ConfigError(f"step_trace: no folder for {self.step_trace!r}")
         if self.extend_graph_max_tokens < 0:
             raise ConfigError("extend_graph_max_tokens must be >= 0 (0 = no EXTEND graphs)")
-        if not 0.0 < self.kv_memory_fraction < 1.0:
-            raise ConfigError("kv_memory_fraction must be in (0, 1)")
+        if self.kv_memory_fraction is not None:  # the old name: one meaning from here on
+            if not 0.0 < self.kv_memory_fraction <= 1.0:
+                raise ConfigError("kv_memory_fraction must be in (0, 1]")
+            object.__setattr__(self, "gpu_memory_utilization", self.kv_memory_fraction)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError("gpu_memory_utilization must be in (0, 1], the share of the "
+                              f"GPU's total memory the engine may use, not "
+                              f"{self.gpu_memory_utilization}")
         if self.tensor_parallel_size < 1:
             raise ConfigError("tensor_parallel_size must be >= 1")
         if self.cpu_threads is not None and self.cpu_threads < 1:

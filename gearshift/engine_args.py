@@ -11,7 +11,7 @@ import argparse
 
 from gearshift.config import EngineConfig
 
-KV_MEMORY_FRACTION = EngineConfig.__dataclass_fields__["kv_memory_fraction"].default
+GPU_MEMORY_UTILIZATION = EngineConfig.__dataclass_fields__["gpu_memory_utilization"].default
 
 
 def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False) -> None:
@@ -27,7 +27,8 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
     g.add_argument("--max-num-seqs", type=int, default=None,
                    help="requests running at once (default: 64)")
     g.add_argument("--kv-cache-tokens", type=int, default=None,
-                   help="KV cache slots (default: from the free GPU memory; 16384 on a CPU)")
+                   help="KV cache slots (default: what --gpu-memory-utilization leaves after "
+                        "the start-up memory profile; 16384 on a CPU)")
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)
     g.add_argument("--max-model-len", type=int, default=None,
                    help="context length (default: the model's max_position_embeddings, at most "
@@ -40,9 +41,10 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
                         "torchrun, its WORLD_SIZE")
     g.add_argument("--tokenizer", help="tokenizer directory (default: the model directory's)")
     g.add_argument("--gpu-memory-utilization", type=float, default=None,
-                   help="the engine's kv_memory_fraction: the share of the GPU memory left "
-                        "free after loading the weights that the KV cache takes (default "
-                        f"{KV_MEMORY_FRACTION}; vLLM's flag of this name counts the weights too)")
+                   help="the share of the GPU's total memory the engine may use: weights, "
+                        "activations, CUDA graphs and the KV cache, which takes what a "
+                        "start-up profile of the largest steps leaves (default "
+                        f"{GPU_MEMORY_UTILIZATION}, as vLLM's flag)")
     g.add_argument("--cpu-threads", type=int, default=None,
                    help="torch threads of a CPU run (default: usable CPUs - 1, at most 8 and at "
                         "most torch's own choice: oversubscribed threads slow a run many times)")
@@ -111,7 +113,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     if getattr(args, "allow_long_max_model_len", False):
         kw["allow_long_max_model_len"] = True
     if getattr(args, "gpu_memory_utilization", None) is not None:
-        kw["kv_memory_fraction"] = args.gpu_memory_utilization
+        kw["gpu_memory_utilization"] = args.gpu_memory_utilization
     for name in ("tokenizer", "cpu_threads", "served_model_name", "chat_template",
                  "tensor_parallel_size", "step_trace"):
         if getattr(args, name, None) is not None:

@@ -42,6 +42,15 @@ class KVCache:
                                      device=device),
         )
 
+    def resize(self, num_slots: int) -> None:
+        """Fresh zeroed K and V for `num_slots` slots (+ the dummy), contents dropped; the
+        old tensors go first, so both never coexist (req_to_token stays)."""
+        shape = (self.k.shape[0], num_slots + 1, *self.k.shape[2:])
+        dtype, device = self.k.dtype, self.k.device
+        self.k = self.v = None
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> int:

@@ -84,6 +84,10 @@ class Engine:
             from gearshift.speculative.runner import SpecRunner
 
             self.spec = SpecRunner(config, self.runner, self.builder, self.feed)
+        if self.runner.kv_provisional:  # GPU: the largest steps' peak sizes the KV cache
+            from gearshift.engine.memory_profile import profile_and_size
+
+            profile_and_size(self)  # new self.slots, self.max_model_len
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
         if self.spec is not None:
             from gearshift.engine.cost_profile import build_cost_model
@@ -111,6 +115,10 @@ class Engine:
             from gearshift.engine.warmup import warm_up_engine
 
             warm_up_engine(self, priced=policy.cost is not None)  # sets measured_costs
+        if self.runner.memory_plan is not None:  # the profile's plan against the device now
+            from gearshift.engine.memory_profile import after_start
+
+            after_start(self)
         if config.gc_freeze or (config.gc_freeze is None and self.runner.graphs is not None):
             freeze_heap()  # collections skip the start-up heap: no 100 ms ones while serving
         self.watch = ServingWatch().start(self.runner)  # graphs / kernels the warm-up missed

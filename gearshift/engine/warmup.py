@@ -236,7 +236,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
             raise ConfigError(
                 f"the GPU ran out of memory in the speculation warm-up at {bs} requests a "
                 f"step ({phase}{_memory(engine)}); pass a smaller --max-num-seqs, "
-                "--gpu-memory-utilization (the KV cache's share of free memory) or "
+                "--gpu-memory-utilization (the share of the GPU's memory the engine may use) or "
                 "--kv-cache-tokens") from e
         finally:
             engine.set_policy(saved_policy)

@@ -17,7 +17,7 @@ import torch
 
 from gearshift import env
 from gearshift.attention.base import KVCache, create_backend
-from gearshift.config import ConfigError, EngineConfig, ModelConfig
+from gearshift.config import EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.models.loader import DTYPES, load_model
 from gearshift.models.parallel import TensorParallel
@@ -31,6 +31,7 @@ from gearshift.runner.graphs import (
     pick_bucket,
 )
 from gearshift.runner.logprobs import LogprobPlan, prompt_logprobs, token_logprobs
+from gearshift.runner.memory_plan import profile_slots
 from gearshift.runner.penalties import TokenCounts
 from gearshift.runner.sampler import SamplingBatch, sample
 from gearshift.runner.startup_checks import check_device, context_limit, set_cpu_threads
@@ -67,10 +68,17 @@ class ModelRunner:
 
             if tma_capable(self.device):
                 self.model.fold_norms()  # norms and residual adds inside small steps' GEMMs
-        self.num_slots = self._kv_capacity(model_cfg, dtype)
+        self.weights_bytes = size
+        # on a GPU without kv_cache_tokens the cache starts small, for the start-up memory
+        # profile of the largest steps (engine/memory_profile.py), which then sizes it
+        self.kv_provisional = self._profiles_memory()
+        self.num_slots = self._kv_capacity()
         self.max_model_len = min(max_pos, self.num_slots)
+        # req_to_token as wide as the final cache may make the context (a provisional
+        # cache's length would cut it)
+        width = max_pos if self.kv_provisional else self.max_model_len
         self.kv = KVCache.allocate(model_cfg.num_layers, self.num_slots, self.model.num_kv_heads,
-                                   model_cfg.head_dim, config.max_num_seqs, self.max_model_len,
+                                   model_cfg.head_dim, config.max_num_seqs, width,
                                    dtype, self.device)
         self.attn = create_backend(config.attention_backend, self.kv, model_cfg.head_dim ** -0.5)
         # CUDA events around the latest run() / forward_all(): a fresh pair per call, so a
@@ -89,6 +97,7 @@ class ModelRunner:
         self._outputs: dict[str, torch.Tensor] = {}  # shared outputs of VERIFY-shape graphs
         self._retired_outputs: list[torch.Tensor] = []  # kept alive for graphs that wrote them
         self._counts: TokenCounts | None = None  # penalties' token counts, made on first use
+        self.memory_plan = None  # the start-up memory profile's KvPlan (GPU, no kv_cache_tokens)
 
     def prepare_hot_path(self, capture: tuple[int, ...] = ()) -> None:
         """Compile kernels and capture the EXTEND and DECODE CUDA graphs (with `capture`
@@ -149,37 +158,35 @@ class ModelRunner:
         return min(cfg.extend_graph_max_tokens, cfg.max_num_batched_tokens + cfg.max_num_seqs,
                    self.max_model_len)
 
-    def _kv_capacity(self, cfg: ModelConfig, dtype: torch.dtype) -> int:
-        slots = self._kv_slots(cfg, dtype)
-        if self.tp is not None:  # one slot pool plans for every rank: the smallest fits all
-            slots = self.tp.comm.min_int(slots)
-        return slots
+    def _profiles_memory(self) -> bool:
+        return self.config.kv_cache_tokens is None and self.device.type == "cuda"
 
-    def _kv_slots(self, cfg: ModelConfig, dtype: torch.dtype) -> int:
+    def _kv_capacity(self) -> int:
+        """kv_cache_tokens; a fixed, modest pool on the CPU (pass kv_cache_tokens for more);
+        on a GPU the provisional cache the start-up memory profile runs on."""
         if self.config.kv_cache_tokens is not None:
             return self.config.kv_cache_tokens
-        per_token = KVCache.bytes_per_token(cfg.num_layers, self.model.num_kv_heads, cfg.head_dim,
-                                            dtype)
-        if self.config.speculative_algorithm == "eagle3":  # its KV layer + stored features
-            per_token += KVCache.bytes_per_token(1, cfg.num_kv_heads, cfg.head_dim, dtype) \
-                + cfg.hidden_size * dtype.itemsize  # (a head as wide as the target, as usual)
-        if self.device.type != "cuda":
-            return 16384  # CPU: a fixed, modest pool; pass kv_cache_tokens for more
-        free, _ = torch.cuda.mem_get_info(self.device)
-        # activations of one prefill chunk (MLP is the widest) and sampling scratch, with slack
-        act = self.config.max_num_batched_tokens * (cfg.hidden_size * 8 + cfg.intermediate_size * 6)
-        act += self.config.max_num_seqs * cfg.vocab_size * 16
-        budget = free * self.config.kv_memory_fraction - act * 4 - (1 << 30)
-        if self.config.speculative:  # VERIFY logits of every node, sampled-row distributions
-            budget -= self.config.max_num_seqs * self.config.verify_nodes * cfg.vocab_size * 24
-        budget -= TokenCounts.nbytes(self.config.max_num_seqs + 1, cfg.vocab_size)  # penalties
-        slots = int(budget // per_token)
-        if slots < 16:
-            raise ConfigError(
-                f"not enough GPU memory for the KV cache ({free / 2**30:.1f} GiB free after "
-                f"loading the model); pass a smaller --max-num-seqs or --kv-cache-tokens"
-            )
-        return slots
+        if not self.kv_provisional:
+            return 16384
+        return profile_slots(self.config, self.max_positions)
+
+    def resize_kv(self, num_slots: int) -> None:
+        """Reallocate K and V for `num_slots` slots (contents dropped), in the KVCache every
+        backend holds; before any graph captured the old tensors. max_model_len follows."""
+        if self.graphs is not None:
+            raise RuntimeError("the KV cache cannot move under captured CUDA graphs")
+        self.kv.resize(num_slots)
+        self.num_slots = num_slots
+        self.max_model_len = min(self.max_positions, num_slots)
+        self.kv_provisional = False
+
+    def drop_graphs(self) -> None:
+        """Forget every captured graph (their private pool goes back once collected): the
+        memory profile measures a capture, then the KV cache moves."""
+        self.graphs = self.extend_graphs = self.shape_graphs = None
+        self.extend_sizes, self.extend_route = [], {}
+        self._outputs.clear()
+        self._retired_outputs.clear()
 
     def decode_pad(self, bs: int) -> int:
         return self.graphs.padded_size(bs) if self.graphs else bs

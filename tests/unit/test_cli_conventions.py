@@ -1,6 +1,6 @@
 """vLLM-style command-line conventions: `gearshift --version`, --log-level before or after
 the subcommand, defaults in every --help, `serve MODEL` (or --model, not both), and the
-flags that map onto engine options (--gpu-memory-utilization -> kv_memory_fraction, ...).
+flags that map onto engine options (--gpu-memory-utilization -> gpu_memory_utilization, ...).
 
 Data flow (tests only): argv -> gearshift.cli (parsers, main) -> namespace / engine kwargs /
 exit code and stderr.
@@ -62,7 +62,7 @@ def test_every_help_shows_the_defaults():
     serve = _flat(build_parser("serve")._subparsers._group_actions[0].choices["serve"]
                   .format_help())
     assert "--port PORT (default: 8000)" in serve
-    assert "kv_memory_fraction" in serve and "(default 0.85" in serve
+    assert "total memory the engine may use" in serve and "(default 0.9, as vLLM" in serve
 
 
 def _serve_args(argv: list[str]) -> argparse.Namespace:
@@ -87,11 +87,11 @@ def test_engine_flags_map_onto_engine_options():
                         "tok", "--cpu-threads", "3", "--allow-long-max-model-len",
                         "--served-model-name", "org/name", "--chat-template", "{{ x }}"])
     kw = engine_kwargs(args)
-    assert kw["kv_memory_fraction"] == 0.5 and kw["tokenizer"] == "tok"
+    assert kw["gpu_memory_utilization"] == 0.5 and kw["tokenizer"] == "tok"
     assert kw["cpu_threads"] == 3 and kw["allow_long_max_model_len"] is True
     assert kw["served_model_name"] == "org/name" and kw["chat_template"] == "{{ x }}"
     kw = engine_kwargs(_serve_args(["--model", "x"]))
-    assert not {"kv_memory_fraction", "tokenizer", "cpu_threads", "allow_long_max_model_len",
+    assert not {"gpu_memory_utilization", "tokenizer", "cpu_threads", "allow_long_max_model_len",
                 "served_model_name", "chat_template"} & set(kw)
 
 

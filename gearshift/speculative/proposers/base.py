@@ -65,6 +65,12 @@ class Proposer(ABC):
         """The feature store, indexed by KV slot (None: no features)."""
         return None
 
+    def resize_slots(self, num_slots: int) -> None:  # noqa: B027
+        """Reallocate what the draft keeps per KV slot (its K/V, EAGLE-3's features) for
+        `num_slots` slots, contents dropped: the start-up memory profile sizes the cache.
+        Stateless proposers (n-gram) keep nothing per slot."""
+
     @abstractmethod
     def propose(self, ctx: ProposeContext) -> tuple[DraftTree, list[int] | None]:
         """-> (tree [B, N], nodes per request or None = all). Device work, no host sync."""
+

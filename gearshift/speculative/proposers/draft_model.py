@@ -40,6 +40,9 @@ class DraftModelProposer(Proposer):
     def scratch_slots(self, k: int, topk: int) -> int:
         return 1 + (k - 1) * topk  # the pending token's row, then the beams of depths 1..K-1
 
+    def resize_slots(self, num_slots: int) -> None:
+        self.kv.resize(num_slots)
+
     def draft_extend(self, fb: ForwardBatch, features: torch.Tensor | None) -> None:
         self.model(fb.input_ids, fb.positions, fb, self.attn)
 

@@ -65,6 +65,12 @@ class Eagle3Proposer(Proposer):
     def scratch_slots(self, k: int, topk: int) -> int:
         return (k - 1) * topk
 
+    def resize_slots(self, num_slots: int) -> None:
+        self.features = None  # freed before the new ones are made
+        self.kv.resize(num_slots)
+        self.features = torch.zeros(num_slots + 1, self.head.config.hidden_size,
+                                    dtype=self.seed_hidden.dtype, device=self.seed_hidden.device)
+
     def draft_extend(self, fb: ForwardBatch, features: torch.Tensor | None) -> None:
         h = self.head(fb.input_ids, features, fb.positions, fb, self.attn)  # [T, H]
         last = h[fb.logits_indices]  # [B, H]

@@ -1,0 +1,301 @@
+"""Start-up memory profile (GPU, without kv_cache_tokens): the largest steps the engine
+can plan run on a small provisional KV cache, before the real one exists; their peak, the
+CUDA graphs' memory and what lies outside PyTorch then size the cache from
+gpu_memory_utilization x the card's memory (runner/memory_plan.py).
+
+    ModelRunner (weights, provisional cache of profile_slots) -> SpecRunner (draft) ->
+    profile_and_size(engine):
+        eagerly: max_num_seqs requests whose prompts fill one prefill budget: the prefill
+                 step (the draft's pass over it included), then with speculation the tree
+                 (draft_topk > 1) and the deepest chain, then a plain decode step; with
+                 speculation the same sampled, then nucleus (prefill, tree, chain)
+        -> activations: the peak above everything resident before the first step
+        on graphs: the decode / extend graphs captured, the same steps again (their VERIFY,
+                 draft and draft-extend graphs), the tree at the largest batch whose pass
+                 is graphed -> graph pools: the reserved memory they added, x GRAPH_MARGIN;
+                 then every graph dropped
+        -> MemoryBudget -> plan_kv_slots -> the target's and the draft's cache reallocated,
+           a fresh SlotPool; the start-up line says where the memory went
+    -> Engine goes on: graphs captured on the real cache, the speculation warm-up;
+       after_start(engine): what the device holds then, against the plan.
+
+Data flow: Engine.__init__ -> profile_and_size(engine) -> runner.resize_kv, engine.slots.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+
+import torch
+
+from gearshift.forward_batch import ForwardMode
+from gearshift.policy.static import AlwaysPolicy
+from gearshift.request import Request, SamplingParams
+from gearshift.runner.memory_plan import (
+    GIB,
+    KvPlan,
+    MemoryBudget,
+    generated_tokens,
+    plan_kv_slots,
+    prompt_len,
+)
+from gearshift.runner.penalties import TokenCounts
+from gearshift.scheduler.kv_pool import SlotPool
+from gearshift.scheduler.plan import StepPlan, StepResult
+from gearshift.scheduler.prefix_cache import PrefixCache
+from gearshift.scheduler.scheduler import Scheduler
+
+log = logging.getLogger("gearshift.runner")
+
+# the warm-up's smaller shapes beyond the largest ones the profile captures (their own
+# outputs and static inputs; their intermediates reuse the pool)
+GRAPH_MARGIN = 1.25
+# sampled sets: the draft expansions and verification of sampled requests (as warmup.py)
+SAMPLED = {"sampled": dict(temperature=1.0, seed=0),
+           "nucleus": dict(temperature=1.0, top_p=0.95, seed=0)}
+
+
+class CudaMemory:
+    """The device's memory counters the profile reads (a test passes a fake)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def settle(self) -> None:
+        """Work finished, garbage collected, cached blocks back to the device."""
+        torch.cuda.synchronize(self.device)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def reserved(self) -> int:
+        return torch.cuda.memory_reserved(self.device)
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def free_total(self) -> tuple[int, int]:
+        return torch.cuda.mem_get_info(self.device)
+
+
+def _admit(engine, sched: Scheduler, name: str, params: SamplingParams,
+           num_reqs: int | None) -> list[str]:
+    cfg, vocab = engine.config, engine.model_config.vocab_size
+    n = prompt_len(cfg, engine.runner.max_positions)
+    ids = [f"__profile-{name}-{i}" for i in range(num_reqs or cfg.max_num_seqs)]
+    for i, rid in enumerate(ids):
+        sched.add(Request(rid, [(7 * i + j) % (vocab - 1) + 1 for j in range(n)], params,
+                          sampling_seed=i, coupled=cfg.spec_sampling == "coupled"))
+    return ids
+
+
+def _step(engine, sched: Scheduler) -> StepPlan:
+    """One synchronous step through the engine's pipeline (Engine._plain without overlap,
+    Engine._verify)."""
+    runner, spec, builder = engine.runner, engine.spec, engine.builder
+    plan = sched.schedule()
+    if plan.is_empty:
+        return plan
+    if plan.mode is ForwardMode.VERIFY:
+        batch = builder.prepare(plan)
+        result = spec.run(plan, batch)
+        sched.commit(plan, result)
+        spec.after_commit(plan, result)
+        return plan
+    batch = builder.prepare(plan, runner.padding(plan))
+    tokens, aux = runner.run(batch.forward, batch.sampling)
+    sampled = tokens[: plan.batch_size].tolist()
+    if spec is not None:
+        spec.after_plain(plan, aux)
+    sched.commit(plan, StepResult(batch.slots, [[t] if s else [] for s, t in
+                                                 zip(plan.sample, sampled)]))
+    return plan
+
+
+def _prefill(engine, sched: Scheduler) -> None:
+    while sched.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids)
+                               for r in sched.running):
+        _step(engine, sched)
+
+
+def _drop(engine, sched: Scheduler, ids: list[str]) -> None:
+    for rid in ids:
+        sched.abort(rid)
+    engine.slots.clear_cache()
+
+
+def _gears(engine) -> list[AlwaysPolicy]:
+    """The widest VERIFY steps: the tree (draft_topk > 1), the deepest chain."""
+    spec, k = engine.spec, engine.config.num_draft_tokens
+    if spec is None:
+        return []
+    return ([AlwaysPolicy(k, spec.topk)] if spec.topk > 1 else []) + [AlwaysPolicy(k, 1)]
+
+
+def run_largest_steps(engine, sched: Scheduler, mem: CudaMemory, num_reqs: int | None = None,
+                      gears: list[AlwaysPolicy] | None = None
+                      ) -> tuple[int, list[tuple[int, int]]]:
+    """The profile's steps (module doc) on `sched` for `num_reqs` requests (max_num_seqs)
+    and `gears` (_gears); -> (the highest allocation seen, (tokens, peak bytes above the
+    memory allocated before it) of each VERIFY step)."""
+    cfg, spec = engine.config, engine.spec
+    gears = _gears(engine) if gears is None else gears
+    verify, top = [], 0
+    for name, extra in [("greedy", dict(temperature=0.0)),
+                        *(SAMPLED.items() if spec is not None else ())]:
+        if spec is not None:
+            sched.set_policy(gears[0])  # drafts: the draft follows the prefill
+        ids = _admit(engine, sched, name, SamplingParams(
+            max_tokens=generated_tokens(cfg) + 4, ignore_eos=True, **extra), num_reqs)
+        _prefill(engine, sched)
+        for gear in gears:
+            sched.set_policy(gear)
+            top, base = max(top, mem.peak()), mem.allocated()
+            mem.reset_peak()  # this step's own peak, for the VERIFY graphs' allowance
+            plan = _step(engine, sched)
+            if plan.mode is ForwardMode.VERIFY:
+                verify.append((sum(plan.num_nodes), mem.peak() - base))
+        if name == "greedy" and num_reqs is None:
+            if spec is not None:
+                sched.set_policy(AlwaysPolicy(0))
+            _step(engine, sched)  # the largest plain decode step
+        _drop(engine, sched, ids)
+    return max(top, mem.peak()), verify
+
+
+def _draft_bytes(engine) -> int:
+    spec = engine.spec
+    own = spec and (getattr(spec.proposer, "model", None) or getattr(spec.proposer, "head", None))
+    if own is None:
+        return 0
+    target = {p.data_ptr() for p in engine.runner.model.parameters()}
+    seen = {p.data_ptr(): p.numel() * p.element_size() for p in own.parameters()
+            if p.data_ptr() not in target}  # EAGLE-3 shares the target's embedding
+    return sum(seen.values())
+
+
+def _resize(engine, num_slots: int) -> None:
+    engine.runner.resize_kv(num_slots)
+    if engine.spec is not None:
+        engine.spec.proposer.resize_slots(num_slots)
+
+
+def profile_and_size(engine, mem: CudaMemory | None = None) -> KvPlan:
+    """Profile, size and allocate the KV cache (module doc); -> the plan, also kept as
+    runner.memory_plan and logged."""
+    runner, cfg, spec = engine.runner, engine.config, engine.spec
+    mem = mem or CudaMemory(runner.device)
+    provisional = runner.num_slots
+    saved = (runner.step_counts.copy(), spec.acceptance.counters() if spec else None)
+    if spec is not None:  # the target's features for the draft, as once graphs exist
+        runner.capture = spec.capture
+    speculation = spec.speculation() if spec is not None else None
+    sched = Scheduler(engine.slots, engine.rows, max_num_seqs=cfg.max_num_seqs,
+                      max_num_batched_tokens=cfg.max_num_batched_tokens,
+                      max_model_len=runner.max_model_len, speculation=speculation,
+                      policy=AlwaysPolicy(0) if spec is not None else None)
+    mem.settle()
+    resident = mem.allocated()
+    mem.reset_peak()
+    top, _ = run_largest_steps(engine, sched, mem)  # (inference mode: as Engine.step)
+    mem.settle()
+    activations = max(top, mem.peak()) - resident
+    graph_pools = _graph_pools(engine, sched, mem)
+    mem.settle()
+    free, total = mem.free_total()
+    outside = max(total - free - mem.reserved(), 0)
+    held = mem.allocated()
+    _resize(engine, 0)
+    mem.settle()
+    kv_bytes = held - mem.allocated()
+    weights, draft = runner.weights_bytes, _draft_bytes(engine)
+    buffers = resident - kv_bytes - weights - draft
+    if runner._counts is None:  # penalties' counts: made at the first penalised request
+        buffers += TokenCounts.nbytes(cfg.max_num_seqs + 1, engine.model_config.vocab_size)
+    budget = MemoryBudget(
+        total=total, utilization=cfg.gpu_memory_utilization, weights=weights, draft=draft,
+        buffers=max(buffers, 0), activations=activations, graph_pools=graph_pools,
+        outside_torch=outside, bytes_per_slot=math.ceil(kv_bytes / provisional),
+        min_slots=provisional)
+    plan = plan_kv_slots(budget)
+    slots = plan.slots if runner.tp is None else runner.tp.comm.min_int(plan.slots)
+    if slots != plan.slots:
+        plan = KvPlan(budget, slots)
+    _resize(engine, slots)
+    engine.slots = engine.builder.slots = SlotPool(
+        slots, PrefixCache() if cfg.enable_prefix_caching else None)
+    engine.max_model_len = runner.max_model_len
+    runner.step_counts.clear()
+    runner.step_counts.update(saved[0])
+    if spec is not None:
+        spec.acceptance.restore_counters(saved[1])
+    runner.memory_plan = plan
+    log.info("%s", plan.describe())
+    return plan
+
+
+def captures_graphs(config) -> bool:
+    """Whether the runner captures CUDA graphs (ModelRunner.prepare_hot_path)."""
+    return config.use_cuda_graphs and config.attention_backend == "triton"
+
+
+def _graph_pools(engine, sched: Scheduler, mem: CudaMemory) -> int:
+    """The CUDA graphs' memory, measured on the provisional cache: the decode / extend
+    graphs captured, then with speculation the profile's steps again on graphs (VERIFY,
+    draft expansion and draft-extend shapes of the largest batch; the tree at the largest
+    batch its pass is graphed for), then all dropped. -> the reserved memory they added
+    (private pools, the outputs each graph owns, static inputs) x GRAPH_MARGIN: the
+    warm-up captures the smaller shapes too, mostly within the same pool."""
+    runner, spec, cfg = engine.runner, engine.spec, engine.config
+    if not captures_graphs(cfg):
+        return 0
+    mem.settle()
+    before = mem.reserved()
+    runner.prepare_hot_path(spec.capture if spec is not None else ())
+    if spec is not None and runner.shape_graphs is not None:
+        sched.speculation = spec.speculation()  # as planned on graphs (no riders)
+        run_largest_steps(engine, sched, mem)
+        limit, nodes = runner.max_verify_graph_tokens, spec.nodes(cfg.num_draft_tokens, spec.topk)
+        graphed = [s for s in runner.graphs.graphs if s * nodes <= limit]
+        if spec.topk > 1 and cfg.max_num_seqs * nodes > limit and graphed:
+            run_largest_steps(engine, sched, mem, max(graphed), _gears(engine)[:1])
+    mem.settle()
+    used = mem.reserved() - before
+    runner.drop_graphs()
+    mem.settle()
+    kept = mem.reserved() - before  # the decode workspace stays; graphs' memory goes back
+    if kept > max(used // 4, 256 * 2**20):
+        log.warning("memory profile: %.2f GiB of the %.2f GiB the CUDA graphs took stayed "
+                    "reserved after they were dropped", kept / GIB, used / GIB)
+    return int(used * GRAPH_MARGIN)
+
+
+def after_start(engine) -> dict | None:
+    """Device memory once start-up is over (graphs captured, warm-up run) against the
+    profile's plan, logged; -> the numbers in bytes (None: the cache was not profiled)."""
+    plan, dev = engine.runner.memory_plan, engine.runner.device
+    if plan is None or dev.type != "cuda":
+        return None
+    mem = CudaMemory(dev)
+    mem.settle()
+    free, total = mem.free_total()
+    b = plan.budget
+    out = dict(reserved=mem.reserved(), allocated=mem.allocated(), used=total - free,
+               planned=b.usable - b.activations, activations=b.activations,
+               graphs_planned=b.graph_pools,
+               graphs=mem.reserved() - b.weights - b.draft - b.buffers - plan.kv_bytes)
+    log.info("memory after start-up: %.2f GiB in use on the device, %.2f GiB planned before "
+             "the activations peak (%.2f GiB); CUDA graphs and buffers made since the "
+             "profile %.2f GiB (planned %.2f GiB)", out["used"] / GIB, out["planned"] / GIB,
+             b.activations / GIB, out["graphs"] / GIB, b.graph_pools / GIB)
+    if out["used"] + b.activations > total:
+        log.warning("the largest step may not fit beside what start-up left: pass a smaller "
+                    "--gpu-memory-utilization")
+    return out
