@@ -84,10 +84,11 @@ class Engine:
             from gearshift.speculative.runner import SpecRunner
 
             self.spec = SpecRunner(config, self.runner, self.builder, self.feed)
+        profile = None
         if self.runner.kv_provisional:  # GPU: the largest steps' peak sizes the KV cache
-            from gearshift.engine.memory_profile import profile_and_size
+            from gearshift.engine.memory_profile import profile_steps
 
-            profile_and_size(self)  # new self.slots, self.max_model_len
+            profile = profile_steps(self)
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
         if self.spec is not None:
             from gearshift.engine.cost_profile import build_cost_model
@@ -111,6 +112,11 @@ class Engine:
         self._emit = None  # step()'s early-output callback
         self.step_stats = StepStats()
         self.measured_costs: dict | None = None  # {gear: [[bs, ms]]}: the warm-up's step times
+        if profile is not None:  # every graph captured once, then the cache sized and moved
+            from gearshift.engine.memory_profile import size_kv
+
+            size_kv(self, profile)
+            self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
         if self.spec is not None and config.spec_warmup and policy.drafts and self.leads:
             from gearshift.engine.warmup import warm_up_engine
 
@@ -124,6 +130,16 @@ class Engine:
         self.watch = ServingWatch().start(self.runner)  # graphs / kernels the warm-up missed
         if config.step_trace:  # after the warm-up: its steps are not the run's
             self.step_stats.trace = StepTrace(config.step_trace, self.spec, self.watch)
+
+    def resize_kv(self, num_slots: int) -> None:
+        """Move to a KV cache of `num_slots` slots (the start-up memory profile; no request
+        in flight, no graph captured): the target's and the draft's caches, the slot pool
+        and the context limit."""
+        self.runner.resize_kv(num_slots)
+        if self.spec is not None:
+            self.spec.proposer.resize_slots(num_slots)
+        self.slots.reset(num_slots)
+        self.max_model_len = self.scheduler.max_model_len = self.runner.max_model_len
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids: list[int],

@@ -1,25 +1,26 @@
-"""Start-up memory profile (GPU, without kv_cache_tokens): the largest steps the engine
-can plan run on a small provisional KV cache, before the real one exists; their peak, the
-CUDA graphs' memory and what lies outside PyTorch then size the cache from
+"""Start-up memory profile (GPU, without kv_cache_tokens): the engine is built on a small
+provisional KV cache; the largest steps it can plan and every CUDA graph it will capture
+run on that cache first, and what they took sizes the real cache from
 gpu_memory_utilization x the card's memory (runner/memory_plan.py).
 
-    ModelRunner (weights, provisional cache of profile_slots) -> SpecRunner (draft) ->
-    profile_and_size(engine):
-        eagerly: max_num_seqs requests whose prompts fill one prefill budget: the prefill
-                 step (the draft's pass over it included), then with speculation the tree
-                 (draft_topk > 1) and the deepest chain, then a plain decode step; with
-                 speculation the same sampled, then nucleus (prefill, tree, chain)
-        -> activations: the peak above everything resident before the first step
-        on graphs: the decode / extend graphs captured, the same steps again (their VERIFY,
-                 draft and draft-extend graphs), the tree at the largest batch whose pass
-                 is graphed -> graph pools: the reserved memory they added, x GRAPH_MARGIN;
-                 then every graph dropped
-        -> MemoryBudget -> plan_kv_slots -> the target's and the draft's cache reallocated,
-           a fresh SlotPool; the start-up line says where the memory went
+    ModelRunner (weights, provisional cache) -> SpecRunner (draft) ->
+    profile_steps(engine), eagerly, before any graph:
+        max_num_seqs requests whose prompts fill one prefill budget: the prefill step (the
+        draft's pass over it included), then with speculation the tree (draft_topk > 1)
+        and the deepest chain, then a plain decode step; with speculation the same
+        sampled, then nucleus  -> activations: the peak above everything resident
+    -> the engine captures its DECODE / EXTEND graphs, builds its scheduler ->
+    size_kv(engine, profile): the capture pass: with speculation the warm-up's every shape
+        (capture only, engine/warmup.py) -> graph pools (the reserved memory they keep)
+        and the pass's peak of reserved memory (pools, eager steps and the allocator's
+        fragmentation together: what the real warm-up will need); every graph dropped
+        -> MemoryBudget -> plan_kv_slots -> Engine.resize_kv (the target's and the draft's
+           caches, the slot pool); the start-up line says where the memory went
     -> Engine goes on: graphs captured on the real cache, the speculation warm-up;
        after_start(engine): what the device holds then, against the plan.
 
-Data flow: Engine.__init__ -> profile_and_size(engine) -> runner.resize_kv, engine.slots.
+The capture pass costs start-up a second run of the graph captures; measuring only the
+largest shapes missed what the warm-up's many smaller ones keep in the shared pool.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -39,19 +41,16 @@ from gearshift.runner.memory_plan import (
     MemoryBudget,
     generated_tokens,
     plan_kv_slots,
+    profile_slots,
     prompt_len,
+    provisional_slots,
 )
 from gearshift.runner.penalties import TokenCounts
-from gearshift.scheduler.kv_pool import SlotPool
 from gearshift.scheduler.plan import StepPlan, StepResult
-from gearshift.scheduler.prefix_cache import PrefixCache
 from gearshift.scheduler.scheduler import Scheduler
 
 log = logging.getLogger("gearshift.runner")
 
-# the warm-up's smaller shapes beyond the largest ones the profile captures (their own
-# outputs and static inputs; their intermediates reuse the pool)
-GRAPH_MARGIN = 1.25
 # sampled sets: the draft expansions and verification of sampled requests (as warmup.py)
 SAMPLED = {"sampled": dict(temperature=1.0, seed=0),
            "nucleus": dict(temperature=1.0, top_p=0.95, seed=0)}
@@ -80,6 +79,9 @@ class CudaMemory:
 
     def peak(self) -> int:
         return torch.cuda.max_memory_allocated(self.device)
+
+    def peak_reserved(self) -> int:
+        return torch.cuda.max_memory_reserved(self.device)
 
     def free_total(self) -> tuple[int, int]:
         return torch.cuda.mem_get_info(self.device)
@@ -181,61 +183,114 @@ def _draft_bytes(engine) -> int:
     return sum(seen.values())
 
 
-def _resize(engine, num_slots: int) -> None:
-    engine.runner.resize_kv(num_slots)
-    if engine.spec is not None:
-        engine.spec.proposer.resize_slots(num_slots)
+@dataclass
+class StepProfile:
+    """The eager pass's measurements (profile_steps), for size_kv."""
+
+    mem: CudaMemory
+    resident: int  # allocated before the profile's steps (weights, caches, buffers)
+    activations: int  # the largest step's peak above `resident`
+    before_graphs: int  # reserved once the eager pass settled: the capture pass's base
+    saved: tuple  # the runner's step counts, the acceptance counters (restored after)
 
 
-def profile_and_size(engine, mem: CudaMemory | None = None) -> KvPlan:
-    """Profile, size and allocate the KV cache (module doc); -> the plan, also kept as
-    runner.memory_plan and logged."""
-    runner, cfg, spec = engine.runner, engine.config, engine.spec
+def _scheduler(engine) -> Scheduler:
+    """A scheduler of the profile's own over the engine's pools (its steps are no run's)."""
+    cfg, spec = engine.config, engine.spec
+    return Scheduler(engine.slots, engine.rows, max_num_seqs=cfg.max_num_seqs,
+                     max_num_batched_tokens=cfg.max_num_batched_tokens,
+                     max_model_len=engine.runner.max_model_len,
+                     speculation=spec.speculation() if spec is not None else None,
+                     policy=AlwaysPolicy(0) if spec is not None else None)
+
+
+def profile_steps(engine, mem: CudaMemory | None = None) -> StepProfile:
+    """The eager pass (module doc) on the provisional cache, before any graph exists;
+    the peak counters are then reset for the capture pass."""
+    runner, spec = engine.runner, engine.spec
     mem = mem or CudaMemory(runner.device)
-    provisional = runner.num_slots
     saved = (runner.step_counts.copy(), spec.acceptance.counters() if spec else None)
     if spec is not None:  # the target's features for the draft, as once graphs exist
         runner.capture = spec.capture
-    speculation = spec.speculation() if spec is not None else None
-    sched = Scheduler(engine.slots, engine.rows, max_num_seqs=cfg.max_num_seqs,
-                      max_num_batched_tokens=cfg.max_num_batched_tokens,
-                      max_model_len=runner.max_model_len, speculation=speculation,
-                      policy=AlwaysPolicy(0) if spec is not None else None)
+    sched = _scheduler(engine)
     mem.settle()
     resident = mem.allocated()
     mem.reset_peak()
     top, _ = run_largest_steps(engine, sched, mem)  # (inference mode: as Engine.step)
     mem.settle()
     activations = max(top, mem.peak()) - resident
-    graph_pools = _graph_pools(engine, sched, mem)
+    before_graphs = mem.reserved()
+    mem.reset_peak()
+    return StepProfile(mem, resident, activations, before_graphs, saved)
+
+
+def _capture_pass(engine, profile: StepProfile) -> tuple[int, int]:
+    """Every graph the engine will capture, on the provisional cache: the DECODE / EXTEND
+    graphs (already captured by the engine), then with speculation the warm-up's every
+    shape, capture only. -> (graph pools: the reserved memory they keep, the pass's peak
+    of reserved memory: pools, eager steps and the allocator's fragmentation at once),
+    both above the eager pass's settled state; the graphs are dropped."""
+    from gearshift.engine.warmup import warm_up_speculation
+
+    mem, runner, spec = profile.mem, engine.runner, engine.spec
+    if spec is not None and runner.tp is None:
+        warm_up_speculation(engine, repeats=0, measure=False)
+    elif spec is not None:  # ranks step in lockstep only on their own identical plans here
+        sched = _scheduler(engine)
+        run_largest_steps(engine, sched, mem)
+        limit, nodes = runner.max_verify_graph_tokens, spec.nodes(engine.config.num_draft_tokens,
+                                                                  spec.topk)
+        graphed = [s for s in runner.graphs.graphs if s * nodes <= limit]
+        if spec.topk > 1 and engine.config.max_num_seqs * nodes > limit and graphed:
+            run_largest_steps(engine, sched, mem, max(graphed), _gears(engine)[:1])
+    peak = max(mem.peak_reserved(), mem.reserved()) - profile.before_graphs
+    mem.settle()
+    pools = max(mem.reserved() - profile.before_graphs, 0)
+    runner.drop_graphs()
+    mem.settle()
+    kept = mem.reserved() - profile.before_graphs  # the decode workspace stays
+    if kept > max(pools // 4, 256 * 2**20):
+        log.warning("memory profile: %.2f GiB of the %.2f GiB the CUDA graphs took stayed "
+                    "reserved after they were dropped", kept / GIB, pools / GIB)
+    return pools, max(peak, pools)
+
+
+def size_kv(engine, profile: StepProfile) -> KvPlan:
+    """After the engine is built on the provisional cache (graphs captured, scheduler
+    made): the capture pass, then the KV cache sized (module doc), reallocated and
+    adopted by the engine; its graphs are captured again by the caller. -> the plan, also
+    kept as runner.memory_plan and logged."""
+    runner, cfg, spec, mem = engine.runner, engine.config, engine.spec, profile.mem
+    graph_pools = warmup_peak = 0
+    if runner.graphs is not None:
+        graph_pools, warmup_peak = _capture_pass(engine, profile)
     mem.settle()
     free, total = mem.free_total()
     outside = max(total - free - mem.reserved(), 0)
     held = mem.allocated()
-    _resize(engine, 0)
+    engine.resize_kv(0)
     mem.settle()
     kv_bytes = held - mem.allocated()
     weights, draft = runner.weights_bytes, _draft_bytes(engine)
-    buffers = resident - kv_bytes - weights - draft
+    buffers = profile.resident - kv_bytes - weights - draft
     if runner._counts is None:  # penalties' counts: made at the first penalised request
         buffers += TokenCounts.nbytes(cfg.max_num_seqs + 1, engine.model_config.vocab_size)
+    provisional = provisional_slots(cfg, runner.max_positions)
     budget = MemoryBudget(
         total=total, utilization=cfg.gpu_memory_utilization, weights=weights, draft=draft,
-        buffers=max(buffers, 0), activations=activations, graph_pools=graph_pools,
-        outside_torch=outside, bytes_per_slot=math.ceil(kv_bytes / provisional),
-        min_slots=provisional)
+        buffers=max(buffers, 0), activations=profile.activations, graph_pools=graph_pools,
+        warmup_peak=warmup_peak, outside_torch=outside,
+        bytes_per_slot=math.ceil(kv_bytes / provisional),
+        min_slots=profile_slots(cfg, runner.max_positions))
     plan = plan_kv_slots(budget)
     slots = plan.slots if runner.tp is None else runner.tp.comm.min_int(plan.slots)
     if slots != plan.slots:
         plan = KvPlan(budget, slots)
-    _resize(engine, slots)
-    engine.slots = engine.builder.slots = SlotPool(
-        slots, PrefixCache() if cfg.enable_prefix_caching else None)
-    engine.max_model_len = runner.max_model_len
+    engine.resize_kv(slots)
     runner.step_counts.clear()
-    runner.step_counts.update(saved[0])
+    runner.step_counts.update(profile.saved[0])
     if spec is not None:
-        spec.acceptance.restore_counters(saved[1])
+        spec.acceptance.restore_counters(profile.saved[1])
     runner.memory_plan = plan
     log.info("%s", plan.describe())
     return plan
@@ -244,37 +299,6 @@ def profile_and_size(engine, mem: CudaMemory | None = None) -> KvPlan:
 def captures_graphs(config) -> bool:
     """Whether the runner captures CUDA graphs (ModelRunner.prepare_hot_path)."""
     return config.use_cuda_graphs and config.attention_backend == "triton"
-
-
-def _graph_pools(engine, sched: Scheduler, mem: CudaMemory) -> int:
-    """The CUDA graphs' memory, measured on the provisional cache: the decode / extend
-    graphs captured, then with speculation the profile's steps again on graphs (VERIFY,
-    draft expansion and draft-extend shapes of the largest batch; the tree at the largest
-    batch its pass is graphed for), then all dropped. -> the reserved memory they added
-    (private pools, the outputs each graph owns, static inputs) x GRAPH_MARGIN: the
-    warm-up captures the smaller shapes too, mostly within the same pool."""
-    runner, spec, cfg = engine.runner, engine.spec, engine.config
-    if not captures_graphs(cfg):
-        return 0
-    mem.settle()
-    before = mem.reserved()
-    runner.prepare_hot_path(spec.capture if spec is not None else ())
-    if spec is not None and runner.shape_graphs is not None:
-        sched.speculation = spec.speculation()  # as planned on graphs (no riders)
-        run_largest_steps(engine, sched, mem)
-        limit, nodes = runner.max_verify_graph_tokens, spec.nodes(cfg.num_draft_tokens, spec.topk)
-        graphed = [s for s in runner.graphs.graphs if s * nodes <= limit]
-        if spec.topk > 1 and cfg.max_num_seqs * nodes > limit and graphed:
-            run_largest_steps(engine, sched, mem, max(graphed), _gears(engine)[:1])
-    mem.settle()
-    used = mem.reserved() - before
-    runner.drop_graphs()
-    mem.settle()
-    kept = mem.reserved() - before  # the decode workspace stays; graphs' memory goes back
-    if kept > max(used // 4, 256 * 2**20):
-        log.warning("memory profile: %.2f GiB of the %.2f GiB the CUDA graphs took stayed "
-                    "reserved after they were dropped", kept / GIB, used / GIB)
-    return int(used * GRAPH_MARGIN)
 
 
 def after_start(engine) -> dict | None:

@@ -47,10 +47,11 @@ from gearshift.policy.base import Policy, PolicyView
 from gearshift.policy.static import AlwaysPolicy
 from gearshift.progress import progress
 from gearshift.request import SamplingParams
+from gearshift.runner.memory_plan import WARMUP_PROMPT_LEN as PROMPT_LEN
+from gearshift.runner.memory_plan import warmup_generated
 
 log = logging.getLogger("gearshift.speculative")
 
-PROMPT_LEN = 4
 
 
 def _step_ms(engine, k: int, first: bool) -> float | None:
@@ -159,21 +160,19 @@ def warm_up_engine(engine, priced: bool) -> dict:
 
 
 def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3,
-                        capture: bool = True) -> dict:
+                        capture: bool = True, measure: bool = True) -> dict:
     """Run the warm-up (see module doc); -> {gear: [[bs, median ms], ...]} measured.
-    `capture=False` (no graphs to capture: a CPU): the timed steps alone."""
+    `capture=False` (no graphs to capture: a CPU): the timed steps alone. `measure=False`
+    (the start-up memory profile's capture pass, with repeats=0): every shape once, the
+    policy's costs untouched."""
     spec, sched = engine.spec, engine.scheduler
     num_draft = engine.config.num_draft_tokens  # the configured draft depth
     tree = spec.topk > 1  # gear num_draft + 1: the tree; chains by AlwaysPolicy(K, topk=1)
     if sizes is None:
         graphs = engine.runner.graphs
         sizes = sorted(graphs.graphs) if graphs is not None else []
-    # tokens a request commits: prefill's one, repeats + 1 steps of K + 1 at most per K > 0,
-    # repeats + 2 plain steps, 2 untimed steps at max K; plus one VERIFY step's node and
-    # scratch slots
-    generated = 1 + sum(n * (k + 1) for k, n in
-                        [*((k, repeats + 1) for k in range(1, num_draft + 1 + tree)),
-                         (0, repeats + 2), (num_draft, 2 + num_draft * (num_draft + 1) // 2)])
+    # tokens a request commits, plus one VERIFY step's node and scratch slots
+    generated = warmup_generated(num_draft, tree, repeats)
     per_request = PROMPT_LEN + generated + spec.slots_needed(num_draft, spec.topk)
     sizes = [s for s in sizes if s <= engine.config.max_num_seqs
              and s * per_request <= engine.slots.num_free]
@@ -242,6 +241,11 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
             engine.set_policy(saved_policy)
             engine.reset_prefix_cache()  # its dummy prompts are nobody's prefix
             engine.restore_counters(saved_counters)
+    if not measure:
+        log.info("memory profile: %d batch sizes x K 0..%d%s captured in %.1fs (%d graphs)",
+                 len(sizes), num_draft, " + tree" if tree else "", time.perf_counter() - t0,
+                 engine._num_graphs())
+        return {}
     measured = {k: sorted(pts) for k, pts in measured.items() if pts}
     engine.measured_costs = measured
     apply_measured(sched.policy, measured)

@@ -4,7 +4,9 @@
     ├── gpu_memory_utilization x total: what the engine may use
     │     weights (target) + draft (its weights) + buffers (tables, workspaces, scratch)
     │     + activations (the profiled peak of the largest steps, above everything resident)
-    │     + graph pools (CUDA graphs' private memory: measured capture + an allowance)
+    │     + graph pools (CUDA graphs' private memory, measured over every capture)
+    │       (or, if larger, the start-up's capture pass peak: pools, eager steps and the
+    │        allocator's fragmentation at once, instead of activations + graph pools)
     │     + outside PyTorch (CUDA context, libraries, other processes)
     │     + KV cache (slots x bytes per slot: target K/V, the draft's K/V, EAGLE-3 features)
     └── headroom: the rest (the allocator's slack, fragmentation)
@@ -34,6 +36,7 @@ class MemoryBudget:
     buffers: int  # other resident tensors: req_to_token, workspaces, penalty counts, ...
     activations: int  # the largest profiled step's peak above everything resident
     graph_pools: int  # CUDA graphs' private pools (0 without graphs)
+    warmup_peak: int  # the capture pass's peak of reserved memory above the eager state
     outside_torch: int  # device memory PyTorch's allocator does not hold
     bytes_per_slot: int  # target K/V + the draft's K/V + EAGLE-3's stored features
     min_slots: int  # the fewest slots the largest planned step needs
@@ -45,8 +48,8 @@ class MemoryBudget:
     @property
     def before_kv(self) -> int:
         """Everything but the KV cache."""
-        return (self.weights + self.draft + self.buffers + self.activations + self.graph_pools
-                + self.outside_torch)
+        return (self.weights + self.draft + self.buffers + self.outside_torch
+                + max(self.activations + self.graph_pools, self.warmup_peak))
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class KvPlan:
         b = self.budget
         parts = [("weights", b.weights), ("draft", b.draft), ("buffers", b.buffers),
                  ("activations peak", b.activations), ("graph pools", b.graph_pools),
+                 ("capture pass peak", b.warmup_peak),
                  ("outside PyTorch", b.outside_torch)]
         items = ", ".join(f"{name} {n / GIB:.2f} GiB" for name, n in parts
                           if n or name == "weights")
@@ -92,7 +96,8 @@ def plan_kv_slots(budget: MemoryBudget) -> KvPlan:
             f"(gpu_memory_utilization {b.utilization:g} x {b.total / GIB:.1f} GiB), "
             f"{b.before_kv / GIB:.1f} GiB go to weights {b.weights / GIB:.1f}, draft "
             f"{b.draft / GIB:.1f}, buffers {b.buffers / GIB:.1f}, activations peak "
-            f"{b.activations / GIB:.1f}, graph pools {b.graph_pools / GIB:.1f} and memory "
+            f"{b.activations / GIB:.1f}, graph pools {b.graph_pools / GIB:.1f} (the capture "
+            f"pass's peak {b.warmup_peak / GIB:.1f}) and memory "
             f"outside PyTorch {b.outside_torch / GIB:.1f}, leaving "
             f"{max(left, 0) / GIB:.2f} GiB for the KV cache, which needs at least "
             f"{need / GIB:.2f} GiB ({b.min_slots:,} slots) for the largest step; pass a "
@@ -125,6 +130,30 @@ def _step_slots(config: EngineConfig) -> int:
 
 
 def profile_slots(config: EngineConfig, max_positions: int) -> int:
-    """The provisional cache: what the profile's requests hold at once (one set at a time)."""
+    """What the profile's requests hold at once (one set at a time): the largest step."""
     per_request = prompt_len(config, max_positions) + generated_tokens(config) + _step_slots(config)
     return config.max_num_seqs * (per_request + 2) + 16
+
+
+# the speculation warm-up's dummy prompts (engine/warmup.py)
+WARMUP_PROMPT_LEN = 4
+
+
+def warmup_generated(num_draft: int, tree: bool, repeats: int) -> int:
+    """Tokens a speculation warm-up request commits: prefill's one, repeats + 1 steps of
+    K + 1 at most per K > 0, repeats + 2 plain steps, 2 untimed steps at max K and the
+    mixed-K steps."""
+    return 1 + sum(n * (k + 1) for k, n in
+                   [*((k, repeats + 1) for k in range(1, num_draft + 1 + tree)),
+                    (0, repeats + 2), (num_draft, 2 + num_draft * (num_draft + 1) // 2)])
+
+
+def provisional_slots(config: EngineConfig, max_positions: int) -> int:
+    """The provisional cache: the largest step (profile_slots), and with speculation the
+    capture pass's warm-up at max_num_seqs requests."""
+    slots = profile_slots(config, max_positions)
+    if config.speculative:
+        per_request = (WARMUP_PROMPT_LEN + _step_slots(config)
+                       + warmup_generated(config.num_draft_tokens, config.draft_topk > 1, 0))
+        slots = max(slots, config.max_num_seqs * (per_request + 2) + 16)
+    return slots

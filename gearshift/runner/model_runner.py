@@ -31,7 +31,7 @@ from gearshift.runner.graphs import (
     pick_bucket,
 )
 from gearshift.runner.logprobs import LogprobPlan, prompt_logprobs, token_logprobs
-from gearshift.runner.memory_plan import profile_slots
+from gearshift.runner.memory_plan import provisional_slots
 from gearshift.runner.penalties import TokenCounts
 from gearshift.runner.sampler import SamplingBatch, sample
 from gearshift.runner.startup_checks import check_device, context_limit, set_cpu_threads
@@ -168,7 +168,7 @@ class ModelRunner:
             return self.config.kv_cache_tokens
         if not self.kv_provisional:
             return 16384
-        return profile_slots(self.config, self.max_positions)
+        return provisional_slots(self.config, self.max_positions)
 
     def resize_kv(self, num_slots: int) -> None:
         """Reallocate K and V for `num_slots` slots (contents dropped), in the KVCache every

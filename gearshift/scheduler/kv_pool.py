@@ -29,6 +29,13 @@ class SlotPool:
         self._free: list[int] = list(range(total, 0, -1))  # pop() hands out low ids first
         self.cache = cache  # PrefixCache | None
 
+    def reset(self, total: int) -> None:
+        """Every slot free, `total` of them (the KV cache was reallocated: nothing cached)."""
+        if self.cache is not None:
+            self.cache.clear()
+        self.total = total
+        self._free = list(range(total, 0, -1))
+
     @property
     def num_free(self) -> int:
         return len(self._free)

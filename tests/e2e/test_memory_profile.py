@@ -4,8 +4,8 @@ greedy and sampled, a full decode batch), sizes the cache from the fake budget, 
 the target's and the draft's caches and a fresh slot pool, and then serves exactly as an
 engine given that many slots.
 
-Data flow (tests only): LLM(kv_cache_tokens=None) -> Engine -> profile_and_size(engine,
-FakeMemory) -> KvPlan -> generate.
+Data flow (tests only): LLM(kv_cache_tokens=None) -> Engine -> profile_steps(engine,
+FakeMemory) -> size_kv -> KvPlan -> generate.
 """
 
 from __future__ import annotations
@@ -60,6 +60,9 @@ class FakeMemory:
     def peak(self) -> int:
         return self._peak
 
+    def peak_reserved(self) -> int:
+        return self.reserved()
+
     def free_total(self) -> tuple[int, int]:
         return self.total - self.reserved() - OUTSIDE, self.total
 
@@ -68,7 +71,7 @@ class FakeMemory:
 def profiled(monkeypatch):
     """LLM factory whose engines profile on the CPU with FakeMemory(total, activations)."""
     seen = {}
-    orig, steps = memory_profile.profile_and_size, memory_profile.run_largest_steps
+    orig, steps = memory_profile.profile_steps, memory_profile.run_largest_steps
 
     def factory(make_llm, model_dir, total, activations, **kw):
         def fake(engine, mem=None):
@@ -81,12 +84,12 @@ def profiled(monkeypatch):
 
         monkeypatch.setattr(ModelRunner, "_profiles_memory",
                             lambda self: self.config.kv_cache_tokens is None)
-        monkeypatch.setattr(memory_profile, "profile_and_size", fake)
+        monkeypatch.setattr(memory_profile, "profile_steps", fake)
         monkeypatch.setattr(memory_profile, "run_largest_steps", record)
         follow = DraftFollower.after_plain
 
         def after_plain(self, plan, aux):
-            if memory_profile.profile_and_size is fake and "mem" in seen and aux is not None:
+            if memory_profile.profile_steps is fake and "mem" in seen and aux is not None:
                 seen["mem"].prefill_features = True
             return follow(self, plan, aux)
 
@@ -128,6 +131,7 @@ def test_profile_sizes_the_caches_and_the_engine_serves_alike(make_llm, profiled
     assert mem.prefill_features  # the draft's pass over the prefill had the target's features
     b = plan.budget
     assert b.activations == 2**20 and b.outside_torch == OUTSIDE and b.graph_pools == 0
+    assert b.warmup_peak == 0  # no graphs: no capture pass
     assert b.min_slots == profile_slots(eng.config, eng.runner.max_positions)
     # one slot: the target's K/V (2 layers) + the head's K/V + its stored features, fp32
     cfg, head = eng.model_config, eng.spec.proposer.head.config
@@ -182,40 +186,48 @@ def test_plain_engines_profile_too(make_llm, profiled, tiny_llama_dir):
 class _DecodeGraphs:
     """runner.graphs' sizes, replaying nothing (steps run eagerly at the padded size)."""
 
-    graphs = {1: None, 2: None, 4: None, 8: None}
+    graphs = {1: None, 2: None, 4: None, 6: None}  # up to max_num_seqs, as captured
 
     def can_run(self, fb) -> bool:
         return False
 
 
-def test_graph_pools_are_measured_on_graphs_then_dropped(make_llm, profiled, monkeypatch,
-                                                          tiny_llama_dir, head_dir):
-    """With graphs (stood in for on the CPU): the profile's steps run again on them, the
-    tree at the largest batch whose pass is graphed; the memory reserved meanwhile (here
-    64 MiB) x GRAPH_MARGIN is the graph pools' share, and the graphs are gone before the
-    cache moves."""
+def test_graph_pools_are_measured_over_every_capture_then_dropped(
+        make_llm, profiled, monkeypatch, tiny_llama_dir, head_dir):
+    """With graphs (stood in for on the CPU): the capture pass runs the speculation
+    warm-up's every shape once (even with the warm-up itself off), leaving the policy's
+    costs alone; the memory the graphs keep (here 64 MiB) is the graph pools' share, the
+    pass's peak (96 MiB: eager steps and fragmentation beside them) counts where it is
+    larger than activations + pools, and the graphs are gone before the cache moves."""
     installed = []
 
     def hot_path(runner, capture=()):
         runner.shape_graphs, runner.graphs = EagerGraphs(), _DecodeGraphs()
-        runner.decode_pad = lambda bs: 1 << (bs - 1).bit_length()
+        runner.decode_pad = lambda bs: min(s for s in _DecodeGraphs.graphs if s >= bs)
         installed.append(runner.shape_graphs)
 
+    graphs = lambda self: self.engine.runner.shape_graphs is not None  # noqa: E731
     monkeypatch.setattr(memory_profile, "captures_graphs", lambda config: True)
     monkeypatch.setattr(ModelRunner, "prepare_hot_path", hot_path)
-    monkeypatch.setattr(FakeMemory, "reserved", lambda self: self.allocated() + (
-        64 * 2**20 if self.engine.runner.shape_graphs is not None else 0))
-    # 6 requests x 8 tree nodes = 48 tokens: past 32, so the graphed tree runs at 4 requests
+    monkeypatch.setattr(FakeMemory, "reserved",
+                        lambda self: self.allocated() + (64 * 2**20 if graphs(self) else 0))
+    monkeypatch.setattr(FakeMemory, "peak_reserved",
+                        lambda self: self.reserved() + (32 * 2**20 if graphs(self) else 0))
     opts = {**_tree(head_dir), "max_num_batched_tokens": 32, "extend_graph_max_tokens": 32,
-            "spec_warmup": False}
+            "spec_warmup": False, "spec_policy": "goodput"}
     llm, mem = profiled(make_llm, tiny_llama_dir, total=GIB, activations=2**20, **opts)
-    b = llm.engine.runner.memory_plan.budget
-    assert b.graph_pools == int(64 * 2**20 * memory_profile.GRAPH_MARGIN)
-    profile_graphs = installed[0]
-    keys = [str(k) for k in profile_graphs.entries]  # the shapes that ran on the stand-in
+    eng = llm.engine
+    b = eng.runner.memory_plan.budget
+    assert b.graph_pools == 64 * 2**20 and b.warmup_peak == 96 * 2**20
+    assert b.before_kv == b.weights + b.draft + b.buffers + b.outside_torch + 96 * 2**20
+    keys = [str(k) for k in installed[0].entries]  # the shapes that ran on the stand-in
     for shape in ("verify-tree", "verify-greedy", "'expand'", "draft_extend"):
         assert any(shape in k for k in keys), shape
-    # the last pass: the graphed tree at 4 requests (4 x 8 nodes), greedy, sampled, nucleus
-    assert [t for t, _ in mem.verify] == [32] * 3
-    assert len(installed) == 2  # the profile's, then the engine's on the real cache
-    assert llm.engine.slots.total == llm.engine.runner.memory_plan.slots
+    assert [t for t, _ in mem.verify] == [48, 24] * 3  # the largest steps: the eager pass only
+    assert len(installed) == 2  # the capture pass's graphs, then the engine's on the real cache
+    assert eng.slots.total == eng.runner.memory_plan.slots == eng.slots.num_free
+    assert eng.measured_costs is None  # capture only: no step was priced
+    assert not eng.runner.step_counts and eng.spec_stats()["proposed"] == 0
+    got = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    ref = make_llm(tiny_llama_dir, **{**_tree(head_dir), "kv_cache_tokens": eng.slots.total})
+    assert got == [o.token_ids for o in ref.generate(PROMPTS, GREEDY)]

@@ -20,6 +20,8 @@ from gearshift.runner.memory_plan import (
     plan_kv_slots,
     profile_slots,
     prompt_len,
+    provisional_slots,
+    warmup_generated,
 )
 
 SLOT = 128 * 1024 + 12 * 1024  # an 8B target's K/V + an EAGLE-3 layer + its features, bf16
@@ -27,7 +29,7 @@ SLOT = 128 * 1024 + 12 * 1024  # an 8B target's K/V + an EAGLE-3 layer + its fea
 
 def _budget(**kw) -> MemoryBudget:
     base = dict(total=80 * GIB, utilization=0.9, weights=15 * GIB, draft=GIB, buffers=GIB // 2,
-                activations=9 * GIB, graph_pools=3 * GIB, outside_torch=GIB,
+                activations=9 * GIB, graph_pools=3 * GIB, warmup_peak=0, outside_torch=GIB,
                 bytes_per_slot=SLOT, min_slots=30_000)
     return MemoryBudget(**{**base, **kw})
 
@@ -50,6 +52,16 @@ def test_the_cache_shrinks_as_the_profiled_peak_grows():
     # graph pools and memory outside PyTorch count the same way
     assert plan_kv_slots(_budget(activations=4 * GIB, graph_pools=11 * GIB)).slots == large
     assert plan_kv_slots(_budget(activations=4 * GIB, outside_torch=9 * GIB)).slots == large
+
+
+def test_a_capture_pass_peak_above_activations_and_pools_takes_their_place():
+    """The warm-up's captures peaked higher (eager steps and fragmentation beside the pools)
+    than the largest step's activations plus the pools that stay: the peak counts instead."""
+    base = plan_kv_slots(_budget()).slots  # activations 9 + graph pools 3
+    assert plan_kv_slots(_budget(warmup_peak=10 * GIB)).slots == base  # below 12: no change
+    assert plan_kv_slots(_budget(warmup_peak=20 * GIB)).slots == plan_kv_slots(
+        _budget(activations=17 * GIB)).slots
+    assert "capture pass peak 20.00" in plan_kv_slots(_budget(warmup_peak=20 * GIB)).describe()
 
 
 def test_a_lower_utilization_gives_a_smaller_cache():
@@ -92,6 +104,10 @@ def test_the_provisional_cache_holds_the_profiles_requests():
     plain = dataclasses.replace(cfg, speculative_algorithm=None, draft_topk=1,
                                 num_verify_tokens=None)
     assert profile_slots(plain, 8192) < profile_slots(cfg, 8192)
+    # the provisional cache also holds the capture pass's warm-up at max_num_seqs requests
+    warm = 4 + generated_tokens(cfg) + warmup_generated(4, True, 0)
+    assert provisional_slots(cfg, 8192) >= max(profile_slots(cfg, 8192), 256 * warm)
+    assert provisional_slots(plain, 8192) == profile_slots(plain, 8192)
     # a short context caps the prompts below its limit
     assert prompt_len(dataclasses.replace(cfg, max_num_seqs=1), 64) + generated_tokens(cfg) < 64
 
