@@ -311,7 +311,8 @@ def add_args(p) -> None:
     p.add_argument("--workload", choices=["uniform", "mixed", "transition"], default="uniform",
                    help="uniform: every request at --temperature; mixed: --greedy-fraction "
                         "greedy, the rest sampled at --sampled-temperature (acceptance then "
-                        "differs per request); transition: code, then random words, then code "
+                        "differs per request); transition: code, then random words "
+                        "sampled at --sampled-temperature, then code "
                         "(gearshift/bench/transition.py)")
     p.add_argument("--criteria", choices=["auto", "on", "off"], default="auto",
                    help="judge the criteria (PASS / FAIL, exit 1 on a FAIL): auto = on a GPU "
@@ -319,7 +320,8 @@ def add_args(p) -> None:
     p.add_argument("--greedy-fraction", type=_fraction, default=0.5,
                    help="mixed workload: share of greedy requests")
     p.add_argument("--sampled-temperature", type=_non_negative, default=1.2,
-                   help="mixed workload: temperature of the sampled requests")
+                   help="mixed workload: temperature of the sampled requests; transition: "
+                        "of the random-words phase")
     p.add_argument("--policies", type=_policy_list, default=[*CHAIN_POLICIES, "tree"],
                    help="comma-separated, of: " + ", ".join([*CHAIN_POLICIES, "tree"])
                    + " (the default), " + ", ".join(OPTIONAL_POLICIES))

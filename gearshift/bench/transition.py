@@ -2,9 +2,11 @@
 the traffic changes? One closed loop per concurrency and policy runs three phases back to
 back, with nothing reset between them (the policy keeps what it learned):
 
-    code      held-out corpus windows (the draft's domain: high acceptance)
-    words     random English words (drafts mostly rejected: plain decode is best)
-    code      other corpus windows (speculation pays again)
+    code      held-out corpus windows, greedy (the draft's domain: high acceptance)
+    words     random English words sampled at --sampled-temperature (drafts mostly
+              rejected: plain decode is best; greedy text on them falls into loops the
+              draft predicts well, so the phase samples)
+    code      other corpus windows, greedy (speculation pays again)
 
 Each phase is timed on its own; per phase, goodput's tok/s is set against the best fixed
 policy of that phase (criterion on the GPU bench pair: >= 0.95 in every phase). Passes
@@ -44,11 +46,13 @@ def phase_prompts(code: list[list[int]], words: list[list[int]], n: int, i: int)
     return [a, words[i * n:(i + 1) * n], b]
 
 
-def run_transition(engine, phases: list[list[list[int]]], c: int, output_len: int) -> list[dict]:
+def run_transition(engine, phases: list[list[list[int]]], c: int, output_len: int,
+                   words_temperature: float) -> list[dict]:
     """The phases back to back on the engine's current policy; only the first is warmed up
     (a later phase must meet its change of traffic cold)."""
-    return [run_point(engine, prompts, c, output_len, warm=i == 0)
-            for i, prompts in enumerate(phases)]
+    temps = (0.0, words_temperature, 0.0)
+    return [run_point(engine, prompts, c, output_len, temperature=t, warm=i == 0)
+            for i, (prompts, t) in enumerate(zip(phases, temps))]
 
 
 def transition_sweep(engine, policies: dict, code: list, words: list, n_of, args, bar,
@@ -65,7 +69,7 @@ def transition_sweep(engine, policies: dict, code: list, words: list, n_of, args
             for name in order:
                 engine.set_policy(policies[name])
                 parts[name].append(run_transition(engine, phase_prompts(code, words, n, i), c,
-                                                  args.output_len))
+                                                  args.output_len, args.sampled_temperature))
                 bar.update(1 / args.passes)
         for name in names:
             phases = [merge_passes([p[j] for p in parts[name]]) for j in range(len(PHASES))]

@@ -34,9 +34,11 @@ def _args(pair, tmp_path, *extra):
 
 def test_the_transition_workload_times_three_phases_warming_only_the_first(
         pair, tmp_path, capsys, monkeypatch):
-    warmed = []
-    real = point_mod.warm_up
+    warmed, temps = [], []
+    real, point = point_mod.warm_up, transition.run_point
     monkeypatch.setattr(point_mod, "warm_up", lambda *a, **k: warmed.append(1) or real(*a, **k))
+    monkeypatch.setattr(transition, "run_point",
+                        lambda *a, **k: temps.append(k["temperature"]) or point(*a, **k))
     rc = main(_args(pair, tmp_path, "--workload", "transition", "--passes", "1",
                     "--policies", "goodput,off,always-2"))
     assert rc == 0 and (tmp_path / "s.png").stat().st_size > 0
@@ -47,6 +49,7 @@ def test_the_transition_workload_times_three_phases_warming_only_the_first(
         assert all(len(r["phases"]) == 3 and all(p["output_tok_per_s"] > 0 for p in r["phases"])
                    for r in rows)
     assert len(warmed) == 3 * 2  # policies x concurrencies: the first phase of each loop only
+    assert temps == [0.0, 1.2, 0.0] * 3 * 2  # the words sampled (--sampled-temperature)
     printed = capsys.readouterr().out
     assert "| 1 | 2: words |" in printed and "| 2 | 3: code |" in printed
     assert "(not judged here)" in printed and "FAIL" not in printed  # a CPU: no verdict
