@@ -24,7 +24,7 @@ class PolicyView:
     # drafts, accepted + rejections), EMA; the policy's prior for a request with little
     # evidence of its own. None: not measured
     population: tuple[float, float] | None = None
-    topk: int = 1  # the engine's tree width (draft_topk): > 1 = a step may verify draft trees
+    topk: int = 1  # the engine's tree width (tree_width): > 1 = a step may verify draft trees
     tree_population: tuple[float, float] | None = None  # the same evidence from tree steps
     # the draft keeps per-request state (KV) that plain steps leave behind: a request's
     # next VERIFY step first catches it up over num_computed_tokens - draft_rows rows

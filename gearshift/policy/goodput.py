@@ -1,6 +1,6 @@
 """`goodput` (the default policy): pick the gear that maximises expected committed tokens
 per second for this step. Gears: 0 = plain decode, K = 1..num_draft_tokens = chains of K
-drafts, and, when the engine verifies trees (draft_topk > 1), num_draft_tokens + 1 = one
+drafts, and, when the engine verifies trees (tree_width > 1), num_draft_tokens + 1 = one
 draft tree of that depth per request. Scores per gear: policy/scoring.py; the steps that run
 another gear to keep its price measured: policy/exploration.py.
 

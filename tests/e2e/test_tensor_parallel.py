@@ -81,9 +81,9 @@ def draft_dir(tmp_path_factory):
 
 
 SPEC = {"eagle3-chain": dict(num_draft_tokens=3),
-        "eagle3-tree": dict(num_draft_tokens=3, draft_topk=3, num_verify_tokens=8),
-        "draft-model-tree": dict(speculative_algorithm="draft", num_draft_tokens=3, draft_topk=2,
-                                 num_verify_tokens=6)}
+        "eagle3-tree": dict(num_draft_tokens=3, tree_width=3, tree_budget=8),
+        "draft-model-tree": dict(speculative_algorithm="draft", num_draft_tokens=3, tree_width=2,
+                                 tree_budget=6)}
 
 
 @pytest.mark.parametrize("variant", list(SPEC))
