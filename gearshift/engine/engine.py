@@ -36,6 +36,7 @@ from gearshift.forward_batch import ForwardMode
 from gearshift.models.default import is_default_target
 from gearshift.models.loader import resolve_model_config
 from gearshift.models.parallel import TensorParallel
+from gearshift.policy.base import Policy
 from gearshift.request import Request, SamplingParams, SamplingParamsError
 from gearshift.runner.batch import BatchBuilder
 from gearshift.runner.model_runner import ModelRunner
@@ -86,15 +87,8 @@ class Engine:
             self.spec = SpecRunner(config, self.runner, self.builder, self.feed)
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
         if self.spec is not None:
-            from gearshift.engine.cost_profile import build_cost_model
-            from gearshift.policy import create_policy
-
             speculation = self.spec.speculation()  # after the graphs exist (mixed steps)
-            policy = create_policy(
-                config, lambda: build_cost_model(self.runner, config.num_draft_tokens,
-                                                 config.max_num_seqs, self.spec.draft_frac,
-                                                 self.spec.tree_nodes),
-                pad=self.runner.decode_pad, verify_tokens=self.spec.verified_tokens)
+            policy = self._create_policy()
         self.scheduler = Scheduler(
             self.slots, self.rows, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
@@ -116,6 +110,19 @@ class Engine:
         self.watch = ServingWatch().start(self.runner)  # graphs / kernels the warm-up missed
         if config.step_trace:  # after the warm-up: its steps are not the run's
             self.step_stats.trace = StepTrace(config.step_trace, self.spec, self.watch)
+
+    def _create_policy(self) -> Policy:
+        """The policy that plans each step: config.spec_policy, priced by the step-time model
+        (a tensor-parallel engine wraps it: distributed/engine.py)."""
+        from gearshift.engine.cost_profile import build_cost_model
+        from gearshift.policy import create_policy
+
+        config, spec = self.config, self.spec
+        return create_policy(
+            config, lambda: build_cost_model(self.runner, config.num_draft_tokens,
+                                             config.max_num_seqs, spec.draft_frac,
+                                             spec.tree_nodes),
+            pad=self.runner.decode_pad, verify_tokens=spec.verified_tokens)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids: list[int],
