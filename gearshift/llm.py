@@ -3,7 +3,7 @@
 
 Data flow: LLM.generate -> tokenizer -> Engine.add_request -> Engine.step() loop ->
 OutputProcessor (detokenise, stop strings) -> list[RequestOutput] in prompt order;
-LLM.chat -> the chat template (engine/tokenizer.py) -> token ids -> LLM.generate.
+LLM.chat -> the chat template (tokenizer.py) -> token ids -> LLM.generate.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from tqdm.auto import tqdm
 from gearshift.config import ConfigError, EngineConfig, rename_options
 from gearshift.distributed import create_engine
 from gearshift.engine.engine import PromptError
-from gearshift.engine.output_processor import OutputProcessor
-from gearshift.engine.tokenizer import encode_prompt, read_chat_template, render_chat
+from gearshift.frontend.output_processor import OutputProcessor
 from gearshift.request import RequestOutput, SamplingParams
+from gearshift.tokenizer import encode_prompt, read_chat_template, render_chat
 
 
 def _text_message(message: dict) -> dict:

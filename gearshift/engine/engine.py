@@ -30,7 +30,6 @@ from gearshift.engine.overlap import PendingStep, TokenFeed
 from gearshift.engine.seeds import draw_seed, mix_seed
 from gearshift.engine.stats import StepStats, spec_stats
 from gearshift.engine.step_trace import StepTrace
-from gearshift.engine.tokenizer import eos_token_ids, load_engine_tokenizer
 from gearshift.faults import RequestFault
 from gearshift.forward_batch import ForwardMode
 from gearshift.models.default import is_default_target
@@ -46,6 +45,7 @@ from gearshift.scheduler.plan import StepPlan, StepResult
 from gearshift.scheduler.prefix_cache import PrefixCache
 from gearshift.scheduler.scheduler import Scheduler, StepOutput
 from gearshift.structured.compiler import GrammarCompiler
+from gearshift.tokenizer import eos_token_ids, load_engine_tokenizer
 
 log = logging.getLogger("gearshift.engine")
 
