@@ -50,7 +50,7 @@ if wanted ab; then
     # checkout's root) must not come before the side's tree on sys.path
     step "ab_$side" $(((END - SECONDS) / (${#sides[@]} - i))) \
       env PYTHONPATH="$root" python -P -m gearshift.cli bench sweep --model "$PAIR/target" \
-      --draft-model "$PAIR/head" --concurrency "$CONC" --policies "$POLICIES" --tree-topk 1 \
+      --draft-model "$PAIR/head" --concurrency "$CONC" --policies "$POLICIES" --tree-width 1 \
       "${POINT[@]}" --step-trace "$OUT/trace_$side.jsonl" --output-json "$OUT/ab_$side.json"
   done
 fi

@@ -9,14 +9,14 @@
 #
 # Both sweeps run every policy interleaved, two passes in alternating order on the same
 # prompts; cpu_report.py takes each policy's better pass (best of 2). The engine is the
-# README's: the embedded model, its EAGLE-3 head, chains up to K = 4 (--tree-topk 1: no tree).
+# README's: the embedded model, its EAGLE-3 head, chains up to K = 4 (--tree-width 1: no tree).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the output folder}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 COMMON=(--concurrency 1,4 --rounds 1 --min-requests 8 --passes 2 --settle 1 --input-len 128
-        --output-len 128 --tree-topk 1 --policies goodput,off,always-2,always-4)
+        --output-len 128 --tree-width 1 --policies goodput,off,always-2,always-4)
 python - "$OUT/meta.json" <<'PY'
 import json, platform, subprocess, sys
 from datetime import UTC, datetime

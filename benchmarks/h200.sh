@@ -44,9 +44,9 @@ if [ "$SMOKE" = 1 ]; then
   DECODE=(--batch-sizes 1,2,4 --input-len 16 --output-len 8)
   OFFLINE=(--max-num-seqs 4 --num-prompts 6 --input-len 16 --output-len 8 --max-num-batched-tokens 32)
   SWEEP=(--concurrency 1,2 --rounds 1 --passes 2 --min-requests 2 --settle 0 --input-len 8
-         --output-len 6 --tree-topk 2 --tree-tokens 4)
+         --output-len 6 --tree-width 2 --tree-budget 4)
   MIXED=(--concurrency 1,2 --rounds 1 --passes 2 --min-requests 2 --settle 0 --input-len 8
-         --output-len 6 --tree-topk 2 --tree-tokens 4)
+         --output-len 6 --tree-width 2 --tree-budget 4)
 else
   MODEL=(--preset llama-3.1-8b --load-format dummy)
   DECODE=(--batch-sizes 1,32,128 --input-len 1024 --output-len 128)

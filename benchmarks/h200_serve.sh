@@ -155,14 +155,14 @@ multi_turn() {
 
 pair_step
 cp "$PAIR/target/config.json" "$OUT/target_config.json" 2>/dev/null  # the model shape, for the report
-# chains, as the server verifies them (it runs no --draft-topk): the same speculation
+# chains, as the server verifies them (it runs no --tree-width): the same speculation
 run_step engine 220 "${G[@]}" bench sweep --model "$PAIR/target" --draft-model "$PAIR/head" \
-  "${ENGINE[@]}" --tree-topk 1 --output-json "$OUT/engine_sweep.json" --output-png "$OUT/engine_sweep.png"
+  "${ENGINE[@]}" --tree-width 1 --output-json "$OUT/engine_sweep.json" --output-png "$OUT/engine_sweep.png"
 if wanted sampling; then
   for t in 0.7 1.0; do
     for mode in coupled rejection; do
       step "samp_${t}_$mode" 150 "${G[@]}" bench sweep --model "$PAIR/target" \
-        --draft-model "$PAIR/head" "${SAMPLE[@]}" --policies goodput --tree-topk 1 \
+        --draft-model "$PAIR/head" "${SAMPLE[@]}" --policies goodput --tree-width 1 \
         --temperature "$t" --spec-sampling "$mode" --output-json "$OUT/samp_${t}_$mode.json" \
         --output-png "$OUT/samp_${t}_$mode.png"
     done
@@ -215,9 +215,9 @@ if wanted trace && start_server serve_trace 150 --step-trace "$OUT/trace_served.
   done
   stop_server  # its exit writes the rest of the trace
   concs=$(for point in $TRACE_POINTS; do printf '%s,' "${point%:*}"; done)
-  # chains, as the server runs them (no --draft-topk)
+  # chains, as the server runs them (no --tree-width)
   step trace_loop 160 "${G[@]}" bench sweep --model "$PAIR/target" --draft-model "$PAIR/head" \
-    --policies goodput --tree-topk 1 --concurrency "${concs%,}" "${LOOP[@]}" "${LEN[@]}" \
+    --policies goodput --tree-width 1 --concurrency "${concs%,}" "${LOOP[@]}" "${LEN[@]}" \
     --step-trace "$OUT/trace_loop.jsonl" --output-json "$OUT/trace_loop.json"
   python - "$OUT" <<'PY' || FAILED=$((FAILED + 1))
 import contextlib, io, json, sys

@@ -60,7 +60,7 @@ if [ "$SMOKE" = 1 ]; then
   DECODE=(--batch-sizes 1,2 --input-len 16 --output-len 8)
   OFFLINE=(--max-num-seqs 4 --num-prompts 6 --input-len 16 --output-len 8 --max-num-batched-tokens 32)
   SWEEP=(--concurrency 1,2 --rounds 1 --passes 2 --min-requests 2 --settle 0 --input-len 8
-         --output-len 6 --tree-topk 2 --tree-tokens 4 --policies goodput,off,always-2)
+         --output-len 6 --tree-width 2 --tree-budget 4 --policies goodput,off,always-2)
   GREEDY=(--device cpu --num-prompts 4 --solo 2 --input-len 8 --output-len 8)
   FAULT=(--requests 4 --kill-after 1 --max-tokens 1900 -- "$PAIR/target" --device cpu
          --kv-cache-tokens 8192 --max-num-seqs 4)

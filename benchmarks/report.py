@@ -99,7 +99,7 @@ def engine_line(env: dict) -> str:
 def facts(env: dict, commit: str, cmd: str, model: str, acceptance: str) -> list[str]:
     d = env.get("draft")
     draft = ([f"- draft: {d['algorithm']} head `{d['model'] or 'embedded'}`, up to "
-              f"K = {d['num_draft_tokens']} drafts, tree width {d['draft_topk']}, engine policy "
+              f"K = {d['num_draft_tokens']} drafts, tree width {d['tree_width']}, engine policy "
               f"`{d['spec_policy']}`"] if d else [])
     return [f"- device: {env['device']}; date: {env['date'][:10]}; commit: `{commit[:12]}`; "
             f"torch {env['torch']}",

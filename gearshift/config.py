@@ -7,6 +7,7 @@ Data flow: cli / LLM(...) -> EngineConfig -> Engine (scheduler, runner, KV pool)
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,29 @@ SUPPORTED_ARCHITECTURES = {
 
 class ConfigError(ValueError):
     """A user-facing configuration or checkpoint problem (bad flag, bad config.json)."""
+
+
+# EngineConfig.spec_policy: the speculation policies an engine can be built with (policy/);
+# `random` (a seeded K per request each step) is for soaks and tests
+SPEC_POLICIES = ("goodput", "goodput-request", "always", "off", "threshold", "random")
+
+# engine options renamed, still accepted under their old names for one release: old -> new
+RENAMED_OPTIONS = {"draft_topk": "tree_width", "num_verify_tokens": "tree_budget"}
+
+
+def rename_options(options: dict) -> dict:
+    """`options` under their current names: an old name (RENAMED_OPTIONS) warns with a
+    FutureWarning naming the new one; old and new together are an error."""
+    options = dict(options)
+    for old, new in RENAMED_OPTIONS.items():
+        if old not in options:
+            continue
+        if new in options:
+            raise ConfigError(f"{old} is the old name of {new}: pass {new} alone")
+        warnings.warn(f"engine option {old} is deprecated and goes in the next release: "
+                      f"use {new}", FutureWarning, stacklevel=3)
+        options[new] = options.pop(old)
+    return options
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +197,10 @@ class EngineConfig:
     # speculative decoding (None = off; see gearshift/speculative/)
     speculative_algorithm: str | None = None  # "eagle3" | "draft" | "ngram"
     draft_model: str | None = None  # EAGLE-3 head or draft model directory
-    num_draft_tokens: int = 4  # K: draft depth (chain length)
-    draft_topk: int = 1  # 1 = chain; > 1 = tree expanding the top-k per step
-    num_verify_tokens: int | None = None  # tree budget incl. the root; None: K + 1 for chains
-    spec_policy: str = "goodput"  # goodput | goodput-request | always | off | threshold | ...| random
+    num_draft_tokens: int = 4  # K: the deepest draft a step may verify (the configured maximum)
+    tree_width: int = 1  # 1 = chains only; > 1 = draft trees expanding the top tree_width per step
+    tree_budget: int | None = None  # nodes per draft tree, root included; None: from K and width
+    spec_policy: str = "goodput"  # goodput | goodput-request | always | off | threshold | random
     # how speculation verifies sampled tokens (a request's SamplingParams.spec_sampling wins):
     # "rejection" keeps the target's distribution; "coupled" also keeps the text: a seeded
     # request gets exactly what plain decoding with that seed gives (speculative/coupled.py).
@@ -236,17 +260,16 @@ class EngineConfig:
             raise ConfigError("speculative_algorithm='draft' needs draft_model=DIR")
         if not 1 <= self.num_draft_tokens <= 16:
             raise ConfigError("num_draft_tokens must be in [1, 16]")
-        if not 1 <= self.draft_topk <= 8:
-            raise ConfigError("draft_topk must be in [1, 8]")
-        if algo == "ngram" and self.draft_topk != 1:
-            raise ConfigError("ngram proposes chains only: draft_topk must be 1")
-        if self.num_verify_tokens is not None and not (
-                2 <= self.num_verify_tokens <= 1 + self.num_draft_tokens * self.draft_topk ** 2):
-            raise ConfigError("num_verify_tokens must be in [2, 1 + num_draft_tokens * draft_topk^2]")
-        if self.spec_policy not in ("goodput", "goodput-request", "always", "off", "threshold",
-                                    "threshold-vllm", "random"):
-            raise ConfigError(f"unknown spec_policy {self.spec_policy!r} (goodput, goodput-request, "
-                              "always, off, threshold, threshold-vllm, random)")
+        if not 1 <= self.tree_width <= 8:
+            raise ConfigError("tree_width must be in [1, 8]")
+        if algo == "ngram" and self.tree_width != 1:
+            raise ConfigError("ngram proposes chains only: tree_width must be 1")
+        if self.tree_budget is not None and not (
+                2 <= self.tree_budget <= 1 + self.num_draft_tokens * self.tree_width ** 2):
+            raise ConfigError("tree_budget must be in [2, 1 + num_draft_tokens * tree_width^2]")
+        if self.spec_policy not in SPEC_POLICIES:
+            raise ConfigError(f"unknown spec_policy {self.spec_policy!r} "
+                              f"({', '.join(SPEC_POLICIES)})")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError("need 1 <= ngram_min <= ngram_max")
 
@@ -257,10 +280,10 @@ class EngineConfig:
     @property
     def verify_nodes(self) -> int:
         """Tokens one speculating request sends to verification (root included)."""
-        if self.draft_topk == 1:
+        if self.tree_width == 1:
             return self.num_draft_tokens + 1
-        return self.num_verify_tokens or min(1 + self.num_draft_tokens * self.draft_topk,
-                                             1 + self.num_draft_tokens * self.draft_topk ** 2)
+        return self.tree_budget or min(1 + self.num_draft_tokens * self.tree_width,
+                                       1 + self.num_draft_tokens * self.tree_width ** 2)
 
     @property
     def use_cuda_graphs(self) -> bool:

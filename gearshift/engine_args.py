@@ -8,10 +8,26 @@ Imports nothing heavy: the CLI parses before loading torch.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from gearshift.config import EngineConfig
 
 GPU_MEMORY_UTILIZATION = EngineConfig.__dataclass_fields__["gpu_memory_utilization"].default
+
+
+class RenamedFlag(argparse.Action):
+    """A flag's old name, kept for one release: it sets the new flag's value and warns,
+    naming the new flag; --help lists only the new one."""
+
+    def __init__(self, option_strings, dest, *, new: str, **kwargs) -> None:
+        self.new = new
+        super().__init__(option_strings, new.lstrip("-").replace("-", "_"),
+                         help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"{parser.prog}: warning: {option_string} is deprecated and goes in the next "
+              f"release: use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False) -> None:
@@ -74,12 +90,16 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
                    const="none", help="the same as --speculative-algorithm none")
     s.add_argument("--draft-model", help="EAGLE-3 head or draft model directory")
     s.add_argument("--num-draft-tokens", type=int, help="K: draft depth (default 4)")
-    s.add_argument("--draft-topk", type=int, help="1 = chain (default); > 1 = tree width")
-    s.add_argument("--num-verify-tokens", type=int,
-                   help="tree budget incl. the root (default: from the depth and width)")
+    s.add_argument("--tree-width", type=int,
+                   help="draft trees of this width (the top N per step); 1 = chains (default)")
+    s.add_argument("--tree-budget", type=int,
+                   help="nodes per draft tree, root included (default: from the depth and width)")
+    s.add_argument("--draft-topk", action=RenamedFlag, new="--tree-width", type=int)
+    s.add_argument("--num-verify-tokens", action=RenamedFlag, new="--tree-budget", type=int)
     s.add_argument("--spec-policy",
                    help="goodput (default: one K per step) | goodput-request (a K per request) | "
-                        "always | off | threshold | threshold-vllm | random")
+                        "always | off | threshold | random (a seeded K per request each step: "
+                        "for soaks and tests)")
     s.add_argument("--spec-sampling", choices=["coupled", "rejection"],
                    help="how sampled tokens are verified: coupled (default; the text plain "
                         "decoding gives for the request's seed, hence the target's "
@@ -118,8 +138,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                  "tensor_parallel_size", "step_trace"):
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
-    for name in ("speculative_algorithm", "draft_model", "num_draft_tokens", "draft_topk",
-                 "num_verify_tokens", "spec_policy", "spec_sampling"):
+    for name in ("speculative_algorithm", "draft_model", "num_draft_tokens", "tree_width",
+                 "tree_budget", "spec_policy", "spec_sampling"):
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
     if kw.get("draft_model") and "speculative_algorithm" not in kw:

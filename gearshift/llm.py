@@ -3,7 +3,7 @@
 
 Data flow: LLM.generate -> tokenizer -> Engine.add_request -> Engine.step() loop ->
 OutputProcessor (detokenise, stop strings) -> list[RequestOutput] in prompt order;
-LLM.chat -> the chat template (engine/tokenizer.py) -> token ids -> LLM.generate.
+LLM.chat -> the chat template (tokenizer.py) -> token ids -> LLM.generate.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
-from gearshift.config import ConfigError, EngineConfig
+from gearshift.config import ConfigError, EngineConfig, rename_options
 from gearshift.distributed import create_engine
 from gearshift.engine.engine import PromptError
-from gearshift.engine.output_processor import OutputProcessor
-from gearshift.engine.tokenizer import encode_prompt, read_chat_template, render_chat
+from gearshift.frontend.output_processor import OutputProcessor
 from gearshift.request import RequestOutput, SamplingParams
+from gearshift.tokenizer import encode_prompt, read_chat_template, render_chat
 
 
 def _text_message(message: dict) -> dict:
@@ -46,6 +46,7 @@ def build_engine_config(model: str | None, *, device: str | None = None, dtype: 
     "none": off); another model speculates only with a draft named."""
     from gearshift.models.default import default_target_dir, is_default_target
 
+    options = rename_options(options)  # old option names warn, naming the new ones
     if model is None:
         model = str(default_target_dir())
     if "speculative_algorithm" not in options and not options.get("draft_model") \

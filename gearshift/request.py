@@ -138,8 +138,8 @@ class RequestStatus(enum.Enum):
 class Request:
     """Engine-side state of one sequence. Each field has one writer, named beside it:
     the engine (at arrival), the scheduler (planning, booking and commit), the batch
-    builder (allocation), the speculative runner (the draft's state, acceptance counters)
-    or the output processor (stop strings)."""
+    builder (allocation) or the speculative runner (the draft's state, acceptance
+    counters)."""
 
     request_id: str  # engine
     prompt_token_ids: list[int]  # engine
@@ -155,8 +155,6 @@ class Request:
     slots: list[int] = field(default_factory=list)  # KV slot per computed token
     req_pool_index: int = -1  # batch builder allocates, scheduler frees: req_to_token row
     finish_reason: str | None = None  # scheduler: "length" | "stop" | "abort"
-    stop_text_len: int | None = None  # output processor: set when a stop string matched
-    arrival_index: int = 0  # scheduler: FIFO order; preemption takes the newest
     spec_proposed: int = 0  # speculative runner: draft tokens sent to verification
     spec_accepted: int = 0  # speculative runner: of which the target accepted
     # scheduler (planning): decode steps planned with K > 0, and how many at each K (0 too)

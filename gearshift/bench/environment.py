@@ -30,7 +30,8 @@ def environment(llm) -> dict:
                         "kv_heads": mc.num_kv_heads, "head_dim": mc.head_dim,
                         "intermediate": mc.intermediate_size, "vocab": mc.vocab_size},
         "draft": ({"algorithm": cfg.speculative_algorithm, "model": cfg.draft_model,
-                   "num_draft_tokens": cfg.num_draft_tokens, "draft_topk": cfg.draft_topk,
+                   "num_draft_tokens": cfg.num_draft_tokens, "tree_width": cfg.tree_width,
+                   "tree_budget": cfg.verify_nodes if cfg.tree_width > 1 else None,
                    "spec_policy": cfg.spec_policy, "spec_sampling": cfg.spec_sampling}
                   if llm.engine.spec is not None else None),
     }

@@ -260,15 +260,15 @@ def run(args: argparse.Namespace) -> int:
     from gearshift.engine_args import engine_kwargs
 
     kwargs = engine_kwargs(args)  # checked before torch loads
-    from gearshift.engine.async_engine import AsyncEngine
     from gearshift.engine.engine import Engine
+    from gearshift.frontend.async_engine import AsyncEngine
     from gearshift.llm import build_engine_config
     from gearshift.server.app import build_app
     from gearshift.server.background import BackgroundServer
 
     config = build_engine_config(**kwargs)
     if args.engine_process:
-        from gearshift.engine.engine_process import EngineProcess
+        from gearshift.frontend.engine_process import EngineProcess
 
         async_engine = AsyncEngine(EngineProcess(config))
     else:

@@ -7,14 +7,15 @@ concurrency (1, 2, 4, ... 256) for each speculation policy, on one target + draf
 
 Concurrency c = at most c requests running: a pass is a closed loop over c * rounds requests
 (each of the c slots serves `rounds` (2) requests in turn; at least min_requests / passes),
-and a point runs `passes` (2) of them. Every policy runs on one engine (max K = 4; tree
-width --tree-topk, --tree-tokens nodes): chain policies plan chains, `tree` plans the tree,
-goodput picks among both. Policies are interleaved: for each c, pass 1 runs every policy in
-turn, pass 2 runs them in reverse order on the next prompts, so drift over the run (clocks,
-heap) falls on every policy alike; the first policy rotates from one c to the next. A point
-sums its passes, and `pass_tok_per_s` shows their spread. Prompts are held-out corpus
-windows (real acceptance) or synthetic ids; `--workload mixed` makes half of them greedy and
-half sampled at temperature 1.2 (acceptance differs per request). Prints a table, the markdown table with the
+and a point runs `passes` (2) of them. Every policy runs on one engine (max K = 4; trees
+--tree-width (4) wide of --tree-budget (16) nodes; --tree-width 1: chains only, no `tree`):
+chain policies plan chains, `tree` plans the tree, goodput picks among both. Policies are
+interleaved: for each c, pass 1 runs every policy in turn, pass 2 runs them in reverse order
+on the next prompts, so drift over the run (clocks, heap) falls on every policy alike; the
+first policy rotates from one c to the next. A point sums its passes, and `pass_tok_per_s`
+shows their spread. Prompts are held-out corpus windows (real acceptance) or synthetic ids;
+`--workload mixed` makes half of them greedy and half sampled at temperature 1.2 (acceptance
+differs per request). Prints a table, the markdown table with the
 criteria verdicts (sweep_report.py), writes JSON and a PNG plot.
 
 Data flow: args -> LLM engine -> per (c, pass, policy): Engine.set_policy, run_point
@@ -37,6 +38,7 @@ from gearshift.engine.gc_control import freeze_heap
 log = logging.getLogger("gearshift.bench")
 
 CHAIN_POLICIES = ("goodput", "off", "always-2", "always-4", "threshold", "threshold-vllm")
+VLLM_LIKE = ((64, 3), (128, 1), (10**9, 0))  # threshold-vllm: vLLM's documented K table
 # beside the default set: goodput with a K per request, against goodput's one K per step
 OPTIONAL_POLICIES = ("goodput-request",)
 
@@ -69,7 +71,7 @@ def policy_object(name: str, engine, k_max: int):
     from gearshift.engine.cost_profile import build_cost_model
     from gearshift.policy.goodput import GoodputPolicy
     from gearshift.policy.static import AlwaysPolicy, OffPolicy
-    from gearshift.policy.threshold import SGLANG_LIKE, VLLM_LIKE, ThresholdPolicy
+    from gearshift.policy.threshold import SGLANG_LIKE, ThresholdPolicy
 
     if name == "off":
         return OffPolicy()
@@ -151,20 +153,19 @@ def run(args) -> int:
     from gearshift.engine_args import engine_kwargs
 
     require_extras("rich", "matplotlib")
+    if args.tree_width == 1:
+        args.tree_budget = None  # chains only: no tree to budget
     kw = engine_kwargs(args)  # checked before torch loads
     from gearshift import LLM
     from gearshift.bench.environment import environment
 
-    kw.update(max_num_seqs=max(args.concurrency), spec_policy="off")
+    kw.update(max_num_seqs=max(args.concurrency), spec_policy="off", num_draft_tokens=4)
     kw.setdefault("speculative_algorithm", "eagle3")
-    kw.pop("num_draft_tokens", None)
-    tree_kw = dict(draft_topk=args.tree_topk, num_verify_tokens=args.tree_tokens) \
-        if args.tree_topk > 1 else {}
-    llm = LLM(**kw, num_draft_tokens=4, **tree_kw)
+    llm = LLM(**kw)
     eng = llm.engine
     extra = {"warmup_s": _warm_up(eng), "warmup_costs_ms": eng.measured_costs}
-    names = [n for n in args.policies if n != "tree" or tree_kw]
-    label = {"tree": f"tree-{args.tree_topk}x4-{args.tree_tokens}"}
+    names = [n for n in args.policies if n != "tree" or args.tree_width > 1]
+    label = {"tree": f"tree-{args.tree_width}x4-{args.tree_budget}"}
     bar = tqdm(total=len(names) * len(args.concurrency), desc="sweep")
     most = args.passes * max(per_pass(c, args) for c in args.concurrency)
     prompts = make_prompts(llm.tokenizer, eng.model_config.vocab_size, most, args.input_len,
@@ -289,7 +290,7 @@ def _at_least_one(text: str) -> int:
 
 
 def add_args(p) -> None:
-    from gearshift.engine_args import add_engine_args
+    from gearshift.engine_args import RenamedFlag, add_engine_args
 
     add_engine_args(p)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
@@ -325,8 +326,9 @@ def add_args(p) -> None:
     p.add_argument("--policies", type=_policy_list, default=[*CHAIN_POLICIES, "tree"],
                    help="comma-separated, of: " + ", ".join([*CHAIN_POLICIES, "tree"])
                    + " (the default), " + ", ".join(OPTIONAL_POLICIES))
-    p.add_argument("--tree-topk", type=int, default=4,
-                   help="tree width of the engine (depth 4); 1 = chains only (no `tree` policy)")
-    p.add_argument("--tree-tokens", type=int, default=16, help="nodes per draft tree")
+    # the engine's tree (--tree-width, --tree-budget): 4 wide, 16 nodes (depth 4) unless given
+    p.set_defaults(tree_width=4, tree_budget=16)
+    p.add_argument("--tree-topk", action=RenamedFlag, new="--tree-width", type=int)
+    p.add_argument("--tree-tokens", action=RenamedFlag, new="--tree-budget", type=int)
     p.add_argument("--output-json", default="bench_sweep.json")
     p.add_argument("--output-png", default="bench_sweep.png")

@@ -16,6 +16,7 @@ import statistics
 import time
 
 from gearshift.engine.gc_control import GcPauses
+from gearshift.policy.static import OffPolicy
 from gearshift.request import SamplingParams
 from gearshift.runner.jit_log import triton_compiles
 
@@ -89,12 +90,12 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     # sampled runs: the sampler (and a VERIFY step's acceptance) as a sampling user meets it
     params = [SamplingParams(max_tokens=output_len, temperature=temperature_of(temperature, i),
                              ignore_eos=True) for i in range(len(prompts))]
-    policy = engine.policy
+    policy = engine.policy or OffPolicy()  # no draft: a policy's counters, never moving
     before = dict(engine.spec.stats) if engine.spec else {}
     keys_before = set(graph_keys(engine))
-    switches = getattr(policy, "switches", 0)  # goodput's gear changes
-    reused = getattr(policy, "reused", 0)  # and its unscored plans
-    predicted = {m: list(v) for m, v in getattr(policy, "prediction_log", {}).items()}
+    switches = policy.switches  # goodput's gear changes
+    reused = policy.reused  # and its unscored plans
+    predicted = {m: list(v) for m, v in policy.prediction_log.items()}
     steps_before = engine.stats()
     first, last, count = {}, {}, {}
     periods: dict[str, list[float]] = {}  # step mode -> ms from the previous step's return
@@ -169,8 +170,8 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
             # the draft's catch-ups over rows committed at K = 0: rows and ms (inside the
             # VERIFY steps' time, not charged to their gears)
             "catch_up_rows": gained("catch_up_rows"), "catch_up_ms": gained("catch_up_ms"),
-            "gear_switches": getattr(policy, "switches", 0) - switches,
-            "unscored_plans": getattr(policy, "reused", 0) - reused,
+            "gear_switches": policy.switches - switches,
+            "unscored_plans": policy.reused - reused,
             # where the point's time went, by step mode (host work included): total seconds
             # and median step period, e.g. goodput's VERIFY steps against always-4's
             "step_s_by_mode": {m: sum(v) / 1e3 for m, v in periods.items()},
@@ -203,7 +204,7 @@ def _prediction_ratio(policy, before: dict) -> dict:
     """{mode: [measured / predicted ms, steps]} over the steps a cost-modelling policy
     observed since `before` (its prediction_log then); {} for other policies."""
     out = {}
-    for mode, (ms, pred, n) in getattr(policy, "prediction_log", {}).items():
+    for mode, (ms, pred, n) in policy.prediction_log.items():
         ms0, pred0, n0 = before.get(mode, (0.0, 0.0, 0))
         if n > n0 and pred > pred0:
             out[mode] = [round((ms - ms0) / (pred - pred0), 4), n - n0]

@@ -1,5 +1,5 @@
 """One engine replica in a Ray actor: the same step loop the server runs in its engine
-process (engine/engine_loop.py), with Ray calls where that process has pipes.
+process (frontend/engine_loop.py), with Ray calls where that process has pipes.
 
     front end (ReplicaHandle)                   ReplicaActor (a Ray worker process)
     -------------------------                   -----------------------------------
@@ -24,7 +24,7 @@ import threading
 from typing import Any
 
 from gearshift.config import EngineConfig
-from gearshift.engine.engine_process import _portable
+from gearshift.frontend.engine_process import _portable
 
 log = logging.getLogger("gearshift.cluster")
 
@@ -76,7 +76,7 @@ class ReplicaActor:
     def __init__(self, config: EngineConfig, index: int, placement_group: Any = None,
                  kv_events: str | None = None, log_level: int = logging.WARNING) -> None:
         from gearshift import logs
-        from gearshift.engine.engine_loop import EngineLoop, ThreadInbox
+        from gearshift.frontend.engine_loop import EngineLoop, ThreadInbox
 
         logs.configure_default()
         logging.getLogger("gearshift").setLevel(log_level)

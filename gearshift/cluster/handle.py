@@ -94,7 +94,7 @@ class ReplicaHandle:
     def _read(self, sink: Any) -> None:
         import ray
 
-        from gearshift.engine.async_engine import EngineDeadError
+        from gearshift.frontend.async_engine import EngineDeadError
 
         handlers = {"step": lambda p: sink.step_done(*p), "out": sink.outputs,
                     "snap": sink.set_snapshot,

@@ -83,9 +83,9 @@ def start_replicas(config: EngineConfig, data_parallel_size: int, *, kv_events: 
     from gearshift.cluster.actor import ReplicaActor
     from gearshift.cluster.replicas import Replica, ReplicaSet
     from gearshift.cluster.router import PrefixRouter
-    from gearshift.engine.tokenizer import load_engine_tokenizer
     from gearshift.models.loader import resolve_model_config
     from gearshift.structured.compiler import GrammarCompiler
+    from gearshift.tokenizer import load_engine_tokenizer
 
     if data_parallel_size < 1:
         raise ConfigError("--data-parallel-size must be >= 1")
@@ -123,7 +123,7 @@ def start_replicas(config: EngineConfig, data_parallel_size: int, *, kv_events: 
 
     def engine_over(actor: Any, info: dict, index: int):
         from gearshift.cluster.handle import ReplicaHandle
-        from gearshift.engine.async_engine import AsyncEngine
+        from gearshift.frontend.async_engine import AsyncEngine
 
         handle = ReplicaHandle(actor, info, index, tokenizer, grammars)
         return AsyncEngine(handle)

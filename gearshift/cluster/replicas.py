@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gearshift.cluster.router import PrefixRouter, ReplicaLoad
-from gearshift.engine.async_engine import AsyncEngine, EngineDeadError, EngineSnapshot
+from gearshift.frontend.async_engine import AsyncEngine, EngineDeadError, EngineSnapshot
 
 log = logging.getLogger("gearshift.cluster")
 

@@ -27,6 +27,7 @@ from gearshift.distributed.sync import (
     fingerprint,
 )
 from gearshift.engine.engine import Engine
+from gearshift.policy.base import Policy
 from gearshift.scheduler.plan import StepPlan
 from gearshift.scheduler.scheduler import StepOutput
 
@@ -43,10 +44,19 @@ class LeaderEngine(Engine):
         self._events: list[tuple] = []  # since the last message, in order
         super().__init__(config, group.tp)  # its speculation warm-up already sends steps
 
+    def _create_policy(self) -> RecordingPolicy:
+        return RecordingPolicy(super()._create_policy())
+
+    def set_policy(self, policy: Policy) -> None:
+        """Engine.set_policy, its answers recorded for the other ranks."""
+        super().set_policy(policy if isinstance(policy, RecordingPolicy)
+                           else RecordingPolicy(policy))
+
     # ------------------------------------------------------------------ requests
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params) -> int:
+        """Engine.add_request (-> the request's seed), sent to the other ranks."""
         self._check_ranks()
-        super().add_request(request_id, prompt_token_ids, params)
+        seed = super().add_request(request_id, prompt_token_ids, params)
         # as it arrived (by the next message this step may have admitted it), without its
         # grammar matcher: each rank compiles its own from the params
         req = self.scheduler.waiting[-1]
@@ -55,6 +65,7 @@ class LeaderEngine(Engine):
             self._events.append(("add", pickle.dumps(req)))
         finally:
             req.grammar = grammar
+        return seed
 
     def abort_request(self, request_id: str, reason: str = "abort") -> None:
         super().abort_request(request_id, reason)
@@ -88,9 +99,7 @@ class LeaderEngine(Engine):
         return outputs
 
     def _schedule(self) -> StepPlan:
-        policy = self.scheduler.policy
-        if policy is not None and not isinstance(policy, RecordingPolicy):
-            policy = self.scheduler.policy = RecordingPolicy(policy)  # after set_policy too
+        policy: RecordingPolicy | None = self.scheduler.policy  # None: no draft
         plan = super()._schedule()
         self.group.channel.send(Step(self._take_events(), policy.take() if policy else [],
                                      bool(policy is not None and policy.drafts),
@@ -141,11 +150,13 @@ class FollowerEngine(Engine):
 
     def __init__(self, config: EngineConfig, group) -> None:
         self.group = group
+        self.replay: ReplayPolicy | None = None  # the policy, with a draft configured
         super().__init__(config, group.tp)
-        self.replay: ReplayPolicy | None = None
-        if self.scheduler.policy is not None:
-            self.replay = self.scheduler.policy = ReplayPolicy()
         self._expected: Step | None = None
+
+    def _create_policy(self) -> ReplayPolicy:
+        self.replay = ReplayPolicy()  # rank 0's answers, as each Step message brings them
+        return self.replay
 
     def serve(self) -> None:
         """Run rank 0's messages until it sends Shutdown (or its connection closes)."""

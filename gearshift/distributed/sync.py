@@ -23,6 +23,7 @@ import zlib
 from array import array
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 
 from gearshift.policy.base import Policy
 from gearshift.scheduler.plan import StepPlan
@@ -72,11 +73,19 @@ def fingerprint(plan: StepPlan) -> tuple[str, int]:
     return summary, zlib.crc32(ints.tobytes() + plan.mode.name.encode(), digest)
 
 
-class RecordingPolicy:
-    """Rank 0's policy, its answers kept for the next Step message; everything else
-    (drafts, cost, observe, ...) is the policy's own."""
+class RecordingPolicy(Policy):
+    """Rank 0's policy, its answers kept for the next Step message; what it plans from and
+    learns (prepare, observe, its cost model and counters) is the wrapped policy's."""
 
-    def __init__(self, policy) -> None:
+    drafts = property(attrgetter("policy.drafts"))
+    topk = property(attrgetter("policy.topk"))
+    cost = property(attrgetter("policy.cost"))
+    switches = property(attrgetter("policy.switches"))
+    reused = property(attrgetter("policy.reused"))
+    last_prediction = property(attrgetter("policy.last_prediction"))
+    prediction_log = property(attrgetter("policy.prediction_log"))
+
+    def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.answers: list = []
 
@@ -93,12 +102,16 @@ class RecordingPolicy:
     def prepare(self, view) -> None:
         self.policy.prepare(view)
 
+    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float,
+                ks: list[int] | None = None) -> None:
+        self.policy.observe(k, bs, ctx_tokens, ms, ks)
+
+    def observe_catch_up(self, rows: int, ms: float) -> None:
+        self.policy.observe_catch_up(rows, ms)
+
     def take(self) -> list:
         answers, self.answers = self.answers, []
         return answers
-
-    def __getattr__(self, name: str):
-        return getattr(self.policy, name)
 
 
 class ReplayPolicy(Policy):

@@ -30,12 +30,12 @@ from gearshift.engine.overlap import PendingStep, TokenFeed
 from gearshift.engine.seeds import draw_seed, mix_seed
 from gearshift.engine.stats import StepStats, spec_stats
 from gearshift.engine.step_trace import StepTrace
-from gearshift.engine.tokenizer import eos_token_ids, load_engine_tokenizer
 from gearshift.faults import RequestFault
 from gearshift.forward_batch import ForwardMode
 from gearshift.models.default import is_default_target
 from gearshift.models.loader import resolve_model_config
 from gearshift.models.parallel import TensorParallel
+from gearshift.policy.base import Policy
 from gearshift.request import Request, SamplingParams, SamplingParamsError
 from gearshift.runner.batch import BatchBuilder
 from gearshift.runner.model_runner import ModelRunner
@@ -45,6 +45,7 @@ from gearshift.scheduler.plan import StepPlan, StepResult
 from gearshift.scheduler.prefix_cache import PrefixCache
 from gearshift.scheduler.scheduler import Scheduler, StepOutput
 from gearshift.structured.compiler import GrammarCompiler
+from gearshift.tokenizer import eos_token_ids, load_engine_tokenizer
 
 log = logging.getLogger("gearshift.engine")
 
@@ -91,15 +92,8 @@ class Engine:
             profile = profile_steps(self)
         self.runner.prepare_hot_path(self.spec.capture if self.spec else ())
         if self.spec is not None:
-            from gearshift.engine.cost_profile import build_cost_model
-            from gearshift.policy import create_policy
-
             speculation = self.spec.speculation()  # after the graphs exist (mixed steps)
-            policy = create_policy(
-                config, lambda: build_cost_model(self.runner, config.num_draft_tokens,
-                                                 config.max_num_seqs, self.spec.draft_frac,
-                                                 self.spec.tree_nodes),
-                pad=self.runner.decode_pad, verify_tokens=self.spec.verified_tokens)
+            policy = self._create_policy()
         self.scheduler = Scheduler(
             self.slots, self.rows, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
@@ -140,6 +134,19 @@ class Engine:
             self.spec.proposer.resize_slots(num_slots)
         self.slots.reset(num_slots)
         self.max_model_len = self.scheduler.max_model_len = self.runner.max_model_len
+
+    def _create_policy(self) -> Policy:
+        """The policy that plans each step: config.spec_policy, priced by the step-time model
+        (a tensor-parallel engine wraps it: distributed/engine.py)."""
+        from gearshift.engine.cost_profile import build_cost_model
+        from gearshift.policy import create_policy
+
+        config, spec = self.config, self.spec
+        return create_policy(
+            config, lambda: build_cost_model(self.runner, config.num_draft_tokens,
+                                             config.max_num_seqs, spec.draft_frac,
+                                             spec.tree_nodes),
+            pad=self.runner.decode_pad, verify_tokens=spec.verified_tokens)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_token_ids: list[int],

@@ -6,7 +6,7 @@ gpu_memory_utilization x the card's memory (runner/memory_plan.py).
     ModelRunner (weights, provisional cache) -> SpecRunner (draft) ->
     profile_steps(engine), eagerly, before any graph:
         max_num_seqs requests whose prompts fill one prefill budget: the prefill step (the
-        draft's pass over it included), then with speculation the tree (draft_topk > 1)
+        draft's pass over it included), then with speculation the tree (tree_width > 1)
         and the deepest chain, then a plain decode step; with speculation the same
         sampled, then nucleus  -> activations: the peak above everything resident
     -> the engine captures its DECODE / EXTEND graphs, builds its scheduler ->
@@ -134,7 +134,7 @@ def _drop(engine, sched: Scheduler, ids: list[str]) -> None:
 
 
 def _gears(engine) -> list[AlwaysPolicy]:
-    """The widest VERIFY steps: the tree (draft_topk > 1), the deepest chain."""
+    """The widest VERIFY steps: the tree (tree_width > 1), the deepest chain."""
     spec, k = engine.spec, engine.config.num_draft_tokens
     if spec is None:
         return []

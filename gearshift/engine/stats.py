@@ -68,6 +68,6 @@ def spec_stats(engine) -> dict:
         "catch_up_rows": s["catch_up_rows"], "catch_up_ms": s["catch_up_ms"],
         "accept_len_hist": {int(k.split(".")[1]): v for k, v in s.items()
                             if k.startswith("accept_len.")},
-        "controller": dict(getattr(engine.policy, "last_prediction", {}) or {},
+        "controller": dict(engine.policy.last_prediction,
                            **({"measured_ms": last.get("time_s", 0) * 1e3} if last else {})),
     }

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from gearshift.config import ConfigError, EngineConfig
+from gearshift.config import SPEC_POLICIES, ConfigError, EngineConfig
 from gearshift.policy.base import Policy, PolicyView
 
 __all__ = ["Policy", "PolicyView", "create_policy"]
-
-
-POLICIES = ("goodput", "goodput-request", "always", "off", "threshold", "threshold-vllm",
-            "random")
 
 
 def create_policy(config: EngineConfig, cost_model=None, pad=lambda bs: bs,
@@ -19,7 +15,7 @@ def create_policy(config: EngineConfig, cost_model=None, pad=lambda bs: bs,
     from gearshift.policy.goodput import GoodputPolicy
     from gearshift.policy.randomized import RandomPolicy
     from gearshift.policy.static import AlwaysPolicy, OffPolicy
-    from gearshift.policy.threshold import SGLANG_LIKE, VLLM_LIKE, ThresholdPolicy
+    from gearshift.policy.threshold import SGLANG_LIKE, ThresholdPolicy
 
     name = config.spec_policy
     num_draft_tokens = config.num_draft_tokens
@@ -31,9 +27,7 @@ def create_policy(config: EngineConfig, cost_model=None, pad=lambda bs: bs,
         return RandomPolicy(num_draft_tokens, seed=config.seed)
     if name == "threshold":
         return ThresholdPolicy(SGLANG_LIKE, num_draft_tokens)
-    if name == "threshold-vllm":
-        return ThresholdPolicy(VLLM_LIKE, num_draft_tokens)
     if name in ("goodput", "goodput-request"):  # one K for the batch, or K per request
         return GoodputPolicy(cost_model(), num_draft_tokens, pad=pad,
                              per_request=name == "goodput-request", verify_tokens=verify_tokens)
-    raise ConfigError(f"unknown spec_policy {name!r} ({', '.join(POLICIES)})")
+    raise ConfigError(f"unknown spec_policy {name!r} ({', '.join(SPEC_POLICIES)})")

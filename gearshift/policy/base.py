@@ -9,7 +9,9 @@ SpecRunner (a VERIFY step, before its sync) -> Scheduler.prepare_next -> Policy.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from gearshift.policy.cost import CostModel
 from gearshift.request import Request
@@ -24,7 +26,7 @@ class PolicyView:
     # drafts, accepted + rejections), EMA; the policy's prior for a request with little
     # evidence of its own. None: not measured
     population: tuple[float, float] | None = None
-    topk: int = 1  # the engine's tree width (draft_topk): > 1 = a step may verify draft trees
+    topk: int = 1  # the engine's tree width (tree_width): > 1 = a step may verify draft trees
     tree_population: tuple[float, float] | None = None  # the same evidence from tree steps
     # the draft keeps per-request state (KV) that plain steps leave behind: a request's
     # next VERIFY step first catches it up over num_computed_tokens - draft_rows rows
@@ -37,6 +39,12 @@ class Policy(ABC):
     # the step-time model it prices gears with (goodput): the start-up warm-up's measured
     # steps go there; None: the policy prices nothing
     cost: CostModel | None = None
+    # what the engine's stats and the benches read (a policy that prices nothing keeps these)
+    switches: int = 0  # gear changes (probes and explorations aside)
+    reused: int = 0  # plans that kept the running gear without scoring
+    last_prediction: Mapping[str, object] = MappingProxyType({})  # the last scored plan's
+    # "verify" / "plain" -> [measured ms, predicted ms, steps], summed over observed steps
+    prediction_log: Mapping[str, list] = MappingProxyType({})
 
     def step_topk(self, view: PolicyView) -> int:
         """Tree width of the step just planned for `view` (asked right after plan(); 1 =

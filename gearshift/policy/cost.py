@@ -30,7 +30,6 @@ class CostModel:
     base: dict[int, list[list[float]]] = field(default_factory=dict)
     attn_ms_per_token: dict[int, float] = field(default_factory=dict)  # per context token
     ema: float = 0.1
-    observations: int = 0
     # K -> observations per table point: a point's first measurement replaces the prior,
     # the next ones average in (weight 1/(n+1)) until the EMA rate takes over
     counts: dict[int, list[int]] = field(default_factory=dict)
@@ -172,7 +171,6 @@ class CostModel:
             counts[j] += 1
             if share and k and self.shared:
                 self._share(k, pts[j][0], self.shared * self.ema * w * err / pred)
-        self.observations += 1
         return pred
 
     def _share(self, k: int, bs: float, rel: float) -> None:

@@ -1,6 +1,6 @@
 """`goodput` (the default policy): pick the gear that maximises expected committed tokens
 per second for this step. Gears: 0 = plain decode, K = 1..num_draft_tokens = chains of K
-drafts, and, when the engine verifies trees (draft_topk > 1), num_draft_tokens + 1 = one
+drafts, and, when the engine verifies trees (tree_width > 1), num_draft_tokens + 1 = one
 draft tree of that depth per request. Scores per gear: policy/scoring.py; the steps that run
 another gear to keep its price measured: policy/exploration.py.
 
@@ -70,7 +70,6 @@ class GoodputPolicy(Policy):
                                  explore_rate=explore_rate)
         self.current_k = num_draft_tokens  # the running gear
         self.last_prediction: dict = {}
-        self.last_scores: Scores = {}  # of the last scoring (diagnostics)
         self._topk = 1  # tree width of the step planned last
         self.switches = 0  # gear changes (probes and explorations aside)
         # "verify" / "plain" -> [measured ms, predicted ms, steps] of observed steps, summed
@@ -208,7 +207,6 @@ class GoodputPolicy(Policy):
             return self.current_k
         self._reuse = None
         scores = scores or self.scores(view, top)
-        self.last_scores = scores
         best = max(scores, key=lambda k: scores[k][2])
         cur = min(self.current_k, top)
         if scores[best][2] <= scores[cur][2] * (1 + self.margin):

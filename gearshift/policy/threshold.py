@@ -1,13 +1,12 @@
-"""`threshold`: a batch-size -> K table, like the switches other engines ship
-(SGLang: speculation off at >= 64 running; vLLM's documented example: K=3 up to 64,
-K=1 up to 128, off above). Rows are (max batch size, K), checked in order."""
+"""`threshold`: a batch-size -> K table, like the switches other engines ship (SGLang:
+speculation off at >= 64 running; `bench sweep` adds vLLM's documented example). Rows are
+(max batch size, K), checked in order."""
 
 from __future__ import annotations
 
 from gearshift.policy.base import Policy, PolicyView
 
 SGLANG_LIKE = ((63, None), (10**9, 0))  # None = the configured K
-VLLM_LIKE = ((64, 3), (128, 1), (10**9, 0))
 
 
 class ThresholdPolicy(Policy):

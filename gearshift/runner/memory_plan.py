@@ -126,7 +126,7 @@ def _step_slots(config: EngineConfig) -> int:
     if not config.speculative:
         return 1
     k = config.num_draft_tokens
-    return max(config.verify_nodes, k + 1) + 1 + (k - 1) * config.draft_topk
+    return max(config.verify_nodes, k + 1) + 1 + (k - 1) * config.tree_width
 
 
 def profile_slots(config: EngineConfig, max_positions: int) -> int:
@@ -154,6 +154,6 @@ def provisional_slots(config: EngineConfig, max_positions: int) -> int:
     slots = profile_slots(config, max_positions)
     if config.speculative:
         per_request = (WARMUP_PROMPT_LEN + _step_slots(config)
-                       + warmup_generated(config.num_draft_tokens, config.draft_topk > 1, 0))
+                       + warmup_generated(config.num_draft_tokens, config.tree_width > 1, 0))
         slots = max(slots, config.max_num_seqs * (per_request + 2) + 16)
     return slots

@@ -63,7 +63,6 @@ class Scheduler(Committer):
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
-        self._arrivals = 0
         self._next_tag = 0
         self.held: list[Request] | None = None  # releases postponed while a step is built
 
@@ -75,8 +74,6 @@ class Scheduler(Committer):
 
     # ------------------------------------------------------------------ requests
     def add(self, req: Request) -> None:
-        req.arrival_index = self._arrivals
-        self._arrivals += 1
         self.waiting.append(req)
 
     def abort(self, request_id: str, reason: str = "abort") -> Request | None:

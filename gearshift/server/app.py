@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from gearshift.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
+from gearshift.frontend.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from gearshift.server.errors import APIError, error_body, from_validation_error, install_error_handlers
 from gearshift.server.logprobs import (
     TokenText,

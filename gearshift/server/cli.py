@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     kwargs = engine_kwargs(args)  # checked before torch loads: a bad flag fails at once
     check_port_free(args.host, args.port)  # before the model loads, not minutes later
     from gearshift.distributed import create_engine, torchrun_env
-    from gearshift.engine.async_engine import AsyncEngine
+    from gearshift.frontend.async_engine import AsyncEngine
     from gearshift.llm import build_engine_config
 
     config = build_engine_config(**kwargs)
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
         engine = start_cluster_engine(config, args)
     elif args.engine_process and config.tensor_parallel_size == 1 and torchrun_env() is None:
-        from gearshift.engine.engine_process import EngineProcess
+        from gearshift.frontend.engine_process import EngineProcess
 
         engine = EngineProcess(config, kv_events=args.kv_events)
     else:

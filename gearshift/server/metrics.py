@@ -16,7 +16,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from gearshift.engine.async_engine import EngineSnapshot
+from gearshift.frontend.async_engine import EngineSnapshot
 from gearshift.server.router_metrics import RouterGauges
 
 _LATENCY_BUCKETS = (

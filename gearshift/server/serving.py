@@ -19,14 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from gearshift.engine.async_engine import (
+from gearshift.engine.seeds import SEED_BOUND
+from gearshift.frontend.async_engine import (
     AsyncEngine,
     EngineDeadError,
     RequestFailedError,
     StreamFailure,
 )
-from gearshift.engine.seeds import SEED_BOUND
-from gearshift.engine.tokenizer import encode_prompt
 from gearshift.request import SamplingParams, SamplingParamsError
 from gearshift.server.errors import APIError
 from gearshift.server.metrics import ServerMetrics
@@ -39,6 +38,7 @@ from gearshift.server.protocol import (
 from gearshift.server.structured import structured_output
 from gearshift.server.text_offsets import prompt_offsets
 from gearshift.structured.params import StructuredOutput, StructuredOutputError
+from gearshift.tokenizer import encode_prompt
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 SEED_HEADER = "x-gearshift-seed"  # every completion's response: the seed that replays it

@@ -20,11 +20,11 @@ from fastapi import Depends, FastAPI, Request
 from pydantic import BaseModel, Field, model_validator
 
 from gearshift import __version__
-from gearshift.engine.async_engine import EngineDeadError
-from gearshift.engine.tokenizer import ChatTemplateError, encode_prompt, render_chat
+from gearshift.frontend.async_engine import EngineDeadError
 from gearshift.server.errors import APIError
 from gearshift.server.protocol import ChatMessage, ModelCard, _Strict
 from gearshift.server.serving import check_model
+from gearshift.tokenizer import ChatTemplateError, encode_prompt, render_chat
 
 
 class TokenizeRequest(_Strict):

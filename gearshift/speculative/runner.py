@@ -49,7 +49,7 @@ class SpecRunner:
                  feed=None) -> None:
         self.runner, self.builder = runner, builder
         self.proposer = create_proposer(config, runner)
-        self.topk = config.draft_topk  # the widest tree a step may verify (1: chains only)
+        self.topk = config.tree_width  # the widest tree a step may verify (1: chains only)
         self.num_draft_tokens = config.num_draft_tokens
         self.tree_nodes = config.verify_nodes if self.topk > 1 else 0
         self.capture = self.proposer.aux_layers if self.proposer.needs_features else ()

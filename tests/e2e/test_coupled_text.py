@@ -43,7 +43,7 @@ def spec_options(name: str, drafts: dict, target) -> dict:
     draft = dict(speculative_algorithm="draft", draft_model=str(drafts["perturbed"]))
     own = dict(speculative_algorithm="draft", draft_model=str(target))
     eagle = dict(speculative_algorithm="eagle3", draft_model=str(drafts["eagle3"]))
-    tree = dict(draft_topk=2, num_verify_tokens=6)
+    tree = dict(tree_width=2, tree_budget=6)
     return {
         "draft-chain": draft, "draft-tree": {**draft, **tree},
         "own-chain": own, "own-tree": {**own, **tree},

@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from gearshift.config import ConfigError
-from gearshift.engine.async_engine import AsyncEngine
 from gearshift.engine.engine import PromptError
-from gearshift.engine.engine_process import EngineProcess
+from gearshift.frontend.async_engine import AsyncEngine
+from gearshift.frontend.engine_process import EngineProcess
 from gearshift.llm import LLM, build_engine_config
 from gearshift.request import SamplingParams
 from gearshift.server.app import build_app

@@ -19,8 +19,8 @@ import openai
 import pytest
 import torch
 
-from gearshift.engine.async_engine import AsyncEngine
 from gearshift.engine.engine import Engine
+from gearshift.frontend.async_engine import AsyncEngine
 from gearshift.llm import build_engine_config
 from gearshift.models.default import default_target_dir
 from gearshift.server.app import build_app

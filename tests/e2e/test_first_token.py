@@ -12,8 +12,8 @@ import time
 
 import httpx
 
-from gearshift.engine.async_engine import AsyncEngine
 from gearshift.engine.engine import Engine
+from gearshift.frontend.async_engine import AsyncEngine
 from gearshift.llm import build_engine_config
 from gearshift.server.app import build_app
 from gearshift.server.background import BackgroundServer

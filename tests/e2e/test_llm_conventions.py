@@ -16,7 +16,7 @@ import torch
 
 from gearshift import SamplingParams
 from gearshift.config import ConfigError
-from gearshift.engine.tokenizer import ChatTemplateError
+from gearshift.tokenizer import ChatTemplateError
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
 CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]

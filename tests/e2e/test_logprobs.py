@@ -88,11 +88,11 @@ def test_plain_logprobs_match_hf(make_llm, tiny_llama_dir, hf, engine):
 SPEC = {
     "ngram": dict(speculative_algorithm="ngram", num_draft_tokens=3),
     "eagle3-chain": dict(speculative_algorithm="eagle3", num_draft_tokens=3),
-    "eagle3-tree": dict(speculative_algorithm="eagle3", num_draft_tokens=3, draft_topk=3,
-                        num_verify_tokens=8),
+    "eagle3-tree": dict(speculative_algorithm="eagle3", num_draft_tokens=3, tree_width=3,
+                        tree_budget=8),
     "self-draft-chain": dict(speculative_algorithm="draft", num_draft_tokens=4),
-    "self-draft-tree": dict(speculative_algorithm="draft", num_draft_tokens=3, draft_topk=2,
-                            num_verify_tokens=6),
+    "self-draft-tree": dict(speculative_algorithm="draft", num_draft_tokens=3, tree_width=2,
+                            tree_budget=6),
 }
 
 

@@ -107,7 +107,7 @@ def head_dir(tmp_path_factory):
 
 def _tree(head_dir) -> dict:
     return dict(speculative_algorithm="eagle3", draft_model=str(head_dir), num_draft_tokens=3,
-                draft_topk=3, num_verify_tokens=8, spec_policy="always", max_num_seqs=6,
+                tree_width=3, tree_budget=8, spec_policy="always", max_num_seqs=6,
                 max_num_batched_tokens=64)
 
 

@@ -102,7 +102,7 @@ def test_every_mode_allocates_its_plan_and_commits_once(make_llm, tiny_llama_dir
     opts = dict(max_num_batched_tokens=16, kv_cache_tokens=2048)
     ref = {str(i): o.token_ids for i, o in enumerate(
         make_llm(tiny_llama_dir, **opts).generate(prompts, params))}
-    tree = dict(draft_topk=4, num_verify_tokens=12) if shape == "tree" else {}
+    tree = dict(tree_width=4, tree_budget=12) if shape == "tree" else {}
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    num_draft_tokens=3, **tree, **opts)
     llm.engine.set_policy(Scripted())

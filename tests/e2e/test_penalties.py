@@ -88,11 +88,11 @@ def _spec(name: str, tiny_llama_dir, head_dir) -> dict:
         "eagle3-chain": dict(speculative_algorithm="eagle3", draft_model=str(head_dir),
                              num_draft_tokens=3),
         "eagle3-tree": dict(speculative_algorithm="eagle3", draft_model=str(head_dir),
-                            num_draft_tokens=3, draft_topk=3, num_verify_tokens=8),
+                            num_draft_tokens=3, tree_width=3, tree_budget=8),
         "self-draft-chain": dict(speculative_algorithm="draft", draft_model=str(tiny_llama_dir),
                                  num_draft_tokens=4),
         "self-draft-tree": dict(speculative_algorithm="draft", draft_model=str(tiny_llama_dir),
-                                num_draft_tokens=3, draft_topk=2, num_verify_tokens=6),
+                                num_draft_tokens=3, tree_width=2, tree_budget=6),
     }[name]
 
 

@@ -26,8 +26,8 @@ PENALTIES = dict(repetition_penalty=1.6, presence_penalty=0.6, frequency_penalty
                  logit_bias={7: 1.5, 11: -2.0})
 SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
              num_attention_heads=2, num_key_value_heads=1, head_dim=16, with_tokenizer=False)
-CONFIGS = {"chain": (dict(draft_topk=1), 1.0), "chain-top_p0.9": (dict(draft_topk=1), 0.9),
-           "tree": (dict(draft_topk=2, num_verify_tokens=5), 1.0)}
+CONFIGS = {"chain": (dict(tree_width=1), 1.0), "chain-top_p0.9": (dict(tree_width=1), 0.9),
+           "tree": (dict(tree_width=2, tree_budget=5), 1.0)}
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,7 @@ def _spec_options(kind: str, tmp_path, tiny_llama_dir) -> dict:
         return dict(speculative_algorithm="draft", draft_model=str(tiny_llama_dir),
                     num_draft_tokens=3, spec_policy="always")
     head = make_eagle3_checkpoint(tmp_path / "head", aux_layer_ids=[0, 1, 1])
-    tree = dict(draft_topk=4, num_verify_tokens=10) if kind == "eagle3-tree" else {}
+    tree = dict(tree_width=4, tree_budget=10) if kind == "eagle3-tree" else {}
     return dict(speculative_algorithm="eagle3", draft_model=str(head), num_draft_tokens=3,
                 spec_policy="random", **tree)
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from gearshift.bench.serve import add_serve_bench_args, run_serve_bench
-from gearshift.engine.async_engine import AsyncEngine
 from gearshift.engine.engine import Engine
+from gearshift.frontend.async_engine import AsyncEngine
 from gearshift.llm import build_engine_config
 from gearshift.server.app import build_app
 from gearshift.server.background import BackgroundServer

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gearshift.engine.async_engine import AsyncEngine
 from gearshift.engine.engine import Engine
+from gearshift.frontend.async_engine import AsyncEngine
 from gearshift.llm import LLM, build_engine_config
 from gearshift.request import Request
 from gearshift.server.app import build_app
@@ -168,7 +168,7 @@ def test_a_fault_in_the_engine_loop_ends_the_server(tiny_llama_dir, tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
-        from gearshift.engine.async_engine import AsyncEngine
+        from gearshift.frontend.async_engine import AsyncEngine
         from gearshift.engine.engine import Engine
         from gearshift.llm import build_engine_config
         from gearshift.server.cli import serve

@@ -15,8 +15,8 @@ import math
 import openai
 import pytest
 
-from gearshift.engine.async_engine import AsyncEngine
 from gearshift.engine.engine import Engine
+from gearshift.frontend.async_engine import AsyncEngine
 from gearshift.llm import LLM, build_engine_config
 from gearshift.request import SamplingParams
 from gearshift.server.app import build_app

@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field
 from test_structured_output import SCHEMA
 
 from gearshift import SamplingParams, StructuredOutput
-from gearshift.engine.async_engine import AsyncEngine
 from gearshift.engine.engine import Engine
+from gearshift.frontend.async_engine import AsyncEngine
 from gearshift.llm import LLM, build_engine_config
 from gearshift.server.app import build_app
 from gearshift.server.background import BackgroundServer

@@ -28,7 +28,7 @@ def test_early_follow_up_leaves_the_draft_where_the_late_one_does(make_llm, tiny
         head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
         spec = dict(speculative_algorithm="eagle3", draft_model=str(head))
     spec.update(num_draft_tokens=3, spec_policy="random" if case == "random-k" else "always",
-                draft_topk=2 if case == "tree" else 1,
+                tree_width=2 if case == "tree" else 1,
                 enable_prefix_caching=case != "chain-no-cache")
     if case == "chain-riders":  # prompts prefill in chunks riding in VERIFY steps
         spec.update(max_num_batched_tokens=12)

@@ -61,7 +61,7 @@ def _engine(make_llm, tiny_llama_dir, head, spec):
 @pytest.mark.parametrize("spec,chain_as_extend", [
     (dict(num_draft_tokens=4), False),  # chain, tree attention: path recorded on the device
     (dict(num_draft_tokens=4), True),  # chain verified as a causal extend
-    (dict(num_draft_tokens=4, draft_topk=4, num_verify_tokens=16), False),  # tree
+    (dict(num_draft_tokens=4, tree_width=4, tree_budget=16), False),  # tree
     (dict(num_draft_tokens=4, spec_policy="random"), True),  # K per request: token buckets
 ])
 def test_replayed_graphs_keep_greedy_output(make_llm, tiny_llama_dir, tmp_path, spec,
@@ -102,7 +102,7 @@ def test_sampled_chain_expansion_replays(make_llm, tiny_llama_dir, tmp_path):
 @pytest.mark.parametrize("spec,chain_as_extend", [
     (dict(num_draft_tokens=3), False),
     (dict(num_draft_tokens=3), True),
-    (dict(num_draft_tokens=3, draft_topk=3, num_verify_tokens=8), False),
+    (dict(num_draft_tokens=3, tree_width=3, tree_budget=8), False),
 ])
 def test_coupled_sampling_replays_and_keeps_the_seeded_text(make_llm, tiny_llama_dir, tmp_path,
                                                             spec, chain_as_extend):

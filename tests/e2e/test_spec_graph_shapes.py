@@ -15,7 +15,7 @@ from gearshift import SamplingParams
 @pytest.mark.parametrize("spec,chain_as_extend", [
     (dict(num_draft_tokens=3), False),  # small batch: split-K tree attention
     (dict(num_draft_tokens=3), True),  # large batch: causal extend
-    (dict(num_draft_tokens=3, draft_topk=2, num_verify_tokens=6), False),
+    (dict(num_draft_tokens=3, tree_width=2, tree_budget=6), False),
     (dict(num_draft_tokens=3, spec_policy="random"), False),  # K = 0 steps: graphed draft-extend
 ])
 def test_padded_graph_shapes_keep_greedy_output(make_llm, tiny_llama_dir, tmp_path, spec,
@@ -113,7 +113,7 @@ def test_graphed_tree_paths_with_triton_kernels(make_llm, tiny_llama_dir, tmp_pa
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
     llm = make_llm(tiny_llama_dir, attention_backend="triton", speculative_algorithm="eagle3",
-                   draft_model=str(head), draft_topk=4, num_draft_tokens=4, num_verify_tokens=16,
+                   draft_model=str(head), tree_width=4, num_draft_tokens=4, tree_budget=16,
                    spec_policy="always")
     graphs = install(llm)
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref

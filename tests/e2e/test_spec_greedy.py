@@ -37,13 +37,13 @@ def _spec_variants(draft_dir, head_dir, tiny_llama_dir):
         "draft-chain": dict(speculative_algorithm="draft", draft_model=str(draft_dir),
                             num_draft_tokens=3),
         "draft-tree": dict(speculative_algorithm="draft", draft_model=str(draft_dir),
-                           num_draft_tokens=3, draft_topk=2, num_verify_tokens=6),
+                           num_draft_tokens=3, tree_width=2, tree_budget=6),
         "self-draft-chain": dict(speculative_algorithm="draft", draft_model=str(tiny_llama_dir),
                                  num_draft_tokens=4),
         "eagle3-chain": dict(speculative_algorithm="eagle3", draft_model=str(head_dir),
                              num_draft_tokens=3),
         "eagle3-tree": dict(speculative_algorithm="eagle3", draft_model=str(head_dir),
-                            num_draft_tokens=3, draft_topk=3, num_verify_tokens=8),
+                            num_draft_tokens=3, tree_width=3, tree_budget=8),
     }
 
 
@@ -127,7 +127,7 @@ def test_drafts_never_run_past_the_context_limit(make_llm, tiny_llama_dir, tree)
     spec = dict(speculative_algorithm="draft", draft_model=str(tiny_llama_dir),
                 num_draft_tokens=3, spec_policy="always")
     if tree:
-        spec.update(draft_topk=2, num_verify_tokens=5)
+        spec.update(tree_width=2, tree_budget=5)
     outs = make_llm(tiny_llama_dir, **opts, **spec).generate(prompts, params)
     assert [o.token_ids for o in outs] == ref
 
@@ -211,7 +211,7 @@ def test_random_policy_on_a_tree_engine_samples_to_completion(make_llm, tiny_lla
     params = [SamplingParams(max_tokens=30, temperature=1.0, top_p=0.9, seed=i, ignore_eos=True)
               for i in range(len(prompts))]
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head_dir),
-                   num_draft_tokens=3, draft_topk=3, num_verify_tokens=8, spec_policy="random",
+                   num_draft_tokens=3, tree_width=3, tree_budget=8, spec_policy="random",
                    spec_sampling="rejection")
     outs = llm.generate(prompts, params)
     assert all(len(o.token_ids) == 30 and o.finish_reason == "length" for o in outs)

@@ -1,6 +1,6 @@
 """Sampling with speculation is lossless, end to end: a tiny target with a 16-token
 vocabulary and a draft model (the target with perturbed weights, acceptance ~0.7), chains
-(draft_topk=1, K=3) and trees (draft_topk=2, K=3, num_verify_tokens=5), temperature 1 and
+(tree_width=1, K=3) and trees (tree_width=2, K=3, tree_budget=5), temperature 1 and
 top-p 0.9, verified by rejection sampling or by coupling (spec_sampling="coupled": the
 plain sampler's token at every node). Every request has the same prompt, its own seed and
 max_tokens=5: token 1 comes from the prefill's plain sampler, the first decode step is a
@@ -40,18 +40,18 @@ SEED_MUL = 0x9E3779B1
 SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
              num_attention_heads=2, num_key_value_heads=1, head_dim=16, with_tokenizer=False)
 CONFIGS = {
-    "chain-t1": (dict(draft_topk=1, spec_sampling="rejection"), 1.0),
-    "chain-top_p0.9": (dict(draft_topk=1, spec_sampling="rejection"), 0.9),
-    "tree-t1": (dict(draft_topk=2, num_verify_tokens=5, spec_sampling="rejection"), 1.0),
-    "tree-top_p0.9": (dict(draft_topk=2, num_verify_tokens=5, spec_sampling="rejection"),
+    "chain-t1": (dict(tree_width=1, spec_sampling="rejection"), 1.0),
+    "chain-top_p0.9": (dict(tree_width=1, spec_sampling="rejection"), 0.9),
+    "tree-t1": (dict(tree_width=2, tree_budget=5, spec_sampling="rejection"), 1.0),
+    "tree-top_p0.9": (dict(tree_width=2, tree_budget=5, spec_sampling="rejection"),
                       0.9),
     # coupled verification (speculative/coupled.py): the plain sampler's tokens, hence its law
-    "coupled-chain-top_p0.9": (dict(draft_topk=1, spec_sampling="coupled"), 0.9),
-    "coupled-tree-t1": (dict(draft_topk=2, num_verify_tokens=5, spec_sampling="coupled"), 1.0),
+    "coupled-chain-top_p0.9": (dict(tree_width=1, spec_sampling="coupled"), 0.9),
+    "coupled-tree-t1": (dict(tree_width=2, tree_budget=5, spec_sampling="coupled"), 1.0),
     # a K drawn per request and step (0..3): VERIFY steps mix chains of different lengths
-    "mixed-k-chain-top_p0.9": (dict(draft_topk=1, spec_sampling="rejection",
+    "mixed-k-chain-top_p0.9": (dict(tree_width=1, spec_sampling="rejection",
                                     spec_policy="random"), 0.9),
-    "mixed-k-coupled-chain-t1": (dict(draft_topk=1, spec_sampling="coupled",
+    "mixed-k-coupled-chain-t1": (dict(tree_width=1, spec_sampling="coupled",
                                       spec_policy="random"), 1.0),
 }
 

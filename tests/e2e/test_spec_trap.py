@@ -1,4 +1,4 @@
-"""The pre-allocation trap, reproduced: 10 requests, draft_topk=4, 2 draft steps (16
+"""The pre-allocation trap, reproduced: 10 requests, tree_width=4, 2 draft steps (16
 candidate tokens each), and a policy that flips between speculation and plain decode
 every step. In SGLang's attempt the KV slots for 10 x 16 = 160 candidates were reserved
 before the worker decided to decode plainly, and the plain-decode graph met 160 rows.
@@ -43,7 +43,7 @@ def test_flipping_speculation_never_uses_stale_shapes(make_llm, tiny_llama_dir, 
     ref = [o.token_ids for o in make_llm(tiny_llama_dir, **opts).generate(prompts, params)]
 
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
-                   num_draft_tokens=2, draft_topk=4, num_verify_tokens=16, **opts)
+                   num_draft_tokens=2, tree_width=4, tree_budget=16, **opts)
     eng = llm.engine
     eng.set_policy(FlipPolicy())
     log: list[dict] = []

@@ -109,7 +109,7 @@ def test_warm_up_times_steps_without_garbage_collection(make_llm, tiny_llama_dir
 
 
 def test_warm_up_measures_the_tree_gear_of_a_tree_engine(make_llm, tiny_llama_dir, tmp_path):
-    """An engine that verifies trees (draft_topk > 1) warms up chains K = 1..max, the tree
+    """An engine that verifies trees (tree_width > 1) warms up chains K = 1..max, the tree
     (gear max + 1: its proposal graphs are captured with width 4) and plain decode; goodput
     then serves with trees and chains, output unchanged."""
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
@@ -117,7 +117,7 @@ def test_warm_up_measures_the_tree_gear_of_a_tree_engine(make_llm, tiny_llama_di
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
-                   num_draft_tokens=2, draft_topk=4, num_verify_tokens=8)  # goodput
+                   num_draft_tokens=2, tree_width=4, tree_budget=8)  # goodput
     eng = llm.engine
     graphs = install(llm)
     measured = warm_up_speculation(eng, sizes=[1, 2])
@@ -217,7 +217,7 @@ def test_sampled_requests_replay_what_the_warm_up_captured(make_llm, tiny_llama_
     so none is captured while they run."""
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
-                   num_draft_tokens=3, draft_topk=topk, max_num_seqs=8)
+                   num_draft_tokens=3, tree_width=topk, max_num_seqs=8)
     graphs = install(llm)
     eng = llm.engine
     warm_up_speculation(eng, sizes=[1, 2, 4, 8])

@@ -39,7 +39,7 @@ def tripwires(monkeypatch):
 
 
 @pytest.mark.parametrize("spec", [None, dict(num_draft_tokens=3),
-                                  dict(num_draft_tokens=3, draft_topk=2, num_verify_tokens=6)])
+                                  dict(num_draft_tokens=3, tree_width=2, tree_budget=6)])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_unconstrained_requests_touch_none_of_it(make_llm, tiny_llama_dir, tmp_path, tripwires,
                                                  spec, temperature):

@@ -36,7 +36,7 @@ AUTOMATON = {0: {"a": 1, "b": 1, "c": 1, "d": 2, "e": 2, "f": 2},
              2: {"k": 1, "l": 1, "m": 0, "b": 0, "c": 0}}
 SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
              num_attention_heads=2, num_key_value_heads=1, head_dim=16, with_tokenizer=False)
-CONFIGS = {"chain": dict(draft_topk=1), "tree": dict(draft_topk=2, num_verify_tokens=5)}
+CONFIGS = {"chain": dict(tree_width=1), "tree": dict(tree_width=2, tree_budget=5)}
 
 
 def grammar() -> str:

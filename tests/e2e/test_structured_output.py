@@ -50,8 +50,8 @@ PROMPTS = ["Describe the user:", "Once upon a time", "The quick brown fox", "Hel
 SPEC = {
     "off": {},
     "chain": dict(speculative_algorithm="eagle3", num_draft_tokens=3, spec_policy="always"),
-    "tree": dict(speculative_algorithm="eagle3", num_draft_tokens=3, draft_topk=2,
-                 num_verify_tokens=6, spec_policy="always"),
+    "tree": dict(speculative_algorithm="eagle3", num_draft_tokens=3, tree_width=2,
+                 tree_budget=6, spec_policy="always"),
     "ngram": dict(speculative_algorithm="ngram", num_draft_tokens=3, spec_policy="always"),
 }
 

@@ -1,8 +1,8 @@
 """Tensor parallelism on a CPU (gloo, 2 ranks, fp32): greedy outputs at TP=2 equal TP=1 for
 tiny Llama, Qwen2 and Qwen3 checkpoints (one with fewer KV heads than ranks, one with tied
 embeddings), EAGLE-3 chains and trees and a draft model's trees at TP=2 equal plain TP=1,
-the random policy keeps every rank on rank 0's plan over many steps, structured output
-holds, and the start-up checks name what is wrong.
+the random policy keeps every rank on rank 0's plan over many steps (rank 0 reporting each
+request's seed), structured output holds, and the start-up checks name what is wrong.
 
 Data flow (tests only): LLM(tensor_parallel_size=2) -> rank 0 here, rank 1 a worker process
 -> outputs compared with a one-process engine's.
@@ -81,9 +81,9 @@ def draft_dir(tmp_path_factory):
 
 
 SPEC = {"eagle3-chain": dict(num_draft_tokens=3),
-        "eagle3-tree": dict(num_draft_tokens=3, draft_topk=3, num_verify_tokens=8),
-        "draft-model-tree": dict(speculative_algorithm="draft", num_draft_tokens=3, draft_topk=2,
-                                 num_verify_tokens=6)}
+        "eagle3-tree": dict(num_draft_tokens=3, tree_width=3, tree_budget=8),
+        "draft-model-tree": dict(speculative_algorithm="draft", num_draft_tokens=3, tree_width=2,
+                                 tree_budget=6)}
 
 
 @pytest.mark.parametrize("variant", list(SPEC))
@@ -107,14 +107,16 @@ def test_random_policy_keeps_every_rank_on_one_plan(make_llm, tiny_llama_dir, he
     greedy = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     sampled = SamplingParams(max_tokens=32, temperature=0.9, seed=5, ignore_eos=True)
     params = [greedy if i % 3 else sampled for i in range(len(prompts))]
-    ref = [o.token_ids for o in make_llm(tiny_llama_dir, **opts).generate(prompts, params,
-                                                                           use_tqdm=False)]
+    one = make_llm(tiny_llama_dir, **opts).generate(prompts, params, use_tqdm=False)
+    ref = [o.token_ids for o in one]
     with tp_llm(tiny_llama_dir, **opts, speculative_algorithm="eagle3",
                 draft_model=str(head_dir), spec_policy="random") as llm:
         outs = llm.generate(prompts, params, use_tqdm=False)
         stats = llm.stats()
     assert [o.token_ids for o, p in zip(outs, params) if p is greedy] == \
         [r for r, p in zip(ref, params) if p is greedy]
+    # rank 0 reports each request's seed (given, or drawn as one engine draws it)
+    assert [o.seed for o in outs] == [o.seed for o in one] and outs[0].seed == 5
     assert all(len(o.token_ids) == 32 for o in outs)
     assert len([k for k, n in stats["spec"]["steps_by_k"].items() if n]) >= 3
     assert stats["preemptions"] > 0

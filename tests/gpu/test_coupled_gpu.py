@@ -28,7 +28,7 @@ def _tokens(model_dir, **kw) -> tuple[list[list[int]], LLM]:
 
 @pytest.mark.parametrize("spec", [
     dict(speculative_algorithm="eagle3", num_draft_tokens=3, spec_policy="always"),
-    dict(speculative_algorithm="eagle3", num_draft_tokens=3, draft_topk=2, num_verify_tokens=6,
+    dict(speculative_algorithm="eagle3", num_draft_tokens=3, tree_width=2, tree_budget=6,
          spec_policy="random"),
     dict(speculative_algorithm="ngram", num_draft_tokens=4, spec_policy="always"),
 ])

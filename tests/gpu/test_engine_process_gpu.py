@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from gearshift import LLM, SamplingParams
-from gearshift.engine.async_engine import AsyncEngine
-from gearshift.engine.engine_process import EngineProcess
+from gearshift.frontend.async_engine import AsyncEngine
+from gearshift.frontend.engine_process import EngineProcess
 from gearshift.llm import build_engine_config
 from gearshift.server.app import build_app
 from gearshift.server.background import BackgroundServer

@@ -111,7 +111,7 @@ def test_steps_past_the_largest_bucket_run_eagerly(tiny_llama_dir):
 
 @pytest.mark.parametrize("spec", [
     dict(num_draft_tokens=3, spec_policy="random"),  # chains: EXTEND steps between VERIFY ones
-    dict(num_draft_tokens=3, draft_topk=2, num_verify_tokens=6, spec_policy="always"),
+    dict(num_draft_tokens=3, tree_width=2, tree_budget=6, spec_policy="always"),
 ])
 def test_extend_graphs_with_eagle3_draft(tiny_llama_dir, tmp_path, spec):
     """The graphs also return the target features the draft consumes (aux [T_pad, 3H]); the

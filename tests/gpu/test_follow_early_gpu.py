@@ -27,7 +27,7 @@ def test_early_follow_up_on_cuda_graphs(tiny_llama_dir, tmp_path, monkeypatch, t
                    **opts)
 
     spec = dict(speculative_algorithm="eagle3", draft_model=str(head), num_draft_tokens=3,
-                spec_policy="always", draft_topk=topk)
+                spec_policy="always", tree_width=topk)
     late = follow_run(make, tiny_llama_dir, early=False, stand_in=False, **spec)
     early = follow_run(make, tiny_llama_dir, early=True, stand_in=False, **spec)
     assert early[2] > 5 and early[:2] == late[:2] and len(early[0]) > 5

@@ -45,7 +45,7 @@ def test_qwen3_triton_matches_hf(tiny_qwen3_dir):
 
 @pytest.mark.parametrize("spec", [
     dict(speculative_algorithm="eagle3", num_draft_tokens=3, spec_policy="always"),
-    dict(speculative_algorithm="eagle3", num_draft_tokens=3, draft_topk=2, num_verify_tokens=6,
+    dict(speculative_algorithm="eagle3", num_draft_tokens=3, tree_width=2, tree_budget=6,
          spec_policy="always"),
     dict(speculative_algorithm="ngram", num_draft_tokens=4, spec_policy="random"),
 ])
@@ -75,9 +75,9 @@ def test_speculation_graphs_at_larger_batch(tiny_llama_dir, tmp_path, topk):
     spec = dict(speculative_algorithm="eagle3", draft_model=str(head), num_draft_tokens=3,
                 spec_policy="always", max_num_seqs=48)
     if topk == 4:  # the bench sweep's tree: topk 4, depth 4, 16 verify tokens
-        spec.update(draft_topk=4, num_draft_tokens=4, num_verify_tokens=16)
+        spec.update(tree_width=4, num_draft_tokens=4, tree_budget=16)
     elif topk > 1:
-        spec.update(draft_topk=topk, num_verify_tokens=6)
+        spec.update(tree_width=topk, tree_budget=6)
     ref, _ = _run(tiny_llama_dir, "triton", True, prompts, max_num_seqs=48)
     got, llm = _run(tiny_llama_dir, "triton", True, prompts, **spec)
     assert got == ref
@@ -173,7 +173,7 @@ def test_tree_engine_warms_up_and_serves_chains_and_trees(tiny_llama_dir, tmp_pa
     ref, _ = _run(tiny_llama_dir, "triton", True, prompts, max_num_seqs=16)
     llm = LLM(str(tiny_llama_dir), device="cuda", dtype="float32", attention_backend="triton",
               max_num_seqs=16, kv_cache_tokens=8192, speculative_algorithm="eagle3",
-              draft_model=str(head), num_draft_tokens=4, draft_topk=4, num_verify_tokens=16)
+              draft_model=str(head), num_draft_tokens=4, tree_width=4, tree_budget=16)
     eng = llm.engine
     assert sorted(eng.measured_costs) == [0, 1, 2, 3, 4, 5]
     assert eng.policy.top_gear(PolicyView([], 0, 4, None, 4)) == 5  # may pick trees

@@ -22,8 +22,8 @@ SLACK = 0.05  # of the card: the caching allocator's rounding and fragmentation
 
 
 def test_largest_planned_steps_run_after_start_up():
-    llm = LLM(device="cuda", speculative_algorithm="eagle3", num_draft_tokens=4, draft_topk=4,
-              num_verify_tokens=16, max_num_seqs=256, spec_policy="always",
+    llm = LLM(device="cuda", speculative_algorithm="eagle3", num_draft_tokens=4, tree_width=4,
+              tree_budget=16, max_num_seqs=256, spec_policy="always",
               gpu_memory_utilization=UTILIZATION)
     eng = llm.engine
     plan = eng.runner.memory_plan

@@ -27,7 +27,7 @@ def test_random_policy_soak_default_model_fp32(shape):
     ref = LLM(model, **opts).generate(prompts, params)
     spec = dict(speculative_algorithm="eagle3", num_draft_tokens=4, spec_policy="random")
     if shape == "tree":
-        spec.update(draft_topk=4, num_verify_tokens=16)
+        spec.update(tree_width=4, tree_budget=16)
     llm = LLM(model, **opts, **spec)  # the embedded EAGLE-3 head
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]

@@ -59,7 +59,7 @@ def test_one_rank_under_torchrun_equals_one_gpu(tiny_llama_dir, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("spec", [{}, dict(num_draft_tokens=3, spec_policy="always"),
-                                  dict(num_draft_tokens=3, draft_topk=2, num_verify_tokens=6,
+                                  dict(num_draft_tokens=3, tree_width=2, tree_budget=6,
                                        spec_policy="random")])
 def test_tp2_equals_one_gpu(tiny_llama_dir, tmp_path, spec):
     if spec:

@@ -267,7 +267,7 @@ def fake_server(*, api_key: str | None = None, max_waiting: int = 512,
                 max_body_bytes: int = 1 << 20, limits: dict | None = None,
                 **engine_kwargs) -> Iterator[FakeServer]:
     """A live uvicorn server on a free 127.0.0.1 port serving a FakeEngine."""
-    from gearshift.engine.async_engine import AsyncEngine
+    from gearshift.frontend.async_engine import AsyncEngine
     from gearshift.server.app import build_app
     from gearshift.server.background import BackgroundServer
 

@@ -24,7 +24,7 @@ def test_sweep_cli_writes_every_point(tmp_path, capsys):
     out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
     rc = main(["bench", "sweep", "--model", str(target), "--draft-model", str(head),
                "--device", "cpu", "--concurrency", "1,3", "--rounds", "1", "--input-len", "6",
-               "--output-len", "6", "--min-requests", "2", "--tree-topk", "2", "--tree-tokens", "4",
+               "--output-len", "6", "--min-requests", "2", "--tree-width", "2", "--tree-budget", "4",
                "--settle", "0",  # goodput settled on the CPU speculates no more: keep its VERIFYs
                "--output-json", str(out), "--output-png", str(png)])
     assert rc == 0 and png.stat().st_size > 0

@@ -27,7 +27,7 @@ def _args(pair, tmp_path, *extra):
     target, head = pair
     return ["bench", "sweep", "--model", str(target), "--draft-model", str(head),
             "--device", "cpu", "--concurrency", "1,2", "--rounds", "1", "--input-len", "6",
-            "--output-len", "5", "--min-requests", "2", "--tree-topk", "1", "--settle", "0",
+            "--output-len", "5", "--min-requests", "2", "--tree-width", "1", "--settle", "0",
             "--output-json", str(tmp_path / "s.json"), "--output-png", str(tmp_path / "s.png"),
             *extra]
 

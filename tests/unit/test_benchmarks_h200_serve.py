@@ -66,7 +66,7 @@ def test_smoke_run_writes_every_figure_and_the_section(tmp_path):
         assert spec["failed"] == plain["failed"] == 0 and spec["output_tok_per_s"] > 0
     engine = json.loads((out / "engine_sweep.json").read_text())
     assert set(engine["results"]) == {"goodput", "off"}
-    assert engine["args"]["tree_topk"] == 1  # chains, as the server verifies them
+    assert engine["args"]["tree_width"] == 1  # chains, as the server verifies them
     rates = json.loads((out / "rates.json").read_text())
     assert set(rates["runs"]) == {"speculative", "plain"}
     assert all(len(r) == len(rates["rates"]) == 2 for r in rates["runs"].values())
@@ -131,7 +131,7 @@ def test_trace_step_puts_served_and_closed_loop_steps_side_by_side(tmp_path):
     assert steps == ["pair", "serve_trace", "trace_srv_c1", "trace_srv_c2", "trace_srv_c4",
                      "trace_loop"]
     loop = json.loads((out / "trace_loop.json").read_text())
-    assert loop["args"]["tree_topk"] == 1 and set(loop["results"]) == {"goodput"}
+    assert loop["args"]["tree_width"] == 1 and set(loop["results"]) == {"goodput"}
     for c in (1, 2, 4):
         table = (out / f"trace_c{c}.md").read_text()
         counts = next(line for line in table.splitlines() if line.startswith("| steps |"))

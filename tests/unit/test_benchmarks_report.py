@@ -48,7 +48,7 @@ def _point(c: int, tps: float, acc: float | None) -> dict:
 def _fake_out(out: Path) -> None:
     out.mkdir()
     draft = {"algorithm": "eagle3", "model": "/tmp/pair/head", "num_draft_tokens": 4,
-             "draft_topk": 1, "spec_policy": "off"}
+             "tree_width": 1, "spec_policy": "off"}
     (out / "meta.json").write_text(json.dumps({"commit": "0123456789abcdef", "smoke": False,
                                                "gpu": "NVIDIA H200, 700.00 W, 1980 MHz",
                                                "out": "/device/out"}))
@@ -65,7 +65,7 @@ def _fake_out(out: Path) -> None:
     sweep = {"results": {q: [_point(c, v, None if q == "off" else 0.6) for c, v in
                              zip((1, 8, 64, 256), vals)] for q, vals in table.items()},
              "env": _env("/tmp/pair/target", "safetensors",
-                         {**draft, "draft_topk": 4}, warmup_s=41.7),
+                         {**draft, "tree_width": 4}, warmup_s=41.7),
              "args": {"input_len": 128, "output_len": 128, "passes": 2, "rounds": 2,
                       "min_requests": 8}}
     for name, obj in (("decode_plain", plain), ("decode_draft", b), ("offline", offline),

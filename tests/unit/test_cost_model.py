@@ -18,7 +18,7 @@ def test_cost_model_interpolates_extrapolates_and_learns():
     for _ in range(100):  # the machine is 2 ms slower at batch 64 than the prior said
         m.observe(0, 64, 0, 8.0)
     assert m.predict(0, 64, 0) == pytest.approx(8.0, abs=0.05)
-    assert m.observations == 100
+    assert m.observed(0, 64) == 100
 
 
 def test_cost_model_follows_a_replaced_curve():

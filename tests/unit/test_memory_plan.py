@@ -95,14 +95,14 @@ def test_the_start_up_line_names_where_memory_went():
 
 def test_the_provisional_cache_holds_the_profiles_requests():
     cfg = EngineConfig(model="m", max_num_seqs=256, max_num_batched_tokens=2048,
-                       speculative_algorithm="eagle3", num_draft_tokens=4, draft_topk=4,
-                       num_verify_tokens=32)
+                       speculative_algorithm="eagle3", num_draft_tokens=4, tree_width=4,
+                       tree_budget=32)
     n = prompt_len(cfg, 8192)
     assert n * 256 >= 2048  # the prompts fill one prefill budget
     per = n + generated_tokens(cfg) + cfg.verify_nodes + 1 + 3 * 4  # + nodes, scratch
     assert profile_slots(cfg, 8192) >= 256 * per
-    plain = dataclasses.replace(cfg, speculative_algorithm=None, draft_topk=1,
-                                num_verify_tokens=None)
+    plain = dataclasses.replace(cfg, speculative_algorithm=None, tree_width=1,
+                                tree_budget=None)
     assert profile_slots(plain, 8192) < profile_slots(cfg, 8192)
     # the provisional cache also holds the capture pass's warm-up at max_num_seqs requests
     warm = 4 + generated_tokens(cfg) + warmup_generated(4, True, 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from gearshift.engine.output_processor import OutputProcessor
+from gearshift.frontend.output_processor import OutputProcessor
 from gearshift.request import SamplingParams
 from gearshift.scheduler.scheduler import StepOutput
 

@@ -7,13 +7,15 @@ import random
 import pytest
 from policy_helpers import measured_online, memory_bound_costs, reqs
 
+from gearshift.bench.sweep import VLLM_LIKE
+from gearshift.config import ConfigError, EngineConfig
 from gearshift.policy.base import PolicyView
 from gearshift.policy.cost import CostModel
 from gearshift.policy.goodput import GoodputPolicy
 from gearshift.policy.randomized import RandomPolicy
 from gearshift.policy.scoring import expected_tokens
 from gearshift.policy.static import AlwaysPolicy, OffPolicy
-from gearshift.policy.threshold import SGLANG_LIKE, VLLM_LIKE, ThresholdPolicy
+from gearshift.policy.threshold import SGLANG_LIKE, ThresholdPolicy
 
 
 def best_k_bruteforce(cost, alpha, bs, num_draft_tokens):
@@ -127,6 +129,13 @@ def test_static_threshold_random_policies():
     mixed = reqs(3) + reqs(3, speculative=False)
     assert all(ks[3:] == [0, 0, 0] for ks in (RandomPolicy(4, 2).plan(PolicyView(mixed, 0, 4))
                                               for _ in range(20)))
+
+
+def test_vllms_table_is_a_bench_policy_not_an_engine_option():
+    """`bench sweep` compares against vLLM's documented table (threshold-vllm); an engine is
+    not built with it."""
+    with pytest.raises(ConfigError, match="unknown spec_policy 'threshold-vllm'"):
+        EngineConfig(model="m", speculative_algorithm="ngram", spec_policy="threshold-vllm")
 
 
 def test_goodput_keeps_its_gear_when_every_gears_cost_drifts():

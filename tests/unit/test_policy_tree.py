@@ -1,4 +1,4 @@
-"""Goodput with a draft tree among its gears (an engine with draft_topk > 1): gear
+"""Goodput with a draft tree among its gears (an engine with tree_width > 1): gear
 num_draft_tokens + 1 verifies one tree of that depth per request; it is chosen when its
 acceptance pays for its bigger verification, and never on an engine that verifies chains
 only."""

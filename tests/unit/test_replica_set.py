@@ -18,7 +18,7 @@ from fake_engine import FakeEngine
 
 from gearshift.cluster.replicas import Replica, ReplicaSet
 from gearshift.cluster.router import PrefixRouter
-from gearshift.engine.async_engine import AsyncEngine
+from gearshift.frontend.async_engine import AsyncEngine
 from gearshift.server.app import build_app
 from gearshift.server.background import BackgroundServer
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from gearshift.engine.async_engine import EngineSnapshot
+from gearshift.frontend.async_engine import EngineSnapshot
 from gearshift.server.metrics import ServerMetrics
 
 

@@ -13,9 +13,9 @@ import threading
 import pytest
 from fake_engine import FakeEngine, expected_text
 
-from gearshift.engine.async_engine import AsyncEngine, EngineDeadError
 from gearshift.engine.engine import PromptError
-from gearshift.engine.engine_loop import EngineLoop
+from gearshift.frontend.async_engine import AsyncEngine, EngineDeadError
+from gearshift.frontend.engine_loop import EngineLoop
 from gearshift.request import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)

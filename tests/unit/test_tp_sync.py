@@ -15,6 +15,7 @@ import pytest
 
 from gearshift.distributed.sync import PlanMismatch, RecordingPolicy, ReplayPolicy, fingerprint
 from gearshift.forward_batch import ForwardMode
+from gearshift.policy.base import Policy
 from gearshift.policy.randomized import RandomPolicy
 from gearshift.policy.static import AlwaysPolicy
 from gearshift.request import Request, SamplingParams
@@ -101,8 +102,45 @@ def test_a_changed_answer_changes_the_fingerprint_or_is_refused():
         follower.schedule()
 
 
+class Learning(AlwaysPolicy):
+    """A policy with a price list and counters of its own, for the wrapper to pass on."""
+
+    cost = object()
+    switches, reused = 3, 7
+    last_prediction = {"k": 2}
+    prediction_log = {"verify": [6.0, 4.0, 1]}
+
+    def __init__(self) -> None:
+        super().__init__(2, topk=1)
+        self.seen: list[tuple] = []
+
+    def prepare(self, view) -> None:
+        self.seen.append(("prepare", view))
+
+    def observe(self, k, bs, ctx_tokens, ms, ks=None) -> None:
+        self.seen.append(("observe", k, bs, ctx_tokens, ms, ks))
+
+    def observe_catch_up(self, rows, ms) -> None:
+        self.seen.append(("catch_up", rows, ms))
+
+
 def test_recording_policy_is_the_policy_to_everyone_else():
-    inner = AlwaysPolicy(2)
+    inner = Learning()
     rec = RecordingPolicy(inner)
-    assert rec.drafts is inner.drafts and rec.topk == inner.topk
+    assert (rec.drafts, rec.topk, rec.cost) == (inner.drafts, 1, inner.cost)
+    assert (rec.switches, rec.reused, rec.last_prediction, rec.prediction_log) == \
+        (3, 7, {"k": 2}, {"verify": [6.0, 4.0, 1]})
+    rec.prepare("view")
+    rec.observe(2, 4, 100, 5.0)
+    rec.observe(2, 4, 100, 6.0, ks=[1, 2, 2, 2])
+    rec.observe_catch_up(12, 0.5)
+    assert inner.seen == [("prepare", "view"), ("observe", 2, 4, 100, 5.0, None),
+                          ("observe", 2, 4, 100, 6.0, [1, 2, 2, 2]), ("catch_up", 12, 0.5)]
     assert rec.take() == []
+
+
+def test_recording_policy_passes_on_every_part_of_the_contract():
+    """Whatever Policy declares, RecordingPolicy answers with the wrapped policy's own (a
+    method added to the contract must be passed on here too)."""
+    contract = {name for name in vars(Policy) if not name.startswith("_")} - {"eligible"}
+    assert contract <= set(vars(RecordingPolicy)), contract - set(vars(RecordingPolicy))

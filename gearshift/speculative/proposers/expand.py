@@ -9,7 +9,7 @@ committed draft KV plus the beam's ancestors' scratch slots), then
     draft log-probability; the best topk candidates are the next beams (EAGLE-2 style).
 Requests that couple (speculative/coupled.py) take their chain's token, or rank their
 children, by the race with the target's numbers for that output index instead.
-Finally the best (num_verify_tokens - 1) candidates form the tree (ancestors always score
+Finally the best (tree_budget - 1) candidates form the tree (ancestors always score
 higher than their descendants, so the selection is ancestor-closed).
 
 Requests with penalties (runner/penalties.py) get them on the draft's logits too, each beam

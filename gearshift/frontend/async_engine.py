@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from gearshift.engine.engine_loop import EngineLoop, EngineSnapshot, ThreadInbox
+from gearshift.frontend.engine_loop import EngineLoop, EngineSnapshot, ThreadInbox
 
 __all__ = ["AsyncEngine", "EngineDeadError", "EngineSnapshot", "RequestFailedError",
            "RequestStream", "StreamFailure"]
@@ -107,7 +107,7 @@ class AsyncEngine:
 
     def __init__(self, engine: Any, output_processor: Any | None = None) -> None:
         if output_processor is None:
-            from gearshift.engine.output_processor import OutputProcessor
+            from gearshift.frontend.output_processor import OutputProcessor
 
             output_processor = OutputProcessor(engine.tokenizer)
         self.engine = engine

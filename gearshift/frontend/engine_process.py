@@ -40,9 +40,9 @@ class EngineProcess:
     remote = True  # AsyncEngine: post to it, do not step it
 
     def __init__(self, config: EngineConfig, kv_events: str | None = None) -> None:
-        from gearshift.engine.tokenizer import load_engine_tokenizer
         from gearshift.models.loader import resolve_model_config
         from gearshift.structured.compiler import GrammarCompiler
+        from gearshift.tokenizer import load_engine_tokenizer
 
         ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
         child_in, self._send = ctx.Pipe(duplex=False)
@@ -132,7 +132,7 @@ class EngineProcess:
                 thread.join(timeout)
 
     def _read(self, sink: Any) -> None:
-        from gearshift.engine.async_engine import EngineDeadError
+        from gearshift.frontend.async_engine import EngineDeadError
 
         handlers = {"step": lambda p: sink.step_done(*p), "out": sink.outputs,
                     "snap": sink.set_snapshot,
@@ -237,7 +237,7 @@ def _main(config: EngineConfig, inbox_conn, out_conn, log_level: int,
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from gearshift import logs
     from gearshift.engine.engine import Engine
-    from gearshift.engine.engine_loop import EngineLoop
+    from gearshift.frontend.engine_loop import EngineLoop
 
     logs.configure_default()
     logging.getLogger("gearshift").setLevel(log_level)
