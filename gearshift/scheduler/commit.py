@@ -82,8 +82,11 @@ class Committer:
         tokens = result.tokens[i]
         if not tokens:  # a prefill chunk that does not reach the end of the prompt
             return None
-        if at < 0:
-            at = len(req.output_token_ids)
+        return self._write(req, tokens, at if at >= 0 else len(req.output_token_ids))
+
+    def _write(self, req: Request, tokens: list[int], at: int) -> StepOutput:
+        """The step's tokens into req's output from index `at` (its placeholder, or the end),
+        each accepted by its grammar, up to the first that finishes the request."""
         if req.params.max_tokens == 0:
             del req.output_token_ids[at:]
             return self._prompt_only(req)
