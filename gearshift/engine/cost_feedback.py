@@ -1,7 +1,9 @@
 """What each step cost, fed back to the speculation policy (goodput's step-time model).
 
     VERIFY step     planning + wall time (synchronous: host work, drafting, the device),
-                    less the draft's catch-up (the price of the plain steps before it);
+                    less the draft's catch-up over the rows the plan stated
+                    (plan.draft_catch_up: the price of the plain steps before it, which
+                    the policy priced per row when it chose K, and learns here per row);
                     observed inside the NEXT VERIFY step, before its sync, not on the host
                     path between the two (`defer` / `flush`); not with prefill chunks
                     riding along (their prefill is no gear's cost)
@@ -39,7 +41,7 @@ class CostFeedback:
         if plan.mode is ForwardMode.VERIFY:
             catch_up = self.spec.follow.catch_up_ms()  # the plain steps' price, not this K's
             if catch_up > 0:  # what leaving K = 0 costs per row
-                policy.observe_catch_up(self.spec.follow.catch_up_rows, catch_up)
+                policy.observe_catch_up(sum(plan.draft_catch_up), catch_up)
             # the next plan's scores were prepared before this step's sync anyway; a step
             # with prefill chunks riding along prices those chunks, not its K
             if all(plan.decoding):

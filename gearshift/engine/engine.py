@@ -1,14 +1,16 @@
-"""Engine: the step loop. Every mode (DECODE, EXTEND, mixed, VERIFY) takes one pipeline:
+"""Engine: the step loop. Every mode (DECODE, EXTEND, mixed, VERIFY) takes one path:
 
-    plan = scheduler.schedule()                  # pure CPU: who computes what, K per request
+    plan = scheduler.schedule()                  # pure CPU: who computes what, K per request,
+                                                 # the draft's catch-up, sync / commit_first
     batch = builder.prepare(plan, padding)       # exactly the slots the plan counts + tensors
-    result = runner.run(...) | spec.run(...)     # on the device; VERIFY: draft -> target -> verify
+    step = launch: runner.run | spec.run         # on the device; VERIFY: draft -> target -> verify
     outputs = scheduler.commit(plan, result)     # keep / free slots by count, tokens, finishes
 
-Plain steps are overlapped (engine/overlap.py): step n+1 is planned and launched while
-step n runs, and step n is committed once its tokens are read. A VERIFY step needs every
-token on the host (drafting reads them): it commits the pending step first and runs
-synchronously, with one host sync.
+How it runs is the plan's: a plain step is overlapped (engine/overlap.py): step n+1 is
+planned and launched while step n runs, and step n is committed once its tokens are read.
+A VERIFY step needs every token on the host (drafting reads them): `commit_first` commits
+the pending step before it, `sync` reads its result (one host sync) and commits it at once.
+A plain step whose grammar masks need a token in flight commits first too, then overlaps.
 
 Data flow: LLM / AsyncEngine -> Engine.add_request -> step() -> StepOutput per request.
 Not thread-safe: one thread calls add_request, abort_request and step.
@@ -97,7 +99,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.slots, self.rows, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
-            speculation=speculation, policy=policy)
+            speculation=speculation, policy=policy, overlap=config.overlap_schedule)
         self.overlap = config.overlap_schedule
         self.pending: PendingStep | None = None  # launched, tokens not read yet (overlap)
         self._read_device_ms: float | None = None  # the latest read step's device time
@@ -238,80 +240,59 @@ class Engine:
         return self.scheduler.schedule()
 
     def _run(self, plan: StepPlan, t0: float) -> list[StepOutput]:
-        if plan.mode is not ForwardMode.VERIFY or plan.is_empty:
+        """The one step path; the plan says how it runs (scheduler.py, planning step 4):
+        `commit_first`: the step in flight is committed before this one is built (drafting
+        or grammar masks read its tokens), and requests that commit finishes keep their rows
+        and slots until this step has launched (it was planned over them); `sync`: this
+        step's tokens are read and committed before step() returns, else on the next call
+        while the device runs the step after it (overlap)."""
+        if plan.mode is not ForwardMode.VERIFY:
             self.costs.flush()  # a VERIFY step does it while its device work runs
         if plan.is_empty:
             return self._commit_pending()
-        if plan.mode is ForwardMode.VERIFY:
-            return self._verify(plan, time.perf_counter() - t0)
-        if self.pending is not None and any(
-                r.grammar is not None and r.num_pending > (p >= 0)
-                for r, p in zip(plan.reqs, plan.placeholders)):
-            return self._commit_first(plan, t0)
-        return self._plain(plan, t0)
-
-    def _commit_first(self, plan: StepPlan, t0: float) -> list[StepOutput]:
-        """Grammar masks need the token in flight: commit its step first (as before a VERIFY
-        step); its finished requests keep their rows and slots until this step launched."""
+        planning_s = time.perf_counter() - t0 if plan.sync else 0.0  # schedule(), the policy
+        if not plan.commit_first:
+            return self._launch_and_commit(plan, t0, planning_s, [])
         self.scheduler.hold_releases()
         try:
-            return self._plain(plan, t0, self._commit_pending())
+            return self._launch_and_commit(plan, t0, planning_s, self._commit_pending())
         finally:
             self.scheduler.release_held()
 
-    def _plain(self, plan: StepPlan, t0: float, early: list[StepOutput] | None = None
-               ) -> list[StepOutput]:
-        """A DECODE / EXTEND step; `early`: outputs of the pending step committed already."""
-        early = early or []
+    def _launch_and_commit(self, plan: StepPlan, t0: float, planning_s: float,
+                           early: list[StepOutput]) -> list[StepOutput]:
+        """`early`: the outputs of the step before, committed first. A synchronous step's
+        time is its planning (`planning_s`: nothing overlaps it) and itself, not the wait
+        for the step before; an overlapped step's is that wait (observed only where the
+        device runs a step as it is launched: else by its device time, once read)."""
+        emitted: list[StepOutput] = []
+        if plan.sync:
+            if early and self._emit is not None:  # first tokens need not wait for this step
+                self._emit(early)
+                emitted, early = early, []
+            t0 = time.perf_counter() - planning_s
         try:
             batch = self.builder.prepare(plan, self.runner.padding(plan))  # the graph's shape
         except RequestFault as fault:  # the step never ran: plan again without that request
             self.scheduler.unbook(plan)
             return early + [self._fail(fault)]
-        fb = batch.forward
-        if any(r.num_pending > (p >= 0) for r, p in zip(plan.reqs, plan.placeholders)):
-            fb.input_ids = self.feed.resolve_ids(fb.input_ids)  # earlier steps' tokens
-        tokens, aux = self.runner.run(fb, batch.sampling)
-        events = self.runner.last_events  # this step's; later calls record new ones
-        if batch.sampling.logprobs is not None:  # copied behind the tokens, read with them
-            batch.sampling.logprobs.start_copy()
-        if not self.overlap:
-            sampled = tokens[: plan.batch_size].tolist()  # the step's one sync
-            if self._draft_follows():  # the draft follows every committed token, at any K
-                self.spec.after_plain(plan, aux)  # (before commit releases finished ones)
-            outputs = self.scheduler.commit(plan, StepResult(batch.slots, _tokens(plan, sampled)))
-            attach_logprobs(plan, batch.sampling.logprobs, outputs)
-            self._account(plan, outputs, t0, self.runner.last_device_ms())
-            return outputs
-        host, copied = self.feed.publish(plan.token_tag, tokens)
-        if self._draft_follows():  # on the device (placeholders resolved there)
-            self.spec.after_plain(plan, aux)
-        outputs = early + self._commit_pending()
-        self.pending = PendingStep(plan, batch.slots, host, copied, events,
-                                   batch.sampling.logprobs)
-        # its wall time is the wait for the step before, unless the work ran as launched
-        self._account(plan, outputs, t0, self._read_device_ms, timed=self.runner.runs_on_host)
+        step = self._launch(plan, batch, planning_s)
+        if plan.sync:
+            outputs = early + self._commit(step)
+            device_ms, timed = self.runner.last_device_ms(), True
+        else:
+            outputs = early + self._commit_pending()
+            self.pending = step
+            device_ms, timed = self._read_device_ms, self.runner.runs_on_host
+        self._account(plan, emitted + outputs, t0, device_ms, timed)
         return outputs
 
-    def _verify(self, plan: StepPlan, planning_s: float) -> list[StepOutput]:
-        """A VERIFY step: the pending step is committed first, keeping the rows and slots of
-        requests it finishes until this step has run (they are in the plan; commit drops
-        their results). Its time: planning (`planning_s`, schedule() with the policy:
-        nothing overlaps it in a synchronous step) and the step itself, not the wait for
-        the step before. A step that fails before its commit keeps nothing: every slot it
-        allocated goes back."""
-        self.scheduler.hold_releases()
-        emitted: list[StepOutput] = []
-        try:
-            outputs = self._commit_pending()
-            if outputs and self._emit is not None:  # first tokens need not wait for drafting
-                self._emit(outputs)
-                emitted, outputs = outputs, []
-            t0 = time.perf_counter() - planning_s
-            try:
-                batch = self.builder.prepare(plan)
-            except RequestFault as fault:
-                return outputs + [self._fail(fault)]
+    def _launch(self, plan: StepPlan, batch, planning_s: float) -> PendingStep:
+        """Put the step on the device; the draft does what the plan says of it (catch-up and
+        proposal inside a VERIFY step, which reads its result; a plain step's tokens it
+        follows behind the target's pass). A VERIFY step that fails keeps nothing: every
+        slot it allocated goes back."""
+        if plan.mode is ForwardMode.VERIFY:
             try:
                 result = self.spec.run(plan, batch, before_sync=lambda: self._before_sync(plan),
                                        planning_s=planning_s)
@@ -319,13 +300,28 @@ class Engine:
                 self.scheduler.commit(plan, StepResult(batch.slots, [[] for _ in plan.reqs],
                                                        kept=[[] for _ in plan.reqs]))
                 raise
-            step_outputs = self.scheduler.commit(plan, result)
-            attach_logprobs(plan, batch.sampling.logprobs, step_outputs)
-            outputs += step_outputs
-            self.spec.after_commit(plan, result)
-        finally:
-            self.scheduler.release_held()
-        self._account(plan, emitted + outputs, t0, self.runner.last_device_ms())
+            return PendingStep(plan, batch.slots, None, None, None, batch.sampling.logprobs,
+                               done=result)
+        fb = batch.forward
+        if any(r.num_pending > (p >= 0) for r, p in zip(plan.reqs, plan.placeholders)):
+            fb.input_ids = self.feed.resolve_ids(fb.input_ids)  # earlier steps' tokens
+        tokens, aux = self.runner.run(fb, batch.sampling)
+        events = self.runner.last_events  # this step's; later calls record new ones
+        if batch.sampling.logprobs is not None:  # copied behind the tokens, read with them
+            batch.sampling.logprobs.start_copy()
+        host, copied = self.feed.publish(plan.token_tag, tokens)
+        if plan.draft_follows:  # the draft covers every committed token (placeholders
+            self.spec.after_plain(plan, aux)  # resolved on the device), so K > 0 resumes
+        return PendingStep(plan, batch.slots, host, copied, events, batch.sampling.logprobs)
+
+    def _commit(self, step: PendingStep) -> list[StepOutput]:
+        """A launched step's result onto its requests (waiting for its tokens alone); after
+        a VERIFY step the draft moves on over what was kept."""
+        result = step.result()
+        outputs = self.scheduler.commit(step.plan, result)
+        attach_logprobs(step.plan, step.logprobs, outputs)
+        if step.done is not None:
+            self.spec.after_commit(step.plan, result)
         return outputs
 
     def _fail(self, fault: RequestFault) -> StepOutput:
@@ -342,18 +338,10 @@ class Engine:
         pending, self.pending = self.pending, None
         if pending is None:
             return []
-        sampled = pending.tokens()
-        outputs = self.scheduler.commit(pending.plan,
-                                        StepResult(pending.slots, _tokens(pending.plan, sampled)))
-        attach_logprobs(pending.plan, pending.logprobs, outputs)
+        outputs = self._commit(pending)
         self._read_device_ms = pending.device_ms()
         self.costs.after_read(pending.plan, self._read_device_ms)
         return outputs
-
-    def _draft_follows(self) -> bool:
-        """The draft covers every committed token (so speculation resumes at full acceptance)
-        unless the policy never speculates."""
-        return self.spec is not None and self.scheduler.policy.drafts
 
     def _num_graphs(self) -> int:
         return len(getattr(self.runner.shape_graphs, "entries", ()))
@@ -421,10 +409,4 @@ class Engine:
             return self.runner.logits(batch.forward, all_tokens=True).cpu()
         finally:
             self.scheduler._release(req)
-
-
-def _tokens(plan: StepPlan, sampled: list[int]) -> list[list[int]]:
-    """A plain step's tokens per request: its sample where the plan samples."""
-    return [[tok] if smp else [] for smp, tok in zip(plan.sample, sampled)]
-
 

@@ -13,7 +13,7 @@ every placeholder of step n is filled on the host (Scheduler.commit, after step 
 launched) before step n+2 is planned.
 
 Data flow: Engine.step -> ModelRunner.run -> TokenFeed.publish -> PendingStep ->
-(next call) PendingStep.tokens() -> Scheduler.commit -> StepOutputs.
+(next call, or at once for a synchronous plan) PendingStep.result() -> Scheduler.commit.
 """
 
 from __future__ import annotations
@@ -24,25 +24,31 @@ import torch
 
 from gearshift.runner.logprobs import LogprobPlan
 from gearshift.runner.model_runner import device_ms
-from gearshift.scheduler.plan import StepPlan
+from gearshift.scheduler.plan import StepPlan, StepResult
 
 
 @dataclass(slots=True)
 class PendingStep:
-    """A launched step whose tokens the host has not read yet."""
+    """A launched step, committed by Engine._commit: at once for a plan that runs
+    synchronously (`plan.sync`), else on the next step() call, while the step after it runs."""
 
     plan: StepPlan
     slots: list[list[int]]  # the slots BatchBuilder allocated for it, for Scheduler.commit
-    host: torch.Tensor  # [padded_bs] int64 (pinned on CUDA), filled by an async copy
+    host: torch.Tensor | None  # [padded_bs] int64 (pinned on CUDA), filled by an async copy
     copied: torch.cuda.Event | None  # recorded after the copy; None on CPU (synchronous)
     timing: tuple[torch.cuda.Event, torch.cuda.Event] | None  # ModelRunner.last_events
     logprobs: LogprobPlan | None = None  # host copies queued before `copied` was recorded
+    done: StepResult | None = None  # read already (a VERIFY step syncs inside its run)
 
-    def tokens(self) -> list[int]:
+    def result(self) -> StepResult:
         """Wait for this step's tokens only (not for steps queued after it)."""
+        if self.done is not None:
+            return self.done
         if self.copied is not None:
             self.copied.synchronize()
-        return self.host.tolist()
+        sampled = self.host.tolist()  # a plain step's token per request, where it samples
+        return StepResult(self.slots, [[t] if smp else [] for smp, t in
+                                       zip(self.plan.sample, sampled)])
 
     def device_ms(self) -> float | None:
         return device_ms(self.timing)

@@ -176,7 +176,17 @@ class GoodputPolicy(Policy):
         limits = [kmax if self.eligible(r) else 0 for r in reqs]
         held = [self._held.get(r.request_id, 0) for r in reqs]
         step_ms = self.cost.verified_pricer(n, ctx, kmax, padded_bs=bs, bucket=self._bucket(n))
-        return allocate(alphas, limits, step_ms, held, self.margin)
+        return allocate(alphas, limits, step_ms, held, self.margin, self._catch_up(view))
+
+    def _catch_up(self, view: PolicyView) -> list[tuple[float, float]] | None:
+        """Per request: (ms of its draft's catch-up, output tokens it has left), for the
+        allocation to price leaving K = 0; None where no draft is behind."""
+        if not view.draft_catches_up:
+            return None
+        per_row = self.scorer.catch_up_ms_per_row
+        out = [(max(r.num_computed_tokens - r.draft_rows, 0) * per_row,
+                float(r.params.max_tokens - len(r.output_token_ids))) for r in view.requests]
+        return out if any(ms for ms, _ in out) else None
 
     def _bucket(self, n: int):
         """tokens -> the tokens a VERIFY pass of n requests mixing K runs over (None: as

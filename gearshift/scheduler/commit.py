@@ -1,9 +1,11 @@
 """Commit: apply one step's result to its requests (the Scheduler's second entry point).
 
 Per request: free the draft's scratch slots, keep the accepted nodes' slots in position
-order and free the rest (rollback by count), append the new tokens (or fill the
-placeholder; a request's grammar accepts each), finish on EOS / stop ids / length / a
-grammar that ended. A request whose commit raises fails alone; the step goes on.
+order and free the rest (rollback by count), write the new tokens from the output index
+the step planned (a booked plain step's placeholder, else the end of the output; a
+request's grammar accepts each), finish on EOS / stop ids / length / a grammar that
+ended. Every mode takes this one body. A request whose commit raises fails alone; the step
+goes on.
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ class Committer:
         def fail(self, req: Request, error: str) -> StepOutput: ...
         def _finish(self, req: Request, reason: str | None) -> None: ...
         def _spec_counts(self, req: Request) -> tuple | None: ...
-        def _length_reached(self, req: Request) -> bool: ...
 
     def commit(self, plan: StepPlan, result: StepResult) -> list[StepOutput]:
         """Apply one step's result: the one place where a step's slots are kept or freed
@@ -67,13 +68,46 @@ class Committer:
 
     def _commit_one(self, plan: StepPlan, result: StepResult, i: int, req: Request,
                     nodes: int) -> StepOutput | None:
-        if plan.placeholders and plan.placeholders[i] >= 0:
-            return self._fill_placeholder(req, plan.placeholders[i], result.tokens[i][0])
-        if req.is_finished:  # its slots (nodes included) go back with the request
-            return None
+        """One body for every step: a booked (plain) step's token fills the placeholder it
+        stood in as; a VERIFY step's tokens follow the committed output. A request finishing
+        here may already be in a later launched step: its placeholders there are dropped
+        and that step's token ignored."""
+        at = plan.placeholders[i] if plan.placeholders else -1
+        if at >= 0:
+            req.num_pending -= 1
+        if req.is_finished and not req.closing:
+            return None  # aborted, or finished by an earlier token: its slots go with it
         if result.kept is not None:
             self._rollback(req, plan.prefix_lens[i], nodes, result.kept[i])
-        return self._append(req, result.tokens[i])
+        tokens = result.tokens[i]
+        if not tokens:  # a prefill chunk that does not reach the end of the prompt
+            return None
+        return self._write(req, tokens, at if at >= 0 else len(req.output_token_ids))
+
+    def _write(self, req: Request, tokens: list[int], at: int) -> StepOutput:
+        """The step's tokens into req's output from index `at` (its placeholder, or the end),
+        each accepted by its grammar, up to the first that finishes the request."""
+        if req.params.max_tokens == 0:
+            del req.output_token_ids[at:]
+            return self._prompt_only(req)
+        out, reason = req.output_token_ids, None
+        for j, tok in enumerate(tokens):
+            if req.grammar is not None:  # raises for a token the grammar refuses
+                req.grammar.accept(tok)
+            if at + j < len(out):
+                out[at + j] = tok
+            else:
+                out.append(tok)
+            reason = self._stop_reason(req, tok) or (
+                "length" if at + j + 1 >= req.params.max_tokens
+                or len(req.prompt_token_ids) + at + j + 1 >= self.max_model_len else None)
+            if reason is not None:
+                tokens = tokens[:j + 1]
+                del out[at + j + 1:]  # placeholders of steps already launched
+                self._leave(req, reason)
+                break
+        return StepOutput(req.request_id, list(tokens), reason is not None, reason,
+                          self._spec_counts(req))
 
     def _rollback(self, req: Request, prefix: int, nodes: int, kept: list[int]) -> None:
         """A VERIFY step's nodes sit at req.slots[prefix:]: keep the accepted ones in position
@@ -85,64 +119,20 @@ class Committer:
         req.slots[prefix:] = [tail[j] for j in kept]
         req.num_computed_tokens = prefix + len(kept)
 
-    def _append(self, req: Request, tokens: list[int]) -> StepOutput | None:
-        if not tokens:  # a prefill chunk that does not reach the end of the prompt
-            return None
-        if req.params.max_tokens == 0:
-            return self._prompt_only(req)
-        emitted: list[int] = []
-        reason = None
-        for tok in tokens:
-            if req.grammar is not None:  # raises for a token the grammar refuses
-                req.grammar.accept(tok)
-            req.output_token_ids.append(tok)
-            emitted.append(tok)
-            reason = self._stop_reason(req, tok) or (
-                "length" if self._length_reached(req) else None)
-            if reason is not None:
-                break
-        if reason is not None:
-            self.running.remove(req)
-            self._finish(req, reason)
-        return StepOutput(req.request_id, emitted, reason is not None, reason,
-                          self._spec_counts(req))
-
-    def _fill_placeholder(self, req: Request, idx: int, tok: int) -> StepOutput | None:
-        """The token sampled for output index `idx` is known. A request finishing here may
-        already be in the next step: its placeholder there is dropped and that step's token
-        ignored."""
-        req.num_pending -= 1
-        if req.is_finished and not req.closing:
-            return None  # aborted, or finished by an earlier token
-        if req.params.max_tokens == 0:
-            del req.output_token_ids[idx:]
-            return self._prompt_only(req)
-        if req.grammar is not None:
-            req.grammar.accept(tok)
-        req.output_token_ids[idx] = tok
-        last = idx + 1 >= req.params.max_tokens \
-            or len(req.prompt_token_ids) + idx + 1 >= self.max_model_len
-        reason = self._stop_reason(req, tok) or ("length" if last else None)
-        if reason is not None:
-            del req.output_token_ids[idx + 1:]  # placeholders of steps already launched
-            req.closing = False
-            if req in self.running:
-                self.running.remove(req)
-            elif req in self.waiting:
-                self.waiting.remove(req)
-            self._finish(req, reason)
-        return StepOutput(req.request_id, [tok], reason is not None, reason,
-                          self._spec_counts(req))
-
-    def _prompt_only(self, req: Request) -> StepOutput:
-        """A request for its prompt alone (max_tokens 0: scored for its logprobs) ends once
-        the prompt is computed; the token sampled at its end is dropped."""
+    def _leave(self, req: Request, reason: str) -> None:
+        """The request finishes: out of the batch (or the queue, preempted with a token in
+        flight), its row and slots go back."""
         req.closing = False
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self._finish(req, "length")
+        self._finish(req, reason)
+
+    def _prompt_only(self, req: Request) -> StepOutput:
+        """A request for its prompt alone (max_tokens 0: scored for its logprobs) ends once
+        the prompt is computed; the token sampled at its end is dropped."""
+        self._leave(req, "length")
         return StepOutput(req.request_id, [], True, "length", self._spec_counts(req))
 
     @staticmethod

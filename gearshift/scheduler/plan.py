@@ -73,6 +73,16 @@ class StepPlan:
     # the next step prefills too (a chunk stops short of its prompt's end, or the token
     # budget left requests waiting): the draft's pass over these chunks can wait for it
     prefill_continues: bool = False
+    # how the engine runs the step (engine.py: one path for every mode): commit the step in
+    # flight first (VERIFY steps draft from its tokens on the host; grammar masks need them),
+    # and read this step's tokens before step() returns (VERIFY, or overlap scheduling off)
+    commit_first: bool = False
+    sync: bool = False
+    # the draft (speculative/draft_follow.py): rows each request's draft consumes before it
+    # proposes in this step (VERIFY: what it committed at K = 0 since it last drafted; empty:
+    # none), and whether the draft follows the tokens this step commits (some K > 0 may come)
+    draft_catch_up: list[int] = field(default_factory=list)
+    draft_follows: bool = False
 
     @property
     def batch_size(self) -> int:

@@ -19,7 +19,9 @@ Planning, per step:
      anything is allocated; if the pool cannot hold the drafts, the step plans K = 0.
   4. A plain plan is booked at once: its tokens count as computed and each token it will
      sample stands in the request's output as a placeholder, so the next step can be
-     planned while this one runs (overlap scheduling). A VERIFY step runs synchronously.
+     planned while this one runs (overlap scheduling). The plan says how the engine runs
+     it: a VERIFY step commits the step in flight first and runs synchronously (`sync`);
+     a plain step commits it first where a grammar mask needs its token (`commit_first`).
 
 Commit (commit.py, the Committer half): keep or free each step's slots, append its tokens,
 finish requests.
@@ -50,7 +52,8 @@ class CacheHit:
 class Scheduler(Committer):
     def __init__(self, slots: SlotPool, rows: ReqRowPool, *, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int,
-                 speculation: Speculation | None = None, policy: Policy | None = None) -> None:
+                 speculation: Speculation | None = None, policy: Policy | None = None,
+                 overlap: bool = True) -> None:
         if (speculation is None) != (policy is None):
             raise ValueError("speculation and its policy come together")
         self.slots, self.rows = slots, rows
@@ -59,6 +62,7 @@ class Scheduler(Committer):
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.overlap = overlap  # plain steps may be read a step late (else every plan is sync)
         self.tag_stride = max_num_seqs + 1  # placeholder values per parity (engine/overlap.py)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -155,7 +159,11 @@ class Scheduler(Committer):
         if spec is not None and decoding and (plan.mode is ForwardMode.DECODE or spec.mixed):
             self._plan_speculation(plan, decoding, free)
             self._count_ks(plan, decoding)
-        if plan.mode is not ForwardMode.VERIFY:
+        plan.draft_follows = self.policy is not None and self.policy.drafts
+        if plan.mode is ForwardMode.VERIFY:
+            plan.commit_first = plan.sync = True
+        else:
+            plan.sync = not self.overlap
             self._book(plan)
         return plan
 
@@ -183,6 +191,9 @@ class Scheduler(Committer):
         plan.num_draft_tokens, plan.num_nodes, plan.num_scratch = ks, nodes, scratch
         plan.draft_topk = topk
         plan.mode = ForwardMode.VERIFY
+        if spec.draft_catches_up:  # the rows the draft is behind on, before it proposes
+            plan.draft_catch_up = [max(p - r.draft_rows, 0) if k else 0
+                                   for r, p, k in zip(plan.reqs, plan.prefix_lens, ks)]
 
     @staticmethod
     def _count_ks(plan: StepPlan, decoding: list[int]) -> None:
@@ -244,6 +255,8 @@ class Scheduler(Committer):
         plan.token_tag, self._next_tag = self._next_tag, self.tag_stride - self._next_tag
         for i, (req, n, smp) in enumerate(zip(plan.reqs, plan.extend_lens, plan.sample)):
             req.num_computed_tokens += n
+            if req.num_pending and req.grammar is not None:  # its mask needs that token
+                plan.commit_first = True
             if not smp:
                 plan.placeholders.append(-1)
                 continue

@@ -10,9 +10,11 @@ token, stored by slot.
                          or, while the next step prefills too (a burst of arrivals, a long
                          prompt), behind the last such step's pass: no chunk's first token
                          waits for the draft's pass over the chunks before it
-    VERIFY step:         catch_up first: requests about to speculate extend the draft over
-                         their backlog (graphed, K + 1 wide, when it fits, else eager chunks;
-                         short backlogs graphed apart from long ones),
+    VERIFY step:         catch_up first, as planned (plan.draft_catch_up: the rows each
+                         request about to speculate is behind on, priced by the policy when
+                         it chose K): the draft extends over that backlog (graphed, K + 1
+                         wide, when it fits, else eager chunks; short backlogs graphed apart
+                         from long ones),
                          then after verification the draft extends over the accepted tokens
                          (+ bonus) of the requests it is current for (padded to K + 1: a graph)
 
@@ -20,8 +22,8 @@ token, stored by slot.
 feature of position t for EAGLE-3, token t for a draft model). Stateless proposers (n-gram)
 skip all of it.
 
-Data flow: SpecRunner.after_plain (plain steps) / run and after_commit (VERIFY steps) ->
-DraftFollower -> proposer.store_features / proposer.draft_extend.
+Data flow: Engine (plan.draft_follows) -> SpecRunner.after_plain (plain steps) / run and
+after_commit (VERIFY steps) -> DraftFollower -> proposer.store_features / draft_extend.
 """
 
 from __future__ import annotations
@@ -101,22 +103,23 @@ class DraftFollower:
         self.proposer.store_features(_device_index(slots, aux),
                                      aux.index_select(0, _device_index(token_idx, aux)))
 
-    def catch_up(self, reqs: list[Request], max_tokens: int = 4096) -> None:
-        """Extend the draft over every row it is behind on, for these requests (before they
-        speculate). Rounds of at most `max_tokens` tokens in all. Timed (`catch_up_ms`): it
-        is the price of the plain steps before, not of this step's K."""
+    def catch_up(self, plan: StepPlan, max_tokens: int = 4096) -> None:
+        """The draft's catch-up the plan states (plan.draft_catch_up: rows each request's
+        draft is behind on, before it speculates): rounds of at most `max_tokens` tokens in
+        all. Timed (`catch_up_ms`): it is the price of the plain steps before, not of this
+        step's K (the policy priced it when it chose K)."""
         self._timing, self.catch_up_rows = None, 0
         self.deferred = []  # each request's backlog is caught up before it speculates
-        if not self.proposer.keeps_state or all(r.draft_rows >= r.num_computed_tokens
-                                                for r in reqs):
+        if not any(plan.draft_catch_up):
             return
+        reqs = [r for r, n in zip(plan.reqs, plan.draft_catch_up) if n]
+        ends = [p for p, n in zip(plan.prefix_lens, plan.draft_catch_up) if n]
         t0 = time.perf_counter()
         events = None
         if self.runner.device.type == "cuda":
             events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             events[0].record()
-        self.catch_up_rows = self._extend_backlog(reqs, [r.num_computed_tokens for r in reqs],
-                                                  max_tokens)
+        self.catch_up_rows = self._extend_backlog(reqs, ends, max_tokens)
         if events is not None:
             events[1].record()
         self._timing = ((time.perf_counter() - t0) * 1e3, events)

@@ -173,7 +173,7 @@ class SpecRunner:
         timing = self.timing
         if timing is not None:
             timing.mark(0, planning_s)
-        self.follow.catch_up([r for r, k, rd in zip(reqs, ks, ride) if k and not rd])
+        self.follow.catch_up(plan)
         pb, lp = sb.penalties, sb.logprobs
         counts = self.runner.token_counts() if pb is not None and pb.use_counts else None
         if counts is not None:

@@ -139,7 +139,7 @@ def test_a_fault_in_one_request_fails_that_request_only(tiny_llama_dir, referenc
         if stage == "prepare":
             _fault_on(monkeypatch, Request, "token_slice")
         else:
-            _fault_on(monkeypatch, Scheduler, "_fill_placeholder")
+            _fault_on(monkeypatch, Scheduler, "_write")
         victim = {**NORMAL, "max_tokens": VICTIM_MAX_TOKENS}
         with httpx.Client(base_url=srv.base_url, timeout=60) as client:
             texts = [_normal(client), _normal(client)]

@@ -83,19 +83,20 @@ def test_steps_that_capture_a_graph_are_not_observed(make_llm, tiny_llama_dir, t
     seen = []
     eng.policy.observe = lambda k, bs, ctx, ms, ks=None: seen.append((k, ms))
     verify, decode = [], []
-    orig_verify, orig_step = eng._verify, eng.runner.run
+    orig_step, orig_run = eng._launch_and_commit, eng.runner.run
 
-    def spy_verify(plan, planning_s):
+    def spy_step(plan, t0, planning_s, early):
         before = len(graphs.entries)
-        out = orig_verify(plan, planning_s)
-        verify.append(before != len(graphs.entries))  # this step captured a graph
+        out = orig_step(plan, t0, planning_s, early)
+        if plan.mode.value == "verify":
+            verify.append(before != len(graphs.entries))  # this step captured a graph
         return out
 
     def spy_run(fb, sb):
         decode.append(fb.mode.value == "decode")
-        return orig_step(fb, sb)
+        return orig_run(fb, sb)
 
-    eng._verify, eng.runner.run = spy_verify, spy_run
+    eng._launch_and_commit, eng.runner.run = spy_step, spy_run
     llm.generate(random_prompts([5, 9, 3], seed=1),
                  SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
     assert any(verify) and not all(verify) and any(decode)

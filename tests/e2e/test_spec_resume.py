@@ -142,10 +142,10 @@ class Arrival:
                                    caught_up is not None))
             return extend(reqs, prefix, lens, aux, token_idx)
 
-        def spy_catch_up(reqs, max_tokens=4096):
+        def spy_catch_up(plan, max_tokens=4096):
             nonlocal caught_up
             caught_up = len(self.calls)
-            catch_up(reqs, max_tokens)
+            catch_up(plan, max_tokens)
             self.groups.append(self.calls[caught_up:])
             caught_up = None
 

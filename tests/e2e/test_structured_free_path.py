@@ -16,8 +16,9 @@ from eager_graphs import install
 from eagle3_checkpoints import make_eagle3_checkpoint
 
 from gearshift import SamplingParams, StructuredOutput
-from gearshift.engine.engine import Engine
+from gearshift.forward_batch import ForwardMode
 from gearshift.runner import batch
+from gearshift.scheduler.scheduler import Scheduler
 from gearshift.speculative import verify_grammar
 from gearshift.speculative.proposers import expand
 from gearshift.structured.mask import GrammarBatch
@@ -33,9 +34,16 @@ def _tripwire(*args, **kwargs):
 def tripwires(monkeypatch):
     for mod, name in [(batch, "step_masks"), (GrammarBatch, "apply"),
                       (verify_grammar, "TreeOnHost"), (verify_grammar, "node_masks"),
-                      (verify_grammar, "constrain"), (expand, "draft_blocked"),
-                      (Engine, "_commit_first")]:
+                      (verify_grammar, "constrain"), (expand, "draft_blocked")]:
         monkeypatch.setattr(mod, name, _tripwire)
+    schedule = Scheduler.schedule
+
+    def no_early_commit(self):  # a plain plan commits the step in flight first only for masks
+        plan = schedule(self)
+        if plan.commit_first and plan.mode is not ForwardMode.VERIFY:
+            _tripwire()
+        return plan
+    monkeypatch.setattr(Scheduler, "schedule", no_early_commit)
 
 
 @pytest.mark.parametrize("spec", [None, dict(num_draft_tokens=3),

@@ -181,3 +181,33 @@ def test_the_allocation_is_made_in_prepare_and_used_by_the_next_plan(monkeypatch
     assert pol.last_reason == "fresh"
     pol.plan(PolicyView(other, 0, 5))  # the allocation prepared before it is not used
     assert pol.last_reason == "scored" and len(calls) == 6
+
+
+def test_a_request_behind_pays_its_catch_up_to_leave_k0():
+    # 4 ms a step, free drafts: everyone drafts fully when no draft is behind
+    alphas, limits, ms = [0.8] * 4, [3] * 4, (lambda tokens, depth: 4.0)
+    assert allocate(alphas, limits, ms) == [3] * 4
+    # request 0's draft is 40 ms behind and it has 4 tokens left: its first draft would
+    # bring that whole catch-up into the step, more than its drafts are worth
+    behind = [(40.0, 4.0), (0.0, 10.0), (0.0, 10.0), (0.0, 10.0)]
+    assert allocate(alphas, limits, ms, catch_up=behind) == [0, 3, 3, 3]
+    # the same catch-up spread over 4000 tokens left: a small share per step, it drafts
+    far = [(40.0, 4000.0)] + behind[1:]
+    assert allocate(alphas, limits, ms, catch_up=far) == [3] * 4
+
+
+def test_goodput_request_prices_the_catch_up_of_requests_behind():
+    rs = reqs(4, 0.8, ctx=1)
+    for i, r in enumerate(rs):
+        r.request_id = str(i)
+        r.params.max_tokens = 16
+        r.num_computed_tokens = r.draft_rows = 1
+    rs[0].num_computed_tokens = 2001  # 2000 rows committed at K = 0
+    view = PolicyView(rs, 0, 5, draft_catches_up=True)
+    pol = GoodputPolicy(memory_bound_costs(), 5, margin=0.0, per_request=True,
+                        catch_up_ms_per_row=0.05)
+    ks = pol._marginal(view)
+    assert ks[0] == 0 and min(ks[1:]) > 0
+    # a draft that keeps no state (n-gram) has nothing to catch up: it drafts like the rest
+    view.draft_catches_up = False
+    assert pol._marginal(view)[0] == ks[1]

@@ -296,3 +296,67 @@ def test_speculation_plan_records_the_policys_tree_width_and_counts_its_slots():
     sched.set_policy(AlwaysPolicy(2, topk=1))
     plan = sched.schedule()
     assert plan.mode is ForwardMode.VERIFY and plan.draft_topk == 1
+
+
+def test_the_plan_says_how_the_engine_runs_the_step():
+    """Plain steps overlap (sync only with overlap scheduling off); a VERIFY step commits
+    the step in flight first and runs synchronously; a plain step commits first only where
+    a grammar's mask needs a token still in flight."""
+    from gearshift.policy.static import AlwaysPolicy
+
+    sched, slots, rows = make()
+    sched.add(req("a", 3, max_tokens=8))
+    plan = sched.schedule()  # the prefill: nothing in flight
+    assert (plan.commit_first, plan.sync, plan.draft_follows) == (False, False, False)
+    fake_prepare(plan, slots, rows)
+    plan = sched.schedule()  # the decode launched while the prefill's token is in flight
+    assert (plan.commit_first, plan.sync) == (False, False)
+    sched, slots, rows = make()
+    sched.overlap = False
+    sched.add(req("a", 3, max_tokens=8))
+    assert sched.schedule().sync
+    sched, slots, rows = make(policy=AlwaysPolicy(3))
+    sched.add(req("a", 3, max_tokens=8))
+    step_once(sched, slots, rows, lambda p: [5])
+    plan = sched.schedule()
+    assert plan.mode is ForwardMode.VERIFY and plan.commit_first and plan.sync
+    assert plan.draft_follows
+
+
+class _Masked:
+    """Stands in for a request's grammar: the scheduler only asks whether there is one."""
+
+
+def test_a_grammar_with_a_token_in_flight_commits_it_first():
+    sched, slots, rows = make()
+    a, b = req("a", 3, max_tokens=8), req("b", 3, max_tokens=8)
+    b.grammar = _Masked()
+    sched.add(a)
+    first = sched.schedule()
+    fake_prepare(first, slots, rows)
+    assert not sched.schedule().commit_first  # a's next step needs no mask
+    sched, slots, rows = make()
+    sched.add(b)
+    fake_prepare(sched.schedule(), slots, rows)
+    assert sched.schedule().commit_first  # b's mask reads the token in flight
+
+
+def test_a_verify_plan_states_the_draft_s_catch_up():
+    """Rows each request's draft must consume before it proposes: those it committed while
+    it ran at K = 0 (none for a draft that keeps no state, or a request at K = 0)."""
+    from gearshift.policy.static import AlwaysPolicy
+
+    sched, slots, rows = make(policy=AlwaysPolicy(3), draft_catches_up=True)
+    a, b = req("a", 3, max_tokens=20), req("b", 5, max_tokens=20, speculative=False)
+    sched.add(a)
+    sched.add(b)
+    step_once(sched, slots, rows, lambda p: [5, 5])
+    a.draft_rows = 1  # the draft ran over a's first row only
+    plan = sched.schedule()
+    assert plan.mode is ForwardMode.VERIFY and plan.num_draft_tokens == [3, 0]
+    assert plan.draft_catch_up == [2, 0]
+    sched, slots, rows = make(policy=AlwaysPolicy(3))  # n-gram: no draft state
+    sched.add(req("c", 3, max_tokens=20))
+    step_once(sched, slots, rows, lambda p: [5])
+    plan = sched.schedule()
+    assert plan.mode is ForwardMode.VERIFY and plan.draft_catch_up == []
