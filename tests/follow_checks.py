@@ -59,7 +59,7 @@ def follow_run(make_llm, model_dir, early: bool, stand_in: bool = True, **opts):
         tree, nodes = propose(ctx)
         if not finish:  # a prefill chunk rides along: a request at K = 0 not yet decoding
             riders.append(any(r.num_computed_tokens < len(r.prompt_token_ids) for r in ctx.reqs))
-        keep = [tree.num_nodes if ctx.topk > 1 else k + 1 for k in ctx.num_draft_tokens]
+        keep = [tree.num_nodes if ctx.topk > 1 else k + 1 for k in ctx.draft_lens]
         if proposals is not None and not finish:
             proposals.append([t[:n] for t, n in zip(tree.tokens.tolist(), keep)])
         return tree, nodes

@@ -332,7 +332,7 @@ class BatchBuilder:
         st.add_ints("roots", roots)
         st.add_ints("prefix", plan.prefix_lens)
         st.add_ints("rows", [r.req_pool_index for r in reqs])
-        st.add_ints("k", plan.num_draft_tokens)
+        st.add_ints("k", plan.draft_lens)
         st.add_ints("scratch", [x for s, n in zip(slots, plan.num_nodes)
                                 for x in s[n:] + [0] * (s_max - len(s) + n)])
         st.add_ints("node_slots", [x for s, n in zip(slots, plan.num_nodes)

@@ -64,9 +64,10 @@ class StepPlan:
     token_tag: int = 0
     preempted: list[Request] = field(default_factory=list)  # sent back to waiting while planning
     failed: list = field(default_factory=list)  # StepOutputs of requests that failed admission
-    # VERIFY steps (empty otherwise): K per request (0: this request decodes plainly, or
-    # rides along with a prefill chunk), and the slots each request's verification needs
-    num_draft_tokens: list[int] = field(default_factory=list)
+    # VERIFY steps (empty otherwise): K per request, at most the configured num_draft_tokens
+    # (0: this request decodes plainly, or rides along with a prefill chunk), and the slots
+    # each request's verification needs
+    draft_lens: list[int] = field(default_factory=list)
     num_nodes: list[int] = field(default_factory=list)  # tokens verified: root + drafts
     num_scratch: list[int] = field(default_factory=list)  # the draft's own rows
     draft_topk: int = 1  # tree width of a VERIFY step: 1 = chains, > 1 = one draft tree each
@@ -92,7 +93,7 @@ class StepPlan:
 
     @property
     def speculating(self) -> bool:
-        return any(self.num_draft_tokens)
+        return any(self.draft_lens)
 
     @property
     def is_empty(self) -> bool:

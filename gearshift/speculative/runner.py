@@ -103,7 +103,7 @@ class SpecRunner:
             return 0
         if plan.draft_topk > 1:
             return self.num_draft_tokens + 1
-        return chain_gear(plan.num_draft_tokens)
+        return chain_gear(plan.draft_lens)
 
     def verified_tokens(self, n: int, tokens: int) -> int:
         """The tokens a chain VERIFY pass of n requests mixing K runs over, `tokens` of them
@@ -161,7 +161,7 @@ class SpecRunner:
         chains only) extend as usual in the same causal pass and sample at their end.
         `before_sync`: host work to do while the device runs, before the step's one sync;
         `planning_s`: the host time that planned the step (for the step trace)."""
-        reqs, ks, topk = plan.reqs, plan.num_draft_tokens, plan.draft_topk
+        reqs, ks, topk = plan.reqs, plan.draft_lens, plan.draft_topk
         b = len(reqs)
         ride = [not d for d in plan.decoding]
         prefix = plan.prefix_lens
@@ -344,8 +344,8 @@ class SpecRunner:
                 stage([reqs[i] for i in group], [prefix[i] for i in group],
                       [len(result.kept[i]) for i in group], aux,
                       [offsets[i] + j for i in group for j in result.kept[i]])
-        self.acceptance.record_step(plan.num_draft_tokens)
+        self.acceptance.record_step(plan.draft_lens)
         for i, d in enumerate(plan.decoding):
             if d:
-                self.acceptance.record(reqs[i], plan.num_draft_tokens[i], plan.draft_topk,
+                self.acceptance.record(reqs[i], plan.draft_lens[i], plan.draft_topk,
                                        n_nodes[i] - 1, packed[i][0], packed[i][2 * depth + 3])

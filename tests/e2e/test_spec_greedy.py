@@ -166,7 +166,7 @@ def test_prefill_chunks_ride_along_with_verification(make_llm, tiny_llama_dir, d
 
     def schedule():
         plan = orig()
-        if plan.num_draft_tokens and any(n > 1 for n in plan.extend_lens):
+        if plan.draft_lens and any(n > 1 for n in plan.extend_lens):
             mixed.append(plan)
         return plan
 

@@ -85,20 +85,20 @@ def test_flipping_speculation_never_uses_stale_shapes(make_llm, tiny_llama_dir, 
         bs = plan.batch_size
         target = step["forward"][0]
         if plan.mode is ForwardMode.DECODE:
-            assert not plan.num_draft_tokens
+            assert not plan.draft_lens
             assert step["allocated"] == bs  # one slot per request: nothing for drafts
             assert target[0] is ForwardMode.DECODE and target[1] == target[2]  # graph-shaped
             assert target[2] == eng.runner.decode_pad(bs)
         elif plan.mode is ForwardMode.VERIFY:
             # K = 2, or less where a request is about to reach max_tokens (capped at planning)
-            assert all(1 <= k <= 2 for k in plan.num_draft_tokens)
+            assert all(1 <= k <= 2 for k in plan.draft_lens)
             topk = plan.draft_topk
             assert eng.spec.slots_needed(2, 4) == 16 + eng.spec.scratch(2, 4)
             assert eng.spec.slots_needed(2, 1) == 3 + eng.spec.scratch(2, 1)
-            assert step["allocated"] == sum(eng.spec.slots_needed(k, topk) for k in plan.num_draft_tokens)
+            assert step["allocated"] == sum(eng.spec.slots_needed(k, topk) for k in plan.draft_lens)
             verify = [f for f in step["forward"] if f[0] is ForwardMode.VERIFY]
             assert len(verify) == 1  # one target pass over every request's candidates
-            if plan.num_draft_tokens == [2] * bs:
+            if plan.draft_lens == [2] * bs:
                 # 16 candidates each in a tree step, 3 in a chain step (with CUDA graphs,
                 # padded to a graph's batch size)
                 n = 16 if topk == 4 else 3
