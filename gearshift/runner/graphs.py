@@ -233,15 +233,11 @@ class ExtendGraphRunner:
     (max_num_seqs + 1): the real requests, one dummy request holding the padding tokens,
     then empty requests (layout: `Padding` in runner/batch.py). The extend kernel's grid
     is then a function of (tokens, rows) only. Graphs return the static logits
-    [rows, vocab] (and aux features [tokens, ...] when the forward captures them); their
-    hidden states [tokens, hidden] stay readable (`hidden`) until the graph replays again."""
+    [rows, vocab] (and aux features [tokens, ...] when the forward captures them)."""
 
     def __init__(self, forward, sizes: list[int], rows: int, device: torch.device,
-                 pool=None, keep_hidden: bool = True) -> None:
-        # (ForwardBatch) -> (logits [rows, vocab] (, aux), hidden states [T, hidden]); the
-        # hidden states stay allocated per graph only when kept (outside the shared pool)
-        self.keep_hidden = keep_hidden
-        self.forward = forward if keep_hidden else (lambda fb: (forward(fb)[0], None))
+                 pool=None) -> None:
+        self.forward = forward  # (ForwardBatch) -> logits [rows, vocab] (, aux)
         self.sizes = sorted(sizes)
         self.rows = rows
         self.buf = _ExtendBuffers.allocate(max(sizes), rows, device)
@@ -278,11 +274,7 @@ class ExtendGraphRunner:
                    fb.seq_lens, fb.extend_lens, fb.extend_start_loc, fb.prefix_lens,
                    fb.logits_indices])
         self.graphs[t].replay()
-        return self.outputs[t][0]
-
-    def hidden(self, fb: ForwardBatch) -> torch.Tensor | None:
-        """The hidden states [T, hidden] of the latest replay of fb's graph (None: not kept)."""
-        return self.outputs[fb.num_tokens][1]
+        return self.outputs[t]
 
 
 def copy_into(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:

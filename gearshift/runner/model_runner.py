@@ -15,7 +15,6 @@ from collections import Counter
 
 import torch
 
-from gearshift import env
 from gearshift.attention.base import KVCache, create_backend
 from gearshift.config import ConfigError, EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch, ForwardMode
@@ -81,7 +80,6 @@ class ModelRunner:
         self.extend_sizes: list[int] = []  # padded token counts of EXTEND steps (graph buckets)
         self.extend_route: dict[int, int] = {}  # bucket -> the graph its steps run in
         self.extend_rows = config.max_num_seqs + 1  # per-request rows of a padded EXTEND batch
-        self.riders = env.RIDERS.get() == "on"  # prefill chunks ride in VERIFY passes on graphs
         self.shape_graphs: ShapeGraphs | None = None  # VERIFY / DRAFT graphs, captured lazily
         self.capture: tuple[int, ...] = ()  # target layers whose outputs the draft consumes
         self.step_counts: Counter[str] = Counter()  # {decode,extend,verify}_{graphed,eager} calls
@@ -113,10 +111,8 @@ class ModelRunner:
         pool = None
         sizes = extend_token_buckets(self._extend_graph_limit())
         if sizes:  # the widest activations: captured first, later graphs reuse the memory
-            # their hidden states only for VERIFY steps with chunks riding along (forward_all)
-            self.extend_graphs = ExtendGraphRunner(self._forward_extend, sizes, self.extend_rows,
-                                                   self.device,
-                                                   keep_hidden=self.riders)
+            self.extend_graphs = ExtendGraphRunner(self._forward_logits, sizes, self.extend_rows,
+                                                   self.device)
             self.extend_graphs.capture()
             self.extend_sizes, pool = sizes, self.extend_graphs.pool
             times = self.extend_graphs.replay_ms()
@@ -208,17 +204,11 @@ class ModelRunner:
     def _forward_logits(self, fb: ForwardBatch):
         """-> logits [padded_bs, vocab] in the model dtype, for sample() (and aux features
         [T, 3H] when capturing)."""
-        return self._forward_extend(fb)[0]
-
-    def _forward_extend(self, fb: ForwardBatch):
-        """-> (_forward_logits' outputs, the hidden states [T, hidden] they come from): the
-        EXTEND graphs' body, so that a VERIFY step whose prefill chunks ride along can run
-        on them and take its nodes' logits from their hidden states (forward_all)."""
         if self.capture:
             hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn, self.capture)
-            return (self.model.compute_logits(hidden[fb.logits_indices], fp32=False), aux), hidden
+            return self.model.compute_logits(hidden[fb.logits_indices], fp32=False), aux
         hidden = self.model(fb.input_ids, fb.positions, fb, self.attn)  # [T, hidden]
-        return self.model.compute_logits(hidden[fb.logits_indices], fp32=False), hidden
+        return self.model.compute_logits(hidden[fb.logits_indices], fp32=False)
 
     def _forward_scored(self, fb: ForwardBatch, lp: LogprobPlan):
         """_forward_logits, and the logprobs of lp's prompt positions from the same hidden
@@ -316,22 +306,15 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_all(self, fb: ForwardBatch, capture: tuple[int, ...] = (),
                     graph_key: tuple | None = None, rows: torch.Tensor | None = None):
-        """Logits of every token [T, vocab] (VERIFY), or of token rows `rows` alone (a
-        VERIFY pass whose prefill chunks ride along: the nodes, not every chunk token), and
-        aux features of every token when capturing. With `graph_key` (an extend-layout
-        batch of uniform shape: every request has fb.max_extend_len tokens), the forward
-        runs as a CUDA graph captured for that key; with `rows`, a batch laid out for an
-        EXTEND graph (runner.padding's layout, mode EXTEND) replays that graph."""
+        """Logits of every token [T, vocab] (VERIFY), or of token rows `rows` alone (an
+        eager VERIFY pass whose prefill chunks ride along: the nodes, not every chunk
+        token), and aux features of every token when capturing. With `graph_key` (an
+        extend-layout batch of uniform shape: every request has fb.max_extend_len tokens),
+        the forward runs as a CUDA graph captured for that key."""
         self._start_events()
-        extend = self.extend_graphs if rows is not None else None
-        on_extend = extend is not None and extend.can_run(fb)
-        graphed = on_extend or (graph_key is not None and self.shape_graphs is not None)
+        graphed = graph_key is not None and self.shape_graphs is not None
         self.step_counts[f"verify_{'graphed' if graphed else 'eager'}"] += 1
-        if on_extend:
-            replayed = extend.replay(fb)
-            aux = replayed[1] if self.capture else None
-            out = self.model.compute_logits(extend.hidden(fb).index_select(0, rows)), aux
-        elif graphed:
+        if graphed:
             t, h = fb.num_tokens, self.model.config.hidden_size
             logits = self._shared_out("logits", t, self.model.config.vocab_size, torch.float32)
             aux = self._shared_out("aux", t, len(capture) * h, self.dtype) if capture else None

@@ -188,8 +188,7 @@ class DraftFollower:
     def follows_early(self, plan: StepPlan) -> bool:
         """Whether a VERIFY step of `plan` can launch the follow-up over its accepted tokens
         before the host reads them (follow_up.py): a stateful draft extending on graphs
-        and K_max + 1 rows past every prefix inside the RoPE table (chunks riding along
-        go through extend_prompts instead: SpecRunner._follow_early)."""
+        and K_max + 1 rows past every prefix inside the RoPE table."""
         return (self.proposer.keeps_state
                 and self._graph_width(plan.prefix_lens, [1]) is not None)
 

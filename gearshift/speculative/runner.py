@@ -81,11 +81,11 @@ class SpecRunner:
         return self.nodes(k, topk) + self.scratch(k, topk)
 
     def speculation(self) -> Speculation:
-        """The frozen shape the scheduler plans with. Prefill chunks ride in a chain's causal
-        verify pass, so that an arrival does not cost the decoders a step at K = 0; with
-        CUDA graphs only under GEARSHIFT_RIDERS=on (so far the graphed mixed EXTEND step at
-        K = 0 measured faster, docs/benchmarks.md)."""
-        riders = self.topk == 1 and (self.runner.shape_graphs is None or self.runner.riders)
+        """The frozen shape the scheduler plans with. Without CUDA graphs, prefill chunks
+        ride in a chain's causal verify pass, so that an arrival does not cost the decoders
+        a step at K = 0; with graphs a step that prefills is a graphed mixed EXTEND step at
+        K = 0 (it measured faster than riding chunks, docs/benchmarks.md)."""
+        riders = self.topk == 1 and self.runner.shape_graphs is None
         return Speculation(
             num_draft_tokens=self.num_draft_tokens, draft_topk=self.topk,
             num_nodes=self.nodes, num_scratch=self.scratch,
@@ -251,7 +251,7 @@ class SpecRunner:
         if timing is not None:
             timing.mark(3)
         read = self._read_later(packed)
-        early = self._follow_early(plan, packed, d, offsets, aux, node_slots)
+        early = self._follow_early(plan, packed, d, offsets, aux)
         if before_sync is not None:
             before_sync()
         packed = read() if read is not None else packed.tolist()  # the step's one host sync
@@ -303,27 +303,15 @@ class SpecRunner:
         return extend, store
 
     def _follow_early(self, plan: StepPlan, packed: torch.Tensor, staged: dict,
-                      offsets: list[int], aux: torch.Tensor | None,
-                      node_slots: list[list[int]]) -> list[int] | None:
+                      offsets: list[int], aux: torch.Tensor | None) -> list[int] | None:
         """Launch the draft's follow-up over the accepted tokens before the host reads them,
         laid out on the device (follow_up.py), where its graphed shape applies: the draft
         runs while the host commits. Requests this step finishes are followed too (their
-        slots are freed after, in stream order). -> the rows extended, or None."""
+        slots are freed after, in stream order). Graphed steps only, which carry no prefill
+        chunk (speculation()). -> the rows extended, or None."""
         if not self.follow.follows_early(plan):
             return None
         extend, store = self._groups(plan)
-        riders = [i for i, d in enumerate(plan.decoding) if not d]
-        if riders:  # a chunk's features are kept, and the draft runs over it behind the pass
-            keep = [i for i in riders
-                    if plan.reqs[i].params.speculative or self.follow.every_token]
-            self.follow.store_slots([s for i in keep for s in node_slots[i]], aux,
-                                    [offsets[i] + j for i in keep
-                                     for j in range(len(node_slots[i]))])
-            self.follow.extend_prompts([plan.reqs[i] for i in riders],
-                                       [plan.prefix_lens[i] + len(node_slots[i]) - 1
-                                        for i in riders])
-            extend = [i for i in extend if plan.decoding[i]]
-            store = [i for i in store if plan.decoding[i]]
         self.follow.follow_accepted(plan, extend, store, packed, staged, offsets, aux)
         return extend
 

@@ -30,10 +30,9 @@ from gearshift.speculative.verify_device import greedy_packed, pad_flat, pad_gre
 def chain_batch(runner: ModelRunner, reqs: list[Request], prefix: list[int], tree: DraftTree,
                 node_slots: list[list[int]], n_nodes: list[int], n_tree: int, ride: list[bool]):
     """-> (batch, flat node indices, graph key or None, the logits row of each flat node,
-    the token rows whose logits the pass computes or None: all of them). With riders the
-    pass computes the nodes' logits alone (not every chunk token's), on an EXTEND graph
-    where one fits the step (runner.padding's layout: one dummy request holding the
-    padding tokens, then empty requests)."""
+    the token rows whose logits the pass computes or None: all of them). With riders
+    (eager engines only) the pass computes the nodes' logits alone, not every chunk
+    token's."""
     st = Stager(runner.device)
     flat, node_tok, rider_pos, rider_ids, t = [], [], [], [], 0
     extend = [len(s) if r else n for s, r, n in zip(node_slots, ride, n_nodes)]
@@ -51,15 +50,7 @@ def chain_batch(runner: ModelRunner, reqs: list[Request], prefix: list[int], tre
     rows = [r.req_pool_index for r in reqs]
     prefix = list(prefix)
     key, mode, b = None, ForwardMode.VERIFY, len(reqs)
-    graphs = runner.extend_graphs
-    tokens = runner.extend_pad(t) if any(ride) and graphs is not None and graphs.keep_hidden \
-        else None
-    if tokens is not None and b < runner.extend_rows:
-        # riders: laid out like a padded EXTEND step (runner/batch.py, `Padding`)
-        mode = ForwardMode.EXTEND
-        rows, prefix, extend, _, out_loc = pad_batch(mode, rows, prefix, extend, [], out_loc,
-                                                     Padding(runner.extend_rows, tokens))
-    elif (runner.shape_graphs is not None and len(set(extend)) == 1 and not any(ride)
+    if (runner.shape_graphs is not None and len(set(extend)) == 1 and not any(ride)
             and runner.decode_pad(b) * extend[0] <= runner.max_verify_graph_tokens):
         # uniform candidates per request: pad to a graph batch size (dummy row 0, slot 0)
         n, pad = extend[0], runner.decode_pad(b) - b

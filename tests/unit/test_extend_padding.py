@@ -119,7 +119,7 @@ def _record(engine, mode: str) -> list[dict]:
         builder.prepare = lambda plan, padding=None: prepare(plan, runner.padding(plan))
     if mode == "graph":
         runner.extend_graphs = graphs = ExtendGraphRunner(
-            runner._forward_extend, BUCKETS, runner.extend_rows, runner.device)
+            runner._forward_logits, BUCKETS, runner.extend_rows, runner.device)
         graphs.capture()
         replay = graphs.replay
 
@@ -234,20 +234,3 @@ def test_masked_keys_never_reach_the_output_even_when_not_finite() -> None:
     assert torch.isfinite(out).all() and torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("keep", [True, False])
-def test_extend_graphs_keep_their_hidden_states_only_when_asked(monkeypatch, keep) -> None:
-    """Kept (GEARSHIFT_RIDERS=on: VERIFY steps with chunks riding along read them), each
-    graph's hidden states [tokens, hidden] are its output; else the graph returns only its
-    logits and holds no [tokens, hidden] of its own."""
-    monkeypatch.setattr(graphs_mod, "capture_graphs", eager_capture)
-
-    def forward(fb):
-        return torch.zeros(fb.padded_batch_size, 5), torch.ones(fb.num_tokens, 3)
-
-    graphs = ExtendGraphRunner(forward, [16, 32], 4, torch.device("cpu"), keep_hidden=keep)
-    graphs.capture()
-    for t in (16, 32):
-        fb = graphs.buf.capture_batch(t)
-        assert graphs.replay(fb).shape == (4, 5)
-        hidden = graphs.hidden(fb)
-        assert (hidden.shape == (t, 3)) if keep else hidden is None
