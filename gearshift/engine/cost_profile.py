@@ -18,7 +18,9 @@ import torch
 
 from gearshift.forward_batch import ForwardMode
 from gearshift.policy.cost import CostModel
-from gearshift.runner.batch import Stager, forward_batch, stage_forward
+from gearshift.runner.batch import StepBatch
+from gearshift.runner.staging import Stager, forward_batch, stage_forward
+from gearshift.scheduler.plan import Layout
 
 
 def profile_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -30,11 +32,12 @@ def _time_tokens(runner, num_tokens: int, repeats: int = 3) -> float:
     st = Stager(runner.device)
     stage_forward(st, [0], [0], [num_tokens], [1] * num_tokens, [0] * num_tokens)
     fb = forward_batch(st.to_device(), ForwardMode.EXTEND, 1, [0], [num_tokens], None)
-    runner.forward_all(fb)  # warm up
+    batch = StepBatch([], None, Layout("extend", 1, num_tokens), fb)
+    runner.forward(batch, all_logits=True)  # warm up
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(repeats):
-        runner.forward_all(fb)
+        runner.forward(batch, all_logits=True)
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / repeats * 1e3
 

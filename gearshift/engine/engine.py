@@ -1,8 +1,9 @@
 """Engine: the step loop. Every mode (DECODE, EXTEND, mixed, VERIFY) takes one pipeline:
 
     plan = scheduler.schedule()                  # pure CPU: who computes what, K per request
-    batch = builder.prepare(plan, padding)       # exactly the slots the plan counts + tensors
-    result = runner.run(...) | spec.run(...)     # on the device; VERIFY: draft -> target -> verify
+    plan.layout = runner.layout(plan)            # its device shape (and CUDA graph)
+    batch = builder.prepare(plan)                # exactly the slots the plan counts + tensors
+    result = runner.forward(batch) | spec.run(...)  # on the device; VERIFY: draft -> target -> verify
     outputs = scheduler.commit(plan, result)     # keep / free slots by count, tokens, finishes
 
 Plain steps are overlapped (engine/overlap.py): step n+1 is planned and launched while
@@ -204,7 +205,10 @@ class Engine:
         return outputs
 
     def _schedule(self) -> StepPlan:
-        return self.scheduler.schedule()
+        plan = self.scheduler.schedule()
+        if not plan.is_empty:
+            plan.layout = self.runner.layout(plan)  # fixed with the plan: its device shape
+        return plan
 
     def _run(self, plan: StepPlan, t0: float) -> list[StepOutput]:
         if plan.mode is not ForwardMode.VERIFY or plan.is_empty:
@@ -233,14 +237,14 @@ class Engine:
         """A DECODE / EXTEND step; `early`: outputs of the pending step committed already."""
         early = early or []
         try:
-            batch = self.builder.prepare(plan, self.runner.padding(plan))  # the graph's shape
+            batch = self.builder.prepare(plan)  # laid out for plan.layout
         except RequestFault as fault:  # the step never ran: plan again without that request
             self.scheduler.unbook(plan)
             return early + [self._fail(fault)]
         fb = batch.forward
         if any(r.num_pending > (p >= 0) for r, p in zip(plan.reqs, plan.placeholders)):
             fb.input_ids = self.feed.resolve_ids(fb.input_ids)  # earlier steps' tokens
-        tokens, aux = self.runner.run(fb, batch.sampling)
+        tokens, aux = self.runner.forward(batch)
         events = self.runner.last_events  # this step's; later calls record new ones
         if batch.sampling.logprobs is not None:  # copied behind the tokens, read with them
             batch.sampling.logprobs.start_copy()
@@ -387,7 +391,7 @@ class Engine:
         plan.add(req, len(token_ids))
         try:
             batch = self.builder.prepare(plan)
-            return self.runner.logits(batch.forward, all_tokens=True).cpu()
+            return self.runner.forward(batch, all_logits=True)[0].cpu()
         finally:
             self.scheduler._release(req)
 

@@ -1,10 +1,11 @@
 """ModelRunner: owns the model, the KV cache, the attention backend and the CUDA graphs
-(DECODE per padded batch size, EXTEND per padded token count); turns a ForwardBatch into
-sampled token ids without synchronising the host.
+(DECODE per padded batch size, EXTEND per padded token count, VERIFY shapes); chooses
+each plan's device shape (`layout`, runner/layout.py) and runs a prepared batch through
+its one entry, `forward`, without synchronising the host.
 
-Data flow: Engine.step(): ModelRunner.padding(plan) -> BatchBuilder.prepare(plan, padding)
--> ModelRunner.run(fb, sb) -> token ids (device) -> Engine reads them once (the step's
-single sync) -> Scheduler.commit.
+Data flow: Engine.step(): ModelRunner.layout(plan) -> BatchBuilder.prepare(plan) ->
+ModelRunner.forward(batch) -> token ids (device; VERIFY: the pass's logits, for
+verification) -> Engine reads them once (the step's single sync) -> Scheduler.commit.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from gearshift.config import ConfigError, EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.models.loader import DTYPES, load_model
 from gearshift.models.parallel import TensorParallel
-from gearshift.runner.batch import Padding
 from gearshift.runner.graphs import (
     DecodeGraphRunner,
     ExtendGraphRunner,
@@ -29,11 +29,12 @@ from gearshift.runner.graphs import (
     fastest_at_or_above,
     pick_bucket,
 )
+from gearshift.runner.layout import SPLIT_K_BELOW, plain_layout, verify_layout
 from gearshift.runner.logprobs import LogprobPlan, prompt_logprobs, token_logprobs
 from gearshift.runner.penalties import TokenCounts
 from gearshift.runner.sampler import SamplingBatch, sample
 from gearshift.runner.startup_checks import check_device, context_limit, set_cpu_threads
-from gearshift.scheduler.plan import StepPlan
+from gearshift.scheduler.plan import Layout, StepPlan
 
 log = logging.getLogger("gearshift.runner")
 
@@ -72,7 +73,7 @@ class ModelRunner:
                                    model_cfg.head_dim, config.max_num_seqs, self.max_model_len,
                                    dtype, self.device)
         self.attn = create_backend(config.attention_backend, self.kv, model_cfg.head_dim ** -0.5)
-        # CUDA events around the latest run() / forward_all(): a fresh pair per call, so a
+        # CUDA events around the latest forward(): a fresh pair per call, so a
         # step still in flight (overlap scheduling) keeps its own pair
         self.last_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
         self.graphs: DecodeGraphRunner | None = None
@@ -82,6 +83,10 @@ class ModelRunner:
         self.extend_rows = config.max_num_seqs + 1  # per-request rows of a padded EXTEND batch
         self.shape_graphs: ShapeGraphs | None = None  # VERIFY / DRAFT graphs, captured lazily
         self.capture: tuple[int, ...] = ()  # target layers whose outputs the draft consumes
+        # (draft depth, tree width) -> nodes per request of a VERIFY step's draft tree
+        # (set by SpecRunner: its proposer's expansion)
+        self.draft_nodes = lambda depth, topk: depth + 1
+        self.split_k_below = SPLIT_K_BELOW  # runner/layout.py split_k
         self.step_counts: Counter[str] = Counter()  # {decode,extend,verify}_{graphed,eager} calls
         self.dtype = dtype
         self._outputs: dict[str, torch.Tensor] = {}  # shared outputs of VERIFY-shape graphs
@@ -186,20 +191,13 @@ class ModelRunner:
         bucket = pick_bucket(self.extend_sizes, num_tokens)
         return self.extend_route.get(bucket, bucket)
 
-    def padding(self, plan: StepPlan) -> Padding | None:
-        """The graph shape `plan` will run in, for BatchBuilder.prepare(plan, padding);
-        None: eager and unpadded (VERIFY plans, EXTEND steps past the largest bucket, and
-        steps that score prompt tokens: they need every chunk token's logits)."""
-        if plan.mode is ForwardMode.DECODE:
-            rows = self.decode_pad(plan.batch_size)
-            return Padding(rows, rows)
-        if any(r.wants_logprobs and r.wants_prompt_logprobs(p, n) for r, p, n in
-               zip(plan.reqs, plan.prefix_lens, plan.extend_lens)):
-            return None
-        if plan.mode is ForwardMode.EXTEND and plan.batch_size < self.extend_rows:
-            tokens = self.extend_pad(plan.num_tokens)
-            return Padding(self.extend_rows, tokens) if tokens is not None else None
-        return None
+    def layout(self, plan: StepPlan) -> Layout:
+        """The device shape `plan` runs in (runner/layout.py), chosen once when it is
+        planned; BatchBuilder.prepare lays the batch out for it."""
+        if plan.mode is ForwardMode.VERIFY:
+            return verify_layout(self, plan, self.draft_nodes(max(plan.draft_lens),
+                                                              plan.draft_topk))
+        return plain_layout(self, plan)
 
     def _forward_logits(self, fb: ForwardBatch):
         """-> logits [padded_bs, vocab] in the model dtype, for sample() (and aux features
@@ -229,13 +227,30 @@ class ModelRunner:
         return self._counts
 
     @torch.inference_mode()
-    def run(self, fb: ForwardBatch, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> (sampled token ids, aux features or None), on device. No host sync.
-        Tokens: [padded_bs] for DECODE, [batch_size] for EXTEND; aux: [tokens, ...] with the
-        real tokens first (a padded EXTEND batch returns only those). sb.logprobs, when
-        requests want them, gets their log-probabilities (a step scoring prompt tokens runs
-        eagerly)."""
+    def forward(self, batch, all_logits: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The one entry for every step (a StepBatch from BatchBuilder.prepare), keyed by
+        its layout; no host sync. -> (out, aux features or None), on the device:
+          DECODE / EXTEND: out = sampled token ids ([padded_bs] for DECODE, [batch_size]
+            for EXTEND); aux [tokens, ...] of the real tokens. sb.logprobs, when requests
+            want them, gets their log-probabilities.
+          VERIFY: out = logits [T(+pad), vocab] of the pass's tokens (with chunks riding
+            along: of the nodes alone), for verification; aux of every token.
+          all_logits (eager; oracles, profiling): out = logits of every token [T, vocab]."""
+        fb = batch.forward
+        if all_logits:
+            return self._forward_all(fb, ())
         self._start_events()
+        if fb.mode is ForwardMode.VERIFY:
+            out = self._verify_pass(fb, batch.layout.graph, batch.verify.select)
+        else:
+            out = self._sample_step(fb, batch.sampling)
+        if self.last_events:
+            self.last_events[1].record()
+        return out
+
+    def _sample_step(self, fb: ForwardBatch, sb: SamplingBatch
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         lp = sb.logprobs
         if lp is not None and lp.prompt_rows is not None:
             graph, out = None, self._forward_scored(fb, lp)
@@ -251,8 +266,6 @@ class ModelRunner:
             tokens = self.sample_tokens(logits[: fb.batch_size], sb)
             if aux is not None and fb.padded_batch_size > fb.batch_size:
                 aux = aux[: sum(fb.extend_lens_cpu[: fb.batch_size])]
-        if self.last_events:
-            self.last_events[1].record()
         return tokens, aux
 
     def sample_tokens(self, logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
@@ -275,7 +288,7 @@ class ModelRunner:
         return tokens
 
     def graph_stats(self) -> dict[str, int]:
-        """How many run() steps replayed a graph / ran eagerly, per mode (for stats / bench)."""
+        """How many steps replayed a graph / ran eagerly, per mode (for stats / bench)."""
         return {f"{m}_{k}": self.step_counts[f"{m}_{k}"]
                 for m in ("decode", "extend", "verify") for k in ("graphed", "eager")}
 
@@ -303,15 +316,13 @@ class ModelRunner:
             buf = self._outputs[name] = torch.empty(rows, cols, dtype=dtype, device=self.device)
         return buf[:rows]
 
-    @torch.inference_mode()
-    def forward_all(self, fb: ForwardBatch, capture: tuple[int, ...] = (),
-                    graph_key: tuple | None = None, rows: torch.Tensor | None = None):
-        """Logits of every token [T, vocab] (VERIFY), or of token rows `rows` alone (an
-        eager VERIFY pass whose prefill chunks ride along: the nodes, not every chunk
-        token), and aux features of every token when capturing. With `graph_key` (an
-        extend-layout batch of uniform shape: every request has fb.max_extend_len tokens),
-        the forward runs as a CUDA graph captured for that key."""
-        self._start_events()
+    def _verify_pass(self, fb: ForwardBatch, graph_key: tuple | None,
+                     rows: torch.Tensor | None):
+        """Logits of every token [T, vocab] of a VERIFY pass, or of token rows `rows` alone
+        (an eager pass whose prefill chunks ride along: the nodes, not every chunk token),
+        and aux features of every token when the draft consumes them. With `graph_key`
+        the pass runs as the CUDA graph captured for that key."""
+        capture = self.capture
         graphed = graph_key is not None and self.shape_graphs is not None
         self.step_counts[f"verify_{'graphed' if graphed else 'eager'}"] += 1
         if graphed:
@@ -330,12 +341,8 @@ class ModelRunner:
                     aux.copy_(feats)
                 return out, aux
 
-            out = self.shape_graphs.run(("target",) + graph_key, body, graph_inputs(fb))
-        else:
-            out = self._forward_all(fb, capture, rows=rows)
-        if self.last_events:
-            self.last_events[1].record()
-        return out
+            return self.shape_graphs.run(("target",) + graph_key, body, graph_inputs(fb))
+        return self._forward_all(fb, capture, rows=rows)
 
     def _start_events(self) -> None:
         if self.device.type == "cuda":
@@ -350,15 +357,9 @@ class ModelRunner:
         return self.device.type == "cpu"
 
     def last_device_ms(self) -> float | None:
-        """Device time of the latest run() (forward + sampling). Call only after the host
+        """Device time of the latest forward() (forward + sampling). Call only after the host
         has synchronised on that step's tokens, so reading the events never waits."""
         return device_ms(self.last_events)
-
-    @torch.inference_mode()
-    def logits(self, fb: ForwardBatch, all_tokens: bool = False) -> torch.Tensor:
-        """Debug/oracle path: logits of every token (all_tokens) or of logits_indices."""
-        hidden = self.model(fb.input_ids, fb.positions, fb, self.attn)
-        return self.model.compute_logits(hidden if all_tokens else hidden[fb.logits_indices])
 
 
 _GRAPH_FIELDS = ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens",

@@ -32,8 +32,9 @@ import torch
 
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.request import Request, RequestStatus
-from gearshift.runner.batch import BatchBuilder, Stager, forward_batch, stage_forward
+from gearshift.runner.batch import BatchBuilder
 from gearshift.runner.model_runner import ModelRunner, device_ms, graph_inputs, rebuild_batch
+from gearshift.runner.staging import Stager, forward_batch, stage_forward
 from gearshift.scheduler.plan import StepPlan
 from gearshift.speculative.follow_up import accepted, extend_batch
 from gearshift.speculative.proposers.base import Proposer

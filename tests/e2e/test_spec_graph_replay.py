@@ -72,7 +72,7 @@ def test_replayed_graphs_keep_greedy_output(make_llm, tiny_llama_dir, tmp_path, 
     ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
     llm, graphs = _engine(make_llm, tiny_llama_dir, head, spec)
     if chain_as_extend:
-        llm.engine.spec.split_k_verify_below = 0
+        llm.engine.runner.split_k_below = 0
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     expand = [k for k in graphs.entries if k[:2] == ("eagle3", "expand")]
     greedy = [k for k in graphs.entries if k[0] == "verify-greedy"]
@@ -116,7 +116,7 @@ def test_coupled_sampling_replays_and_keeps_the_seeded_text(make_llm, tiny_llama
     ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
     llm, graphs = _engine(make_llm, tiny_llama_dir, head, {**spec, "spec_sampling": "coupled"})
     if chain_as_extend:
-        llm.engine.spec.split_k_verify_below = 0
+        llm.engine.runner.split_k_below = 0
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     expand = [k for k in graphs.entries if k[:2] == ("eagle3", "expand") and k[-4]]
     greedy = [k for k in graphs.entries if k[0] == "verify-greedy"]
@@ -144,7 +144,7 @@ def test_sampled_chains_keep_their_drafts_past_the_target_graph(make_llm, chain_
         llm = make_llm(default_target_dir(), **kw)
         graphs = install(llm, SharedPoolGraphs(lambda key: not own(key), overwrite))
         if chain_as_extend:
-            llm.engine.spec.split_k_verify_below = 0
+            llm.engine.runner.split_k_below = 0
         prompts = make_prompts(llm.tokenizer, llm.engine.model_config.vocab_size, 5, 24, 0)
         params = [SamplingParams(max_tokens=10 + 3 * i, temperature=0.7, seed=i,
                                  ignore_eos=True) for i in range(len(prompts))]

@@ -47,21 +47,18 @@ def test_flipping_speculation_never_uses_stale_shapes(make_llm, tiny_llama_dir, 
     eng = llm.engine
     eng.set_policy(FlipPolicy())
     log: list[dict] = []
-    orig_alloc, orig_run, orig_all = eng.slots.alloc, eng.runner.run, eng.runner.forward_all
+    orig_alloc, orig_forward = eng.slots.alloc, eng.runner.forward
 
     def alloc(n):
         log[-1]["allocated"] += n
         return orig_alloc(n)
 
-    def run(fb, sb):
+    def forward(batch, **kw):
+        fb = batch.forward
         log[-1]["forward"].append((fb.mode, fb.num_tokens, fb.padded_batch_size))
-        return orig_run(fb, sb)
+        return orig_forward(batch, **kw)
 
-    def forward_all(fb, capture=(), **kw):
-        log[-1]["forward"].append((fb.mode, fb.num_tokens, fb.padded_batch_size))
-        return orig_all(fb, capture, **kw)
-
-    eng.slots.alloc, eng.runner.run, eng.runner.forward_all = alloc, run, forward_all
+    eng.slots.alloc, eng.runner.forward = alloc, forward
     orig_schedule = eng.scheduler.schedule
 
     def schedule():
@@ -122,7 +119,7 @@ def test_failed_verify_step_returns_its_slots(make_llm, tiny_llama_dir):
     def boom(*args, **kwargs):
         raise RuntimeError("device fault")
 
-    eng.runner.forward_all = boom
+    eng.runner.forward = boom
     with pytest.raises(RuntimeError, match="device fault"):
         eng.step()
     assert eng.slots.num_free == free_before

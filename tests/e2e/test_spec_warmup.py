@@ -62,7 +62,7 @@ def _extend_verifying(make_llm, tiny_llama_dir, tmp_path, policy: str):
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    num_draft_tokens=3, spec_policy=policy)
     graphs = install(llm)
-    llm.engine.spec.split_k_verify_below = 0
+    llm.engine.runner.split_k_below = 0
     return llm, graphs
 
 
@@ -142,7 +142,7 @@ def test_serving_replays_what_the_warm_up_captured(make_llm, tiny_llama_dir, tmp
     graphs = install(llm)
     eng = llm.engine
     kv_heads = eng.runner.model.config.num_kv_heads
-    eng.spec.split_k_verify_below = 4 * kv_heads  # split-K below 4 rows, extend from 4 on
+    eng.runner.split_k_below = 4 * kv_heads  # split-K below 4 rows, extend from 4 on
     assert eng.spec.split_k_chains(2) and not eng.spec.split_k_chains(3)  # 3 -> 4 rows
     warm_up_speculation(eng, sizes=[1, 2, 4])
     captured = set(graphs.keys)
@@ -163,7 +163,7 @@ def test_mixed_k_serving_replays_what_the_warm_up_captured(make_llm, tiny_llama_
     llm, graphs = _extend_verifying(make_llm, tiny_llama_dir, tmp_path, "random")
     eng = llm.engine
     if split_k:
-        eng.spec.split_k_verify_below = 1 << 20
+        eng.runner.split_k_below = 1 << 20
     warm_up_speculation(eng, sizes=[1, 2, 4, 8])
     captured = set(graphs.keys)
     mixed = {k[2] for k in captured if k[:2] == ("target", "verify-mixed")}

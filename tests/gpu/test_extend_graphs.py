@@ -41,7 +41,7 @@ def _check_graphs_against_eager(llm: LLM) -> list[tuple[int, bool]]:
     eagerly and compare (re-running a step rewrites identical KV).
     -> (real tokens, prefill chunk with decoders riding along) per graphed step."""
     runner = llm.engine.runner
-    run, checked = runner.run, []
+    run, checked = runner._sample_step, []
 
     def checked_run(fb, sb):
         graphs = runner.extend_graphs
@@ -62,7 +62,7 @@ def _check_graphs_against_eager(llm: LLM) -> list[tuple[int, bool]]:
             assert aux.shape[0] == sum(fb.extend_lens_cpu[: fb.batch_size])
         return tokens, aux
 
-    runner.run = checked_run
+    runner._sample_step = checked_run
     return checked
 
 

@@ -4,8 +4,8 @@ step is laid out for a bucket and run eagerly, or through ExtendGraphRunner's st
 buffers with an eager stand-in for CUDA graphs: real rows' logits, aux features and KV
 equal the unpadded run's, and the only extra writes go to dummy row 0 / slot 0.
 
-Data flow (tests only): Scheduler plan -> ModelRunner.padding -> BatchBuilder.prepare
-(padded) -> ModelRunner.run (eager | ExtendGraphRunner.replay) vs the same engine unpadded.
+Data flow (tests only): Scheduler plan -> ModelRunner.layout -> BatchBuilder.prepare
+(padded) -> ModelRunner.forward (eager | ExtendGraphRunner.replay) vs the same engine unpadded.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from eager_graphs import eager_capture
 from gearshift import SamplingParams
 from gearshift.forward_batch import ForwardMode
 from gearshift.runner import graphs as graphs_mod
-from gearshift.runner.batch import Padding, Stager, pad_batch, stage_forward
 from gearshift.runner.graphs import (
     ExtendGraphRunner,
     extend_token_buckets,
     fastest_at_or_above,
     pick_bucket,
 )
+from gearshift.runner.staging import Stager, pad_batch, stage_forward
+from gearshift.scheduler.plan import Layout
 
 
 def test_extend_token_buckets() -> None:
@@ -66,7 +67,7 @@ def test_extend_padding_layout() -> None:
     # three real requests (rows 5, 2, 7) with 6 tokens, padded to 10 tokens over 6 rows
     ids, loc = [11, 12, 13, 14, 15, 16], [21, 22, 23, 24, 25, 26]
     rows, prefix, extend, ids_p, loc_p = pad_batch(
-        ForwardMode.EXTEND, [5, 2, 7], [4, 9, 0], [3, 1, 2], ids, loc, Padding(rows=6, tokens=10))
+        ForwardMode.EXTEND, [5, 2, 7], [4, 9, 0], [3, 1, 2], ids, loc, Layout("extend", rows=6, tokens=10))
     assert rows == [5, 2, 7, 0, 0, 0]
     assert prefix == [4, 9, 0, 0, 0, 0]
     assert extend == [3, 1, 2, 4, 0, 0]  # one dummy request holds all padding tokens
@@ -82,18 +83,18 @@ def test_extend_padding_layout() -> None:
 
 def test_extend_padding_exact_fit_and_overflow() -> None:
     rows, prefix, extend, ids, loc = pad_batch(
-        ForwardMode.EXTEND, [3], [0], [8], list(range(8)), list(range(1, 9)), Padding(4, 8))
+        ForwardMode.EXTEND, [3], [0], [8], list(range(8)), list(range(1, 9)), Layout("extend", 4, 8))
     assert (rows, prefix, extend) == ([3, 0, 0, 0], [0, 0, 0, 0], [8, 0, 0, 0])
     assert ids == list(range(8)) and loc == list(range(1, 9))  # no padding token
     with pytest.raises(AssertionError):
-        pad_batch(ForwardMode.EXTEND, [3], [0], [9], [0] * 9, [1] * 9, Padding(4, 8))
+        pad_batch(ForwardMode.EXTEND, [3], [0], [9], [0] * 9, [1] * 9, Layout("extend", 4, 8))
     with pytest.raises(AssertionError):  # no row left for the dummy request
-        pad_batch(ForwardMode.EXTEND, [1, 2], [0, 0], [1, 1], [0, 0], [1, 2], Padding(2, 8))
+        pad_batch(ForwardMode.EXTEND, [1, 2], [0, 0], [1, 1], [0, 0], [1, 2], Layout("extend", 2, 8))
 
 
 def test_decode_padding_layout_and_no_padding() -> None:
     rows, prefix, extend, ids, loc = pad_batch(
-        ForwardMode.DECODE, [4, 6], [10, 3], [1, 1], [7, 8], [30, 31], Padding(4, 4))
+        ForwardMode.DECODE, [4, 6], [10, 3], [1, 1], [7, 8], [30, 31], Layout("decode", 4, 4))
     assert (rows, prefix, extend) == ([4, 6, 0, 0], [10, 3, 0, 0], [1, 1, 1, 1])
     assert ids == [7, 8, 0, 0] and loc == [30, 31, 0, 0]
     args = ([4], [2], [3], [1, 2, 3], [5, 6, 7])
@@ -108,15 +109,14 @@ BUCKETS = [16, 32, 48]  # every EXTEND step of ENGINE fits (<= 40 tokens)
 
 
 def _record(engine, mode: str) -> list[dict]:
-    """mode "eager" / "graph": lay EXTEND steps out for BUCKETS (as Engine.step does with
-    runner.padding(plan)) and run them eagerly / through ExtendGraphRunner; "ref": unpadded.
+    """mode "eager" / "graph": lay EXTEND steps out for BUCKETS (the layout Engine._schedule
+    takes from runner.layout(plan)) and run them eagerly / through ExtendGraphRunner; "ref":
+    unpadded.
     Records each EXTEND forward's batch, logits [rows, vocab] and aux."""
-    runner, builder = engine.runner, engine.builder
+    runner = engine.runner
     log: list[dict] = []
     if mode != "ref":
         runner.extend_sizes = list(BUCKETS)
-        prepare = builder.prepare
-        builder.prepare = lambda plan, padding=None: prepare(plan, runner.padding(plan))
     if mode == "graph":
         runner.extend_graphs = graphs = ExtendGraphRunner(
             runner._forward_logits, BUCKETS, runner.extend_rows, runner.device)
@@ -129,7 +129,7 @@ def _record(engine, mode: str) -> list[dict]:
             return out
 
         graphs.replay = replay_and_log
-    forward, run = runner._forward_logits, runner.run
+    forward, run = runner._forward_logits, runner._sample_step
 
     def forward_logits(fb):
         out = forward(fb)
@@ -143,7 +143,7 @@ def _record(engine, mode: str) -> list[dict]:
             log[-1]["aux"] = aux.clone()
         return tokens, aux
 
-    runner._forward_logits, runner.run = forward_logits, run_and_keep_aux
+    runner._forward_logits, runner._sample_step = forward_logits, run_and_keep_aux
     return log
 
 
