@@ -2,8 +2,8 @@
 per padded token count) and lazily captured VERIFY / DRAFT shapes, sharing one memory pool.
 
 Data flow: ModelRunner.prepare_hot_path -> ExtendGraphRunner.capture() (largest first),
-DecodeGraphRunner.capture(); per step: ModelRunner.padding(plan) names the graph shape,
-BatchBuilder.prepare lays the batch out for it (runner/batch.py, `Padding`) ->
+DecodeGraphRunner.capture(); per step: ModelRunner.layout(plan) names the graph shape,
+BatchBuilder.prepare lays the batch out for it (runner/staging.py, `pad_batch`) ->
 `replay(fb)` copies the step's inputs into the static buffers (one copy per tensor),
 replays, and returns the static outputs: logits [rows, vocab] (and aux features).
 Capturing requires an attention backend whose paths read lengths from device tensors
@@ -231,7 +231,7 @@ class ExtendGraphRunner:
     """CUDA graphs for EXTEND steps (prefill chunks, decoders riding along as 1-token
     extends), one per padded token count in `sizes`, all over `rows` per-request rows
     (max_num_seqs + 1): the real requests, one dummy request holding the padding tokens,
-    then empty requests (layout: `Padding` in runner/batch.py). The extend kernel's grid
+    then empty requests (layout: `pad_batch` in runner/staging.py). The extend kernel's grid
     is then a function of (tokens, rows) only. Graphs return the static logits
     [rows, vocab] (and aux features [tokens, ...] when the forward captures them)."""
 

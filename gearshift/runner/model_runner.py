@@ -244,19 +244,22 @@ class ModelRunner:
         if fb.mode is ForwardMode.VERIFY:
             out = self._verify_pass(fb, batch.layout.graph, batch.verify.select)
         else:
-            out = self._sample_step(fb, batch.sampling)
+            out = self._sample_step(fb, batch.sampling, batch.layout.graph)
         if self.last_events:
             self.last_events[1].record()
         return out
 
-    def _sample_step(self, fb: ForwardBatch, sb: SamplingBatch
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _sample_step(self, fb: ForwardBatch, sb: SamplingBatch, graph_key: tuple | None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A DECODE / EXTEND step on the graph its layout names (None: eagerly)."""
         lp = sb.logprobs
-        if lp is not None and lp.prompt_rows is not None:
+        graph = None if graph_key is None else \
+            self.graphs if graph_key[0] == "decode" else self.extend_graphs
+        if graph is not None and not graph.can_run(fb):
+            graph = None  # a layout whose graph is not captured (no graphs: CPU tests)
+        if lp is not None and lp.prompt_rows is not None:  # (its layout is eager)
             graph, out = None, self._forward_scored(fb, lp)
         else:
-            graph = next((g for g in (self.graphs, self.extend_graphs)
-                          if g is not None and g.can_run(fb)), None)
             out = graph.replay(fb) if graph is not None else self._forward_logits(fb)
         self.step_counts[f"{fb.mode.value}_{'eager' if graph is None else 'graphed'}"] += 1
         logits, aux = out if self.capture else (out, None)

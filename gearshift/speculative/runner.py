@@ -1,8 +1,9 @@
 """SpecRunner: the speculative stages of the engine's one step pipeline.
 
-    VERIFY plan -> BatchBuilder.prepare (node + scratch slots, staged inputs)
+    VERIFY plan + Layout -> BatchBuilder.prepare (node + scratch slots, staged inputs,
+         the target pass laid out with rows reserved for the drafts: runner/verify_layout.py)
       -> run(): draft catch-up -> proposer.propose -> DraftTree [B, N]        (device)
-                -> target VERIFY over the valid nodes (verify_batch.py)        (device)
+                -> fill_drafts -> ModelRunner.forward: the target pass        (device)
                 -> penalties, grammar masks per node (verify_logits / _grammar.py)
                 -> verification: accepted path + bonus per request (rejection
                    sampling, or coupled to the plain sampler: coupled.py)      (device)
@@ -14,7 +15,7 @@
       -> Scheduler.commit (keep the path's slots, free the rest)
       -> after_commit(): the draft's rows move on (else the follow-up runs here, laid out
          on the host); acceptance counters
-    plain plan -> ModelRunner.run -> after_plain(): the draft's state follows at K = 0
+    plain plan -> ModelRunner.forward -> after_plain(): the draft's state follows at K = 0
 
 Data flow: Engine.step -> SpecRunner.run / after_commit (VERIFY plans), after_plain (plain).
 """

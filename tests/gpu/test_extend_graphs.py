@@ -43,7 +43,7 @@ def _check_graphs_against_eager(llm: LLM) -> list[tuple[int, bool]]:
     runner = llm.engine.runner
     run, checked = runner._sample_step, []
 
-    def checked_run(fb, sb):
+    def checked_run(fb, sb, graph_key):
         graphs = runner.extend_graphs
         if graphs is not None and graphs.can_run(fb):
             out = graphs.replay(fb)
@@ -57,7 +57,7 @@ def _check_graphs_against_eager(llm: LLM) -> list[tuple[int, bool]]:
                 torch.testing.assert_close(got[1][:t], ref[1][:t], atol=1e-4, rtol=1e-4)
             lens = fb.extend_lens_cpu[:bs]
             checked.append((t, 1 in lens and max(lens) > 1))
-        tokens, aux = run(fb, sb)
+        tokens, aux = run(fb, sb, graph_key)
         if aux is not None and fb.mode.value == "extend" and fb.padded_batch_size > fb.batch_size:
             assert aux.shape[0] == sum(fb.extend_lens_cpu[: fb.batch_size])
         return tokens, aux

@@ -137,8 +137,8 @@ def _record(engine, mode: str) -> list[dict]:
             log.append(dict(fb=fb, logits=(out[0] if runner.capture else out).clone()))
         return out
 
-    def run_and_keep_aux(fb, sb):
-        tokens, aux = run(fb, sb)
+    def run_and_keep_aux(fb, sb, graph_key):
+        tokens, aux = run(fb, sb, graph_key)
         if fb.mode is ForwardMode.EXTEND and aux is not None:
             log[-1]["aux"] = aux.clone()
         return tokens, aux
