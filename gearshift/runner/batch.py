@@ -111,6 +111,7 @@ class BatchBuilder:
         request's own inputs are read before anything is allocated: a failure there raises
         RequestFault for it alone."""
         verify = plan.mode is ForwardMode.VERIFY
+        assert plan.layout is not None or not verify, "a VERIFY plan needs its layout"
         layout = plan.layout or Layout(plan.mode.value, plan.batch_size, plan.num_tokens)
         # plain: the step's input ids per request; VERIFY: the pending token (a chunk
         # riding along: its chunk)
