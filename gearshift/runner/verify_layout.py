@@ -59,10 +59,10 @@ class VerifyPass:
 
 
 def stage_verify(st: Stager, plan: StepPlan, layout: Layout, slots: list[list[int]],
-                 riders: list[list[int]]) -> tuple[list[int], list[int], list[int]]:
+                 riders: list[list[int]]) -> tuple[list[int], ...]:
     """Host lists of the target pass into the step's copy. `riders`: each request's chunk
     tokens where it rides along ([] otherwise). -> (per-request rows, prefix, extend) of
-    the pass (padding included; trees: empty)."""
+    the pass (padding included; trees: empty), and each request's tokens in it."""
     b, n_tree = plan.batch_size, layout.nodes
     tokens = verify_nodes(plan, n_tree)  # riders: their chunk
     n_nodes = [min(t, n_tree) for t in tokens]
@@ -80,14 +80,15 @@ def stage_verify(st: Stager, plan: StepPlan, layout: Layout, slots: list[list[in
         st.add_int32("t_ones32", [1] * layout.tokens)
         st.add_int32("t_ar32", list(range(layout.tokens)))
         st.add_ints("t_ar", list(range(layout.tokens)))
-        return [], [], []
+        return [], [], [], tokens
     rows = [r.req_pool_index for r in plan.reqs]
     out_loc = [x for s, t in zip(slots, tokens) for x in s[:t]]
     ids = [0] * len(out_loc)  # the drafts' rows, filled on the device
     node_tok, flat, t = [], [], 0
     if layout.kind == "mixed":
+        total = sum(n_nodes)  # the first padding token: shorter chains' nodes read it
         for n in n_nodes:
-            node_tok.extend(t + j if j < n else sum(n_nodes) for j in range(n_tree))
+            node_tok.extend(t + j if j < n else total for j in range(n_tree))
             t += n
         flat = list(range(b * n_tree))
         starts = [0, *accumulate(n_nodes)]
@@ -96,13 +97,13 @@ def stage_verify(st: Stager, plan: StepPlan, layout: Layout, slots: list[list[in
         rows, prefix, extend, ids, out_loc = pad_batch(
             ForwardMode.EXTEND, rows, plan.prefix_lens, n_nodes, ids, out_loc, layout)
     else:
-        rider_pos = []
+        rider_pos = set()
         for i, (n, chunk) in enumerate(zip(tokens, riders)):
             if chunk:  # node 0 is the chunk's last token; the chunk's own ids fill the rest
                 flat.append(i * n_tree)
                 node_tok.append(t + n - 1)
                 ids[t:t + n] = chunk
-                rider_pos.append(i)
+                rider_pos.add(i)
             else:
                 flat.extend(i * n_tree + j for j in range(n))
                 node_tok.extend(range(t, t + n))
@@ -120,16 +121,15 @@ def stage_verify(st: Stager, plan: StepPlan, layout: Layout, slots: list[list[in
                   logits_indices=list(range(len(out_loc))))
     st.add_ints("flat", flat)
     st.add_ints("node_tok", node_tok)
-    return rows, prefix, extend
+    return rows, prefix, extend, tokens
 
 
 def verify_pass(d: dict[str, torch.Tensor], plan: StepPlan, layout: Layout,
-                lists: tuple[list[int], list[int], list[int]], kv: KVCache
-                ) -> tuple[ForwardBatch, VerifyPass]:
+                lists: tuple[list[int], ...], kv: KVCache) -> tuple[ForwardBatch, VerifyPass]:
     """The pass's ForwardBatch over the staged tensors (chains record their nodes' slots in
-    req_to_token now) and what verification reads of it."""
+    req_to_token now) and what verification reads of it; `lists`: stage_verify's."""
     b, n_tree = plan.batch_size, layout.nodes
-    tokens = verify_nodes(plan, n_tree)
+    rows, prefix, extend, tokens = lists
     n_nodes = [min(t, n_tree) for t in tokens]
     offsets = [0, *accumulate(tokens)][:b]
     uniform = n_nodes[0] if len(set(n_nodes)) == 1 else 1
@@ -149,7 +149,6 @@ def verify_pass(d: dict[str, torch.Tensor], plan: StepPlan, layout: Layout,
             max_extend_len=1, tree=TreeAttention(tree["rows"], p32, None, max_prefix))
         return fb, VerifyPass(layout, n_nodes, offsets, tree["flat"], None, None, d["k"],
                               uniform, None, slots=slots, tree_index=tree)
-    rows, prefix, extend = lists
     fb = forward_batch(d, ForwardMode.VERIFY, b, prefix, extend, kv)
     ride = "node_rows" in d
     vp = VerifyPass(layout, n_nodes, offsets, d["flat"],
