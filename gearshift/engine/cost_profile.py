@@ -93,17 +93,15 @@ SPEC_HOST_MS = 2.0
 def _time_plain(runner, bs: int) -> float:
     """A plain decode step at batch `bs`: its CUDA graph when captured (what serving runs),
     else an eager forward."""
-    graphs = runner.graphs
-    if graphs is not None and graphs.padded_size(bs) in graphs.graphs:
-        return graphs.time_ms(graphs.padded_size(bs))
+    if runner.decode_sizes:
+        return runner.plain_graph_ms(("decode", runner.decode_pad(bs)))
     return _time_tokens(runner, bs)
 
 
 def _time_verify(runner, tokens: int) -> float:
     """The target over `tokens` verify tokens: the EXTEND graph of that size when one is
     captured (a chain verifies as a causal extend), else an eager forward."""
-    graphs = getattr(runner, "extend_graphs", None)
-    size = runner.extend_pad(tokens) if graphs is not None else None
-    if size is not None and size in graphs.graphs:
-        return graphs.time_ms(size)
+    size = runner.extend_pad(tokens)
+    if size is not None:
+        return runner.plain_graph_ms(("extend", size))
     return _time_tokens(runner, tokens)

@@ -112,7 +112,7 @@ class Engine:
             from gearshift.engine.warmup import warm_up_engine
 
             warm_up_engine(self, priced=policy.cost is not None)  # sets measured_costs
-        if config.gc_freeze or (config.gc_freeze is None and self.runner.graphs is not None):
+        if config.gc_freeze or (config.gc_freeze is None and bool(self.runner.decode_sizes)):
             freeze_heap()  # collections skip the start-up heap: no 100 ms ones while serving
         self.watch = ServingWatch().start(self.runner)  # graphs / kernels the warm-up missed
         if config.step_trace:  # after the warm-up: its steps are not the run's

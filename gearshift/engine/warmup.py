@@ -166,8 +166,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     num_draft = engine.config.num_draft_tokens  # the configured draft depth
     tree = spec.topk > 1  # gear num_draft + 1: the tree; chains by AlwaysPolicy(K, topk=1)
     if sizes is None:
-        graphs = engine.runner.graphs
-        sizes = sorted(graphs.graphs) if graphs is not None else []
+        sizes = list(engine.runner.decode_sizes)  # the decode graphs' batch sizes
     # tokens a request commits: prefill's one, repeats + 1 steps of K + 1 at most per K > 0,
     # repeats + 2 plain steps, 2 untimed steps at max K; plus one VERIFY step's node and
     # scratch slots

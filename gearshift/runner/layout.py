@@ -31,7 +31,7 @@ def plain_layout(runner, plan: StepPlan) -> Layout:
     b, t = plan.batch_size, plan.num_tokens
     if plan.mode is ForwardMode.DECODE:
         rows = runner.decode_pad(b)
-        return Layout("decode", rows, rows, graph=("decode", rows) if runner.graphs else None)
+        return Layout("decode", rows, rows, graph=("decode", rows) if runner.decode_sizes else None)
     if plan.batch_size < runner.extend_rows and not any(
             r.wants_logprobs and r.wants_prompt_logprobs(p, n)
             for r, p, n in zip(plan.reqs, plan.prefix_lens, plan.extend_lens)):

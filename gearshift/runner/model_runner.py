@@ -21,10 +21,12 @@ from gearshift.config import ConfigError, EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.models.loader import DTYPES, load_model
 from gearshift.models.parallel import TensorParallel
+from gearshift.progress import progress
 from gearshift.runner.graphs import (
-    DecodeGraphRunner,
-    ExtendGraphRunner,
-    ShapeGraphs,
+    GraphCache,
+    decode_capture_batch,
+    default_batch_sizes,
+    extend_capture_batch,
     extend_token_buckets,
     fastest_at_or_above,
     pick_bucket,
@@ -76,12 +78,12 @@ class ModelRunner:
         # CUDA events around the latest forward(): a fresh pair per call, so a
         # step still in flight (overlap scheduling) keeps its own pair
         self.last_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
-        self.graphs: DecodeGraphRunner | None = None
-        self.extend_graphs: ExtendGraphRunner | None = None
+        # the CUDA graphs of every shape (runner/graphs.py): plain steps' captured at start-up
+        self.shape_graphs: GraphCache | None = None
+        self.decode_sizes: list[int] = []  # padded batch sizes of the ("decode", bs) graphs
         self.extend_sizes: list[int] = []  # padded token counts of EXTEND steps (graph buckets)
         self.extend_route: dict[int, int] = {}  # bucket -> the graph its steps run in
         self.extend_rows = config.max_num_seqs + 1  # per-request rows of a padded EXTEND batch
-        self.shape_graphs: ShapeGraphs | None = None  # VERIFY / DRAFT graphs, captured lazily
         self.capture: tuple[int, ...] = ()  # target layers whose outputs the draft consumes
         # (draft depth, tree width) -> nodes per request of a VERIFY step's draft tree
         # (set by SpecRunner: its proposer's expansion)
@@ -95,8 +97,8 @@ class ModelRunner:
 
     def prepare_hot_path(self, capture: tuple[int, ...] = ()) -> None:
         """Compile kernels and capture the EXTEND and DECODE CUDA graphs (with `capture`
-        outputs when a draft consumes target features), largest first, in one memory pool.
-        Called once the engine knows its draft."""
+        outputs when a draft consumes target features), largest first, into the graph
+        cache. Called once the engine knows its draft."""
         self.capture = capture
         if self.device.type == "cuda":
             from gearshift.kernels.sample import warmup as warmup_sampler
@@ -113,27 +115,44 @@ class ModelRunner:
         cfg = self.model.config
         self.attn.reserve_decode_workspace(self.config.max_num_seqs, self.model.num_heads,
                                            cfg.head_dim)
-        pool = None
         sizes = extend_token_buckets(self._extend_graph_limit())
-        if sizes:  # the widest activations: captured first, later graphs reuse the memory
-            self.extend_graphs = ExtendGraphRunner(self._forward_logits, sizes, self.extend_rows,
-                                                   self.device)
-            self.extend_graphs.capture()
-            self.extend_sizes, pool = sizes, self.extend_graphs.pool
-            times = self.extend_graphs.replay_ms()
+        self.shape_graphs = GraphCache()
+        self.capture_plain_graphs(sizes, default_batch_sizes(self.config.max_num_seqs))
+        if sizes:
+            times = {t: self.plain_graph_ms(("extend", t)) for t in sizes}
             if self.tp is not None:  # every rank pads a step alike: rank 0's timings decide
                 times = self.tp.comm.broadcast_object(times)
             self.extend_route = fastest_at_or_above(times)
             log.debug("extend graph replay ms %s; padded further: %s",
-                     {s: round(ms, 2) for s, ms in times.items()},
-                     {s: r for s, r in self.extend_route.items() if r != s} or "none")
-        self.graphs = DecodeGraphRunner(self._forward_logits, self.config.max_num_seqs, self.device,
-                                        pool)
-        self.graphs.capture()
-        self.shape_graphs = ShapeGraphs(self.graphs.pool)
+                      {s: round(ms, 2) for s, ms in times.items()},
+                      {s: r for s, r in self.extend_route.items() if r != s} or "none")
         log.info("captured %d decode graphs and %d extend graphs (tokens %s, %d rows) in %.1fs",
-                 len(self.graphs.graphs), len(sizes), sizes, self.extend_rows,
+                 len(self.decode_sizes), len(sizes), sizes, self.extend_rows,
                  time.perf_counter() - t0)
+
+    def capture_plain_graphs(self, extend_sizes: list[int], decode_sizes: list[int]) -> None:
+        """Capture the ("extend", tokens) and ("decode", bs) graphs into the graph cache:
+        EXTEND first (the widest activations: later graphs reuse their memory), each kind
+        largest first, every one on its capture layout."""
+        keys = [("extend", t) for t in sorted(extend_sizes, reverse=True)] + \
+            [("decode", b) for b in sorted(decode_sizes, reverse=True)]
+        for key in progress(keys, desc="capturing CUDA graphs", unit="graph"):
+            fb = self._capture_batch(key)
+            self.shape_graphs.capture(key, self._plain_body(fb), graph_inputs(fb), owned=False)
+        self.extend_sizes, self.decode_sizes = sorted(extend_sizes), sorted(decode_sizes)
+
+    def plain_graph_ms(self, key: tuple) -> float:
+        """Device ms of one replay of a plain step's graph on its capture layout."""
+        return self.shape_graphs.time_ms(key, graph_inputs(self._capture_batch(key)))
+
+    def _capture_batch(self, key: tuple) -> ForwardBatch:
+        if key[0] == "decode":
+            return decode_capture_batch(key[1], self.device)
+        return extend_capture_batch(key[1], self.extend_rows, self.device)
+
+    def _plain_body(self, fb: ForwardBatch):
+        """A plain step's graph body over static inputs (fb's host fields: shape constants)."""
+        return lambda static: self._forward_logits(rebuild_batch(fb, static))
 
     @property
     def max_verify_graph_tokens(self) -> int:
@@ -183,7 +202,8 @@ class ModelRunner:
         return slots
 
     def decode_pad(self, bs: int) -> int:
-        return self.graphs.padded_size(bs) if self.graphs else bs
+        """The batch size of the decode graph a batch of bs runs on (bs: none)."""
+        return pick_bucket(self.decode_sizes, bs) or bs
 
     def extend_pad(self, num_tokens: int) -> int | None:
         """Padded token count of an EXTEND step: the fastest captured graph at or above its
@@ -253,15 +273,15 @@ class ModelRunner:
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A DECODE / EXTEND step on the graph its layout names (None: eagerly)."""
         lp = sb.logprobs
-        graph = None if graph_key is None else \
-            self.graphs if graph_key[0] == "decode" else self.extend_graphs
-        if graph is not None and not graph.can_run(fb):
-            graph = None  # a layout whose graph is not captured (no graphs: CPU tests)
+        graphs = self.shape_graphs
+        graphed = graph_key is not None and graphs is not None and graph_key in graphs.entries
         if lp is not None and lp.prompt_rows is not None:  # (its layout is eager)
-            graph, out = None, self._forward_scored(fb, lp)
+            graphed, out = False, self._forward_scored(fb, lp)
+        elif graphed:  # captured at start-up: the body only stands in for the record
+            out = graphs.run(graph_key, self._plain_body(fb), graph_inputs(fb))
         else:
-            out = graph.replay(fb) if graph is not None else self._forward_logits(fb)
-        self.step_counts[f"{fb.mode.value}_{'eager' if graph is None else 'graphed'}"] += 1
+            out = self._forward_logits(fb)
+        self.step_counts[f"{fb.mode.value}_{'graphed' if graphed else 'eager'}"] += 1
         logits, aux = out if self.capture else (out, None)
         if fb.mode is ForwardMode.DECODE:  # graph-sized rows (sb is padded alike)
             tokens = self.sample_tokens(logits[: fb.padded_batch_size], sb)

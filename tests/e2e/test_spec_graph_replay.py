@@ -1,5 +1,5 @@
 """The graphs a VERIFY step adds (EAGLE-3 expansion, greedy verification) behave like CUDA
-graphs: a stand-in for ShapeGraphs captures the FIRST body per key and replays only that
+graphs: a stand-in for GraphCache captures the FIRST body per key and replays only that
 one on the key's static inputs (as a CUDA graph would), and fails on any host sync inside
 a body. Greedy output must equal plain decoding; sampled chains must run to completion."""
 
@@ -129,7 +129,7 @@ def test_sampled_chains_keep_their_drafts_past_the_target_graph(make_llm, chain_
     """A VERIFY step reads the draft tree of its expansion graph after the target's graph
     has replayed. CUDA graphs sharing a pool may overwrite one another's outputs that way
     (rejection sampling then gathered p and q at garbage token ids: a device-side assert
-    at c=64 on an H200); ShapeGraphs keeps every graph's outputs out of the pool. Over an
+    at c=64 on an H200); GraphCache keeps every graph's outputs out of the pool. Over an
     emulation of the shared pool, rejection-sampled chains of the shipped pair (a draft
     vocabulary smaller than the target's, real acceptance) give the text they give when
     no graph touches another's memory; their q distributions share one persistent buffer."""

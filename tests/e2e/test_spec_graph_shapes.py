@@ -1,4 +1,4 @@
-"""The CUDA-graph paths of speculation, run eagerly on CPU: a stand-in for ShapeGraphs
+"""The CUDA-graph paths of speculation, run eagerly on CPU: a stand-in for GraphCache
 feeds every forward through static copies of its inputs, and batches are padded to graph
 sizes (dummy row 0, slot 0) exactly as on the GPU. Greedy output must not change."""
 

@@ -1,11 +1,12 @@
 """The padded EXTEND layout of the CUDA-graph path, checked on CPU: the pure layout
 (`pad_batch` + `stage_forward`), the token buckets, and engine runs in which every EXTEND
-step is laid out for a bucket and run eagerly, or through ExtendGraphRunner's static
-buffers with an eager stand-in for CUDA graphs: real rows' logits, aux features and KV
-equal the unpadded run's, and the only extra writes go to dummy row 0 / slot 0.
+step is laid out for a bucket and run eagerly, or through the graph cache's static
+inputs with a CPU emulation of CUDA graphs (eager_graphs.SharedPoolGraphs): real rows'
+logits, aux features and KV equal the unpadded run's, and the only extra writes go to
+dummy row 0 / slot 0.
 
 Data flow (tests only): Scheduler plan -> ModelRunner.layout -> BatchBuilder.prepare
-(padded) -> ModelRunner.forward (eager | ExtendGraphRunner.replay) vs the same engine unpadded.
+(padded) -> ModelRunner.forward (eager | GraphCache.run) vs the same engine unpadded.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 from checkpoints import random_prompts
-from eager_graphs import eager_capture
+from eager_graphs import SharedPoolGraphs
 
 from gearshift import SamplingParams
 from gearshift.forward_batch import ForwardMode
-from gearshift.runner import graphs as graphs_mod
 from gearshift.runner.graphs import (
-    ExtendGraphRunner,
     extend_token_buckets,
     fastest_at_or_above,
     pick_bucket,
@@ -110,34 +109,39 @@ BUCKETS = [16, 32, 48]  # every EXTEND step of ENGINE fits (<= 40 tokens)
 
 def _record(engine, mode: str) -> list[dict]:
     """mode "eager" / "graph": lay EXTEND steps out for BUCKETS (the layout Engine._schedule
-    takes from runner.layout(plan)) and run them eagerly / through ExtendGraphRunner; "ref":
-    unpadded.
+    takes from runner.layout(plan)) and run them eagerly / on the ("extend", tokens) graphs
+    of the graph cache; "ref": unpadded.
     Records each EXTEND forward's batch, logits [rows, vocab] and aux."""
     runner = engine.runner
     log: list[dict] = []
     if mode != "ref":
         runner.extend_sizes = list(BUCKETS)
+    replaying, current = [], []  # inside a graph's replay; the step's own batch
     if mode == "graph":
-        runner.extend_graphs = graphs = ExtendGraphRunner(
-            runner._forward_logits, BUCKETS, runner.extend_rows, runner.device)
-        graphs.capture()
-        replay = graphs.replay
+        runner.shape_graphs = graphs = SharedPoolGraphs()
+        runner.capture_plain_graphs(BUCKETS, [])
+        run_graph = graphs.run
 
-        def replay_and_log(fb):
-            out = replay(fb)
-            log.append(dict(fb=fb, logits=(out[0] if runner.capture else out).clone()))
+        def run_and_log(key, fn, inputs):
+            replaying.append(key)
+            try:
+                out = run_graph(key, fn, inputs)
+            finally:
+                replaying.pop()
+            log.append(dict(fb=current[-1], logits=(out[0] if runner.capture else out).clone()))
             return out
 
-        graphs.replay = replay_and_log
+        graphs.run = run_and_log
     forward, run = runner._forward_logits, runner._sample_step
 
     def forward_logits(fb):
         out = forward(fb)
-        if fb.mode is ForwardMode.EXTEND:
+        if fb.mode is ForwardMode.EXTEND and not replaying:
             log.append(dict(fb=fb, logits=(out[0] if runner.capture else out).clone()))
         return out
 
     def run_and_keep_aux(fb, sb, graph_key):
+        current.append(fb)
         tokens, aux = run(fb, sb, graph_key)
         if fb.mode is ForwardMode.EXTEND and aux is not None:
             log[-1]["aux"] = aux.clone()
@@ -155,7 +159,6 @@ def test_padded_extend_matches_unpadded(make_llm, tiny_llama_dir, monkeypatch, b
     bucket. Triton runs interpreted here (TRITON_INTERPRET=1): the extend kernel sees the
     padded grid (in "graph" mode the grid of the capture-time batch, whose host fields
     are the graph's constants); `capture` also returns aux features, as for EAGLE-3."""
-    monkeypatch.setattr(graphs_mod, "capture_graphs", eager_capture)
     engines = [make_llm(tiny_llama_dir, attention_backend=backend, **ENGINE).engine
                for _ in range(2)]
     for e in engines:

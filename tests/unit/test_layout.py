@@ -18,7 +18,7 @@ from gearshift.scheduler.plan import Layout, StepPlan
 def runner(graphs: bool = True, kv_heads: int = 32, max_verify: int = 512):
     pad = (lambda b: 1 << (b - 1).bit_length()) if graphs else (lambda b: b)
     return SimpleNamespace(
-        decode_pad=pad, graphs=object() if graphs else None, extend_rows=9,
+        decode_pad=pad, decode_sizes=[1, 2, 4, 8] if graphs else [], extend_rows=9,
         extend_pad=lambda t: (64 if t <= 64 else None) if graphs else None,
         shape_graphs=object() if graphs else None, max_verify_graph_tokens=max_verify,
         model=SimpleNamespace(num_kv_heads=kv_heads), split_k_below=64)
