@@ -129,7 +129,7 @@ def verify_pass(d: dict[str, torch.Tensor], plan: StepPlan, layout: Layout,
     """The pass's ForwardBatch over the staged tensors (chains record their nodes' slots in
     req_to_token now) and what verification reads of it; `lists`: stage_verify's."""
     b, n_tree = plan.batch_size, layout.nodes
-    rows, prefix, extend, tokens = lists
+    _, prefix, extend, tokens = lists
     n_nodes = [min(t, n_tree) for t in tokens]
     offsets = [0, *accumulate(tokens)][:b]
     uniform = n_nodes[0] if len(set(n_nodes)) == 1 else 1

@@ -112,7 +112,7 @@ class Arrival:
     VERIFY step a 40-token prompt "b" arrives, prefilled in chunks of a `budget`-token step
     in plain steps (on graphs no chunk rides in a VERIFY step). Records every draft extend
     (requests, longest backlog, graph width or None for eager, inside a catch-up?), each
-    catch-up's extends, and each extend_prompts call's (request, end)."""
+    catch-up's extends."""
 
     def __init__(self, make_llm, tiny_llama_dir, tmp_path, budget: int) -> None:
         from checkpoints import random_prompts
@@ -129,8 +129,8 @@ class Arrival:
         install(llm)
         self.eng = eng = llm.engine
         self.follow = follow = eng.spec.follow
-        self.calls, self.groups, self.rode = [], [], []
-        extend, catch_up, prompts = follow.extend, follow.catch_up, follow.extend_prompts
+        self.calls, self.groups = [], []
+        extend, catch_up = follow.extend, follow.catch_up
         caught_up: list | None = None
 
         def spy_extend(reqs, prefix, lens, aux, token_idx):
@@ -146,12 +146,7 @@ class Arrival:
             self.groups.append(self.calls[caught_up:])
             caught_up = None
 
-        def spy_prompts(reqs, ends):
-            self.rode.extend((r.request_id, e) for r, e in zip(reqs, ends))
-            prompts(reqs, ends)
-
-        follow.extend, follow.catch_up, follow.extend_prompts = \
-            spy_extend, spy_catch_up, spy_prompts
+        follow.extend, follow.catch_up = spy_extend, spy_catch_up
         self.got = {"a": [], "b": []}
         eng.add_request("a", self.first, self.params)
         self.until(2)
