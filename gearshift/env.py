@@ -8,8 +8,6 @@ through EngineConfig and the command line, not the environment.
     variable                values          default  read by
     GEARSHIFT_API_KEY       any string      (none)   server/cli.py, bench/serve.py (per run)
     GEARSHIFT_PDL           auto, on, off   auto     kernels/pdl.py (at import)
-    GEARSHIFT_RIDERS        off, on         off      runner/model_runner.py
-                                                     (at start-up)
     GEARSHIFT_SAMPLER       auto, torch     auto     runner/sampler.py (at import)
     GEARSHIFT_SKINNY_GEMM   auto, off, on   auto     kernels/skinny_select.py (SkinnyChooser())
 """
@@ -49,12 +47,6 @@ PDL = EnvSwitch(
     "GEARSHIFT_PDL", "auto",
     "programmatic dependent launch of the step's Triton kernels on CUDA GPUs of compute "
     "capability >= 9 (auto and on); off never", ("auto", "on", "off"))
-RIDERS = EnvSwitch(
-    "GEARSHIFT_RIDERS", "off",
-    "with CUDA graphs, a step that prefills: off = its decoding requests decode at K = 0 "
-    "(a graphed mixed EXTEND step); on = they speculate, the prefill chunks riding in the "
-    "VERIFY pass (on an EXTEND graph where one fits). Without graphs chunks always ride",
-    ("off", "on"))
 SAMPLER = EnvSwitch(
     "GEARSHIFT_SAMPLER", "auto",
     "torch: sample with the plain-torch sampler on CUDA too, not the fused sampling kernel",
@@ -65,7 +57,7 @@ SKINNY_GEMM = EnvSwitch(
     "cuBLAS at start-up, off = always cuBLAS, on = always the kernel (tests)",
     ("auto", "off", "on"))
 
-SWITCHES = (API_KEY, PDL, RIDERS, SAMPLER, SKINNY_GEMM)
+SWITCHES = (API_KEY, PDL, SAMPLER, SKINNY_GEMM)
 
 
 def triton_interpret() -> bool:

@@ -222,7 +222,7 @@ def slot_batch(kv, mode, chunks, slot_of):
     """A ForwardBatch over a hand-built slot cache, built by the engine's own staging code.
     chunks: (req_to_token row, prefix length, new token ids) per request;
     slot_of(row, position) -> the KV slot of that token (recorded in req_to_token)."""
-    from gearshift.runner.batch import Stager, forward_batch, stage_forward
+    from gearshift.runner.staging import Stager, forward_batch, stage_forward
 
     rows = [c[0] for c in chunks]
     prefix = [c[1] for c in chunks]

@@ -1,21 +1,23 @@
 """CPU stand-ins for CUDA graphs. EagerGraphs (runner.shape_graphs' contract without CUDA):
 each key's static inputs are fresh copies and fn re-runs on them, so the graphed
 speculation paths (padded shapes, static-input bodies) run eagerly in CPU tests.
-SharedPoolGraphs: the real ShapeGraphs over an emulation of CUDA graphs sharing a pool.
-eager_capture: graphs.capture_graphs without CUDA (for ExtendGraphRunner)."""
+SharedPoolGraphs: the real GraphCache over an emulation of CUDA graphs sharing a pool."""
 
 from __future__ import annotations
 
 import torch
 
-from gearshift.runner.graphs import ShapeGraphs, map_tensors
+from gearshift.runner.graphs import GraphCache, map_tensors
 
 
 class EagerGraphs:
     def __init__(self) -> None:
         self.keys: set = set()
-        self.entries: dict = {}  # like ShapeGraphs: one entry per captured shape
-        self.watch = None  # like ShapeGraphs: told of each new shape (serving_watch.py)
+        self.entries: dict = {}  # like GraphCache: one entry per captured shape
+        self.watch = None  # like GraphCache: told of each new shape (serving_watch.py)
+
+    def capture(self, key, fn, inputs, owned=True):
+        return self.run(key, fn, inputs)
 
     def run(self, key, fn, inputs):
         if key not in self.keys and self.watch is not None:
@@ -38,8 +40,8 @@ def install(llm, graphs=None):
     return graphs
 
 
-class SharedPoolGraphs(ShapeGraphs):
-    """The real ShapeGraphs on CPU, with what a CUDA graph in a shared pool does to memory:
+class SharedPoolGraphs(GraphCache):
+    """The real GraphCache on CPU, with what a CUDA graph in a shared pool does to memory:
     a replay re-runs the FIRST body on the key's static inputs and writes what that body
     allocated at capture in place (a graph's addresses are fixed), and the replay of any
     graph may overwrite what another graph's capture allocated in the pool (here: always,
@@ -59,8 +61,11 @@ class SharedPoolGraphs(ShapeGraphs):
         if self.rerun(key):
             self.replayed(key)
             return fn({k: v.clone() for k, v in inputs.items()})
-        self._key = key
         return super().run(key, fn, inputs)
+
+    def capture(self, key, fn, inputs, owned=True):
+        self._key = key
+        return super().capture(key, fn, inputs, owned)
 
     def replayed(self, key) -> None:
         self.replays[key] = self.replays.get(key, 0) + 1
@@ -99,24 +104,3 @@ class _Replay:
         self.graphs.replayed(self.key)
         map_tensors(lambda o, n: o.copy_(n) if id(o) in self.allocated else o,
                     self.out, self.body())
-
-
-class EagerGraph:
-    """A CUDA graph's contract without CUDA: replay re-runs the forward on the static batch
-    it was captured with and writes into the outputs of the capture."""
-
-    def __init__(self, forward, fb, out) -> None:
-        self.forward, self.fb, self.out = forward, fb, out
-
-    def replay(self) -> None:
-        map_tensors(lambda dst, src: dst.copy_(src), self.out, self.forward(self.fb))
-
-
-def eager_capture(sizes, batch_for, forward, pool):
-    """graphs.capture_graphs' contract on CPU: one EagerGraph per size."""
-    graphs, outputs = {}, {}
-    for size in sorted(sizes, reverse=True):
-        fb = batch_for(size)
-        outputs[size] = forward(fb)
-        graphs[size] = EagerGraph(forward, fb, outputs[size])
-    return graphs, outputs, pool

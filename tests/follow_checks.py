@@ -8,7 +8,7 @@ from checkpoints import random_prompts
 from eager_graphs import install
 
 from gearshift import SamplingParams
-from gearshift.speculative import verify_batch as vb
+from gearshift.speculative import runner as spec_runner
 
 PROMPTS = random_prompts([5, 19, 11, 30, 7, 3], seed=8)
 
@@ -17,9 +17,9 @@ def script_acceptance(monkeypatch) -> None:
     """Chains accept K - (i % 2) drafts of request i: the target's token at each verified
     node is made the next draft's (a random head accepts none, and a follow-up over the
     root alone would hide which rows, slots and features it takes)."""
-    orig = vb.greedy_verify
+    orig = spec_runner.greedy_verify
 
-    def scripted(runner, tree, target, flat, node_tok, k, depth, record, **kw):
+    def scripted(runner, tree, target, flat, node_tok, k, depth, record, *rest):
         n, ks, toks = tree.tokens.shape[1], k.tolist(), tree.tokens.tolist()
         target = target.clone()
         rows = node_tok.tolist() if node_tok is not None else range(flat.shape[0])
@@ -32,9 +32,9 @@ def script_acceptance(monkeypatch) -> None:
                 target[row] = toks[i][j + 1]
             elif j == a and j + 1 < n:  # the bonus: anything but the next draft
                 target[row] = (toks[i][j + 1] + 1) % runner.model.config.vocab_size
-        return orig(runner, tree, target, flat, node_tok, k, depth, record, **kw)
+        return orig(runner, tree, target, flat, node_tok, k, depth, record, *rest)
 
-    monkeypatch.setattr(vb, "greedy_verify", scripted)
+    monkeypatch.setattr(spec_runner, "greedy_verify", scripted)
 
 
 def follow_run(make_llm, model_dir, early: bool, stand_in: bool = True, **opts):
@@ -59,7 +59,7 @@ def follow_run(make_llm, model_dir, early: bool, stand_in: bool = True, **opts):
         tree, nodes = propose(ctx)
         if not finish:  # a prefill chunk rides along: a request at K = 0 not yet decoding
             riders.append(any(r.num_computed_tokens < len(r.prompt_token_ids) for r in ctx.reqs))
-        keep = [tree.num_nodes if ctx.topk > 1 else k + 1 for k in ctx.num_draft_tokens]
+        keep = [tree.num_nodes if ctx.topk > 1 else k + 1 for k in ctx.draft_lens]
         if proposals is not None and not finish:
             proposals.append([t[:n] for t, n in zip(tree.tokens.tolist(), keep)])
         return tree, nodes

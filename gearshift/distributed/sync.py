@@ -61,7 +61,7 @@ class Shutdown:
 def fingerprint(plan: StepPlan) -> tuple[str, int]:
     """(summary, digest) of everything a step's collectives depend on: mode, requests, their
     rows, tokens, draft lengths and slots."""
-    ks = plan.num_draft_tokens
+    ks = plan.draft_lens
     summary = (f"{plan.mode.name} of {plan.batch_size} request(s), {plan.num_tokens} token(s)"
                + (f", {sum(ks)} draft token(s), tree width {plan.draft_topk}" if ks else ""))
     digest = zlib.crc32("\0".join(r.request_id for r in plan.reqs).encode())

@@ -64,7 +64,7 @@ class CostFeedback:
     @staticmethod
     def _observe(policy, plan: StepPlan, gear: int, ms: float) -> None:
         ctx = sum(r.num_tokens for r in plan.reqs)
-        if gear and plan.draft_topk == 1 and len(set(plan.num_draft_tokens)) > 1:
-            policy.observe(gear, plan.batch_size, ctx, ms, ks=plan.num_draft_tokens)  # mixed K
+        if gear and plan.draft_topk == 1 and len(set(plan.draft_lens)) > 1:
+            policy.observe(gear, plan.batch_size, ctx, ms, ks=plan.draft_lens)  # mixed K
         else:
             policy.observe(gear, plan.batch_size, ctx, ms)

@@ -18,7 +18,9 @@ import torch
 
 from gearshift.forward_batch import ForwardMode
 from gearshift.policy.cost import CostModel
-from gearshift.runner.batch import Stager, forward_batch, stage_forward
+from gearshift.runner.batch import StepBatch
+from gearshift.runner.staging import Stager, forward_batch, stage_forward
+from gearshift.scheduler.plan import Layout
 
 
 def profile_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -30,11 +32,12 @@ def _time_tokens(runner, num_tokens: int, repeats: int = 3) -> float:
     st = Stager(runner.device)
     stage_forward(st, [0], [0], [num_tokens], [1] * num_tokens, [0] * num_tokens)
     fb = forward_batch(st.to_device(), ForwardMode.EXTEND, 1, [0], [num_tokens], None)
-    runner.forward_all(fb)  # warm up
+    batch = StepBatch([], None, Layout("extend", 1, num_tokens), fb)
+    runner.forward(batch, all_logits=True)  # warm up
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(repeats):
-        runner.forward_all(fb)
+        runner.forward(batch, all_logits=True)
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / repeats * 1e3
 
@@ -90,17 +93,15 @@ SPEC_HOST_MS = 2.0
 def _time_plain(runner, bs: int) -> float:
     """A plain decode step at batch `bs`: its CUDA graph when captured (what serving runs),
     else an eager forward."""
-    graphs = runner.graphs
-    if graphs is not None and graphs.padded_size(bs) in graphs.graphs:
-        return graphs.time_ms(graphs.padded_size(bs))
+    if runner.decode_sizes:
+        return runner.plain_graph_ms(("decode", runner.decode_pad(bs)))
     return _time_tokens(runner, bs)
 
 
 def _time_verify(runner, tokens: int) -> float:
     """The target over `tokens` verify tokens: the EXTEND graph of that size when one is
     captured (a chain verifies as a causal extend), else an eager forward."""
-    graphs = getattr(runner, "extend_graphs", None)
-    size = runner.extend_pad(tokens) if graphs is not None else None
-    if size is not None and size in graphs.graphs:
-        return graphs.time_ms(size)
+    size = runner.extend_pad(tokens)
+    if size is not None:
+        return runner.plain_graph_ms(("extend", size))
     return _time_tokens(runner, tokens)

@@ -2,8 +2,9 @@
 
     plan = scheduler.schedule()                  # pure CPU: who computes what, K per request,
                                                  # the draft's catch-up, sync / commit_first
-    batch = builder.prepare(plan, padding)       # exactly the slots the plan counts + tensors
-    step = launch: runner.run | spec.run         # on the device; VERIFY: draft -> target -> verify
+    plan.layout = runner.layout(plan)            # its device shape (and CUDA graph)
+    batch = builder.prepare(plan)                # exactly the slots the plan counts + tensors
+    step = launch: runner.forward | spec.run     # on the device; VERIFY: draft -> target -> verify
     outputs = scheduler.commit(plan, result)     # keep / free slots by count, tokens, finishes
 
 How it runs is the plan's: a plain step is overlapped (engine/overlap.py): step n+1 is
@@ -121,7 +122,7 @@ class Engine:
             from gearshift.engine.memory_profile import after_start
 
             after_start(self)
-        if config.gc_freeze or (config.gc_freeze is None and self.runner.graphs is not None):
+        if config.gc_freeze or (config.gc_freeze is None and bool(self.runner.decode_sizes)):
             freeze_heap()  # collections skip the start-up heap: no 100 ms ones while serving
         self.watch = ServingWatch().start(self.runner)  # graphs / kernels the warm-up missed
         if config.step_trace:  # after the warm-up: its steps are not the run's
@@ -237,7 +238,10 @@ class Engine:
         return outputs
 
     def _schedule(self) -> StepPlan:
-        return self.scheduler.schedule()
+        plan = self.scheduler.schedule()
+        if not plan.is_empty:
+            plan.layout = self.runner.layout(plan)  # fixed with the plan: its device shape
+        return plan
 
     def _run(self, plan: StepPlan, t0: float) -> list[StepOutput]:
         """The one step path; the plan says how it runs (scheduler.py, planning step 4):
@@ -272,7 +276,7 @@ class Engine:
                 emitted, early = early, []
             t0 = time.perf_counter() - planning_s
         try:
-            batch = self.builder.prepare(plan, self.runner.padding(plan))  # the graph's shape
+            batch = self.builder.prepare(plan)  # laid out for plan.layout
         except RequestFault as fault:  # the step never ran: plan again without that request
             self.scheduler.unbook(plan)
             return early + [self._fail(fault)]
@@ -305,7 +309,7 @@ class Engine:
         fb = batch.forward
         if any(r.num_pending > (p >= 0) for r, p in zip(plan.reqs, plan.placeholders)):
             fb.input_ids = self.feed.resolve_ids(fb.input_ids)  # earlier steps' tokens
-        tokens, aux = self.runner.run(fb, batch.sampling)
+        tokens, aux = self.runner.forward(batch)
         events = self.runner.last_events  # this step's; later calls record new ones
         if batch.sampling.logprobs is not None:  # copied behind the tokens, read with them
             batch.sampling.logprobs.start_copy()
@@ -406,7 +410,7 @@ class Engine:
         plan.add(req, len(token_ids))
         try:
             batch = self.builder.prepare(plan)
-            return self.runner.logits(batch.forward, all_tokens=True).cpu()
+            return self.runner.forward(batch, all_logits=True)[0].cpu()
         finally:
             self.scheduler._release(req)
 

@@ -99,22 +99,21 @@ def _admit(engine, sched: Scheduler, name: str, params: SamplingParams,
 
 
 def _step(engine, sched: Scheduler) -> StepPlan:
-    """One synchronous step through the engine's pipeline (Engine._plain without overlap,
-    Engine._verify)."""
+    """One synchronous step through the engine's pipeline (Engine._launch, then commit)."""
     runner, spec, builder = engine.runner, engine.spec, engine.builder
     plan = sched.schedule()
     if plan.is_empty:
         return plan
+    plan.layout = runner.layout(plan)
+    batch = builder.prepare(plan)
     if plan.mode is ForwardMode.VERIFY:
-        batch = builder.prepare(plan)
         result = spec.run(plan, batch)
         sched.commit(plan, result)
         spec.after_commit(plan, result)
         return plan
-    batch = builder.prepare(plan, runner.padding(plan))
-    tokens, aux = runner.run(batch.forward, batch.sampling)
+    tokens, aux = runner.forward(batch)
     sampled = tokens[: plan.batch_size].tolist()
-    if spec is not None:
+    if plan.draft_follows:
         spec.after_plain(plan, aux)
     sched.commit(plan, StepResult(batch.slots, [[t] if s else [] for s, t in
                                                  zip(plan.sample, sampled)]))
@@ -201,7 +200,7 @@ def _scheduler(engine) -> Scheduler:
                      max_num_batched_tokens=cfg.max_num_batched_tokens,
                      max_model_len=engine.runner.max_model_len,
                      speculation=spec.speculation() if spec is not None else None,
-                     policy=AlwaysPolicy(0) if spec is not None else None)
+                     policy=AlwaysPolicy(0) if spec is not None else None, overlap=False)
 
 
 def profile_steps(engine, mem: CudaMemory | None = None) -> StepProfile:
@@ -240,7 +239,7 @@ def _capture_pass(engine, profile: StepProfile) -> tuple[int, int]:
         run_largest_steps(engine, sched, mem)
         limit, nodes = runner.max_verify_graph_tokens, spec.nodes(engine.config.num_draft_tokens,
                                                                   spec.topk)
-        graphed = [s for s in runner.graphs.graphs if s * nodes <= limit]
+        graphed = [s for s in runner.decode_sizes if s * nodes <= limit]
         if spec.topk > 1 and engine.config.max_num_seqs * nodes > limit and graphed:
             run_largest_steps(engine, sched, mem, max(graphed), _gears(engine)[:1])
     peak = max(mem.peak_reserved(), mem.reserved()) - profile.before_graphs
@@ -262,7 +261,7 @@ def size_kv(engine, profile: StepProfile) -> KvPlan:
     kept as runner.memory_plan and logged."""
     runner, cfg, spec, mem = engine.runner, engine.config, engine.spec, profile.mem
     graph_pools = warmup_peak = 0
-    if runner.graphs is not None:
+    if runner.shape_graphs is not None:
         graph_pools, warmup_peak = _capture_pass(engine, profile)
     mem.settle()
     free, total = mem.free_total()

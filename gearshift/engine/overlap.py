@@ -12,7 +12,7 @@ the next step can be planned and its input ids staged before the token is known;
 every placeholder of step n is filled on the host (Scheduler.commit, after step n+1 is
 launched) before step n+2 is planned.
 
-Data flow: Engine.step -> ModelRunner.run -> TokenFeed.publish -> PendingStep ->
+Data flow: Engine.step -> ModelRunner.forward -> TokenFeed.publish -> PendingStep ->
 (next call, or at once for a synchronous plan) PendingStep.result() -> Scheduler.commit.
 """
 

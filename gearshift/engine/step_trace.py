@@ -72,7 +72,7 @@ class StepTrace:
                "mode": last["mode"], "batch": plan.batch_size, "tokens": plan.num_tokens,
                "gear": last.get("gear", 0), "generated": generated}
         if plan.mode is ForwardMode.VERIFY:
-            rec["ks"] = dict(Counter(plan.num_draft_tokens))
+            rec["ks"] = dict(Counter(plan.draft_lens))
             rec["topk"] = plan.draft_topk
             if self.spec is not None:
                 last = dict(self.spec.timing.last)

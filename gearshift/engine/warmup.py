@@ -169,8 +169,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     num_draft = engine.config.num_draft_tokens  # the configured draft depth
     tree = spec.topk > 1  # gear num_draft + 1: the tree; chains by AlwaysPolicy(K, topk=1)
     if sizes is None:
-        graphs = engine.runner.graphs
-        sizes = sorted(graphs.graphs) if graphs is not None else []
+        sizes = list(engine.runner.decode_sizes)  # the decode graphs' batch sizes
     # tokens a request commits, plus one VERIFY step's node and scratch slots
     generated = warmup_generated(num_draft, tree, repeats)
     per_request = PROMPT_LEN + generated + spec.slots_needed(num_draft, spec.topk)

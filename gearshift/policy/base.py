@@ -2,7 +2,7 @@
 decode step, the queue) and returns a draft length K per request (0 = plain decode).
 The scheduler asks it BEFORE anything is allocated; the plan then fixes K for the step.
 
-Data flow: Scheduler.schedule() -> Policy.plan(view) -> StepPlan.num_draft_tokens;
+Data flow: Scheduler.schedule() -> Policy.plan(view) -> StepPlan.draft_lens;
 SpecRunner (a VERIFY step, before its sync) -> Scheduler.prepare_next -> Policy.prepare(view).
 """
 

@@ -1,14 +1,18 @@
-"""CUDA graphs: DECODE steps (one graph per padded batch size), EXTEND steps (one graph
-per padded token count) and lazily captured VERIFY / DRAFT shapes, sharing one memory pool.
+"""CUDA graphs: one cache (`GraphCache`) for every fixed-shape forward, keyed by the
+graph key of a step's layout (runner/layout.py) or of a draft shape, all in one memory
+pool: DECODE steps ("decode", padded batch size) and EXTEND steps ("extend", padded token
+count) captured at start-up, largest first; VERIFY passes ("target", ...), greedy
+verification and the draft's shapes captured by the speculation warm-up (or, past it,
+on first use).
 
-Data flow: ModelRunner.prepare_hot_path -> ExtendGraphRunner.capture() (largest first),
-DecodeGraphRunner.capture(); per step: ModelRunner.padding(plan) names the graph shape,
-BatchBuilder.prepare lays the batch out for it (runner/batch.py, `Padding`) ->
-`replay(fb)` copies the step's inputs into the static buffers (one copy per tensor),
-replays, and returns the static outputs: logits [rows, vocab] (and aux features).
-Capturing requires an attention backend whose paths read lengths from device tensors
-only and size their grids from host ints fixed by the shape (the Triton backend); the
-torch reference backend runs eagerly.
+Data flow: ModelRunner.prepare_hot_path -> GraphCache.capture (every plain shape, on
+`decode_capture_batch` / `extend_capture_batch`); per step: ModelRunner.layout(plan)
+names the graph, BatchBuilder.prepare lays the batch out for it (runner/staging.py,
+`pad_batch`) -> GraphCache.run copies the step's inputs into the graph's static ones
+(one multi-tensor copy per dtype), replays, and returns the static outputs: logits
+[rows, vocab] (and aux features). Capturing requires an attention backend whose paths
+read lengths from device tensors only and size their grids from host ints fixed by the
+shape (the Triton backend); the torch reference backend runs eagerly.
 """
 
 from __future__ import annotations
@@ -16,53 +20,10 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import time
-from dataclasses import dataclass
 
 import torch
 
 from gearshift.forward_batch import ForwardBatch, ForwardMode
-from gearshift.progress import progress
-
-
-@dataclass
-class _StaticBuffers:
-    input_ids: torch.Tensor  # [max_bs] int64
-    positions: torch.Tensor  # [max_bs] int64
-    out_cache_loc: torch.Tensor  # [max_bs] int64
-    req_pool_indices: torch.Tensor  # [max_bs] int64
-    seq_lens: torch.Tensor  # [max_bs] int32
-    prefix_lens: torch.Tensor  # [max_bs] int32
-    ones: torch.Tensor  # [max_bs] int32 (extend_lens of a decode batch)
-    arange: torch.Tensor  # [max_bs] int64 (logits indices)
-    arange32: torch.Tensor  # [max_bs] int32 (start locations)
-
-    @classmethod
-    def allocate(cls, max_bs: int, device: torch.device) -> _StaticBuffers:
-        z = lambda dt: torch.zeros(max_bs, dtype=dt, device=device)
-        ar = torch.arange(max_bs, dtype=torch.int64, device=device)
-        return cls(z(torch.int64), z(torch.int64), z(torch.int64), z(torch.int64),
-                   torch.ones(max_bs, dtype=torch.int32, device=device), z(torch.int32),
-                   torch.ones(max_bs, dtype=torch.int32, device=device), ar, ar.to(torch.int32))
-
-    def dummy_batch(self, bs: int) -> ForwardBatch:
-        """The capture layout: every row is the dummy request (row 0, slot 0, one token), so
-        a replay on it writes no real request's or cached prefix's KV."""
-        for buf in (self.input_ids, self.positions, self.out_cache_loc, self.req_pool_indices,
-                    self.prefix_lens):
-            buf[:bs].zero_()
-        self.seq_lens[:bs].fill_(1)
-        return self.batch(bs)
-
-    def batch(self, bs: int) -> ForwardBatch:
-        return ForwardBatch(
-            mode=ForwardMode.DECODE, batch_size=bs, padded_batch_size=bs, num_tokens=bs,
-            input_ids=self.input_ids[:bs], positions=self.positions[:bs],
-            out_cache_loc=self.out_cache_loc[:bs], req_pool_indices=self.req_pool_indices[:bs],
-            seq_lens=self.seq_lens[:bs], extend_lens=self.ones[:bs],
-            extend_start_loc=self.arange32[:bs], prefix_lens=self.prefix_lens[:bs],
-            logits_indices=self.arange[:bs], seq_lens_cpu=[1] * bs, extend_lens_cpu=[1] * bs,
-            prefix_lens_cpu=[0] * bs, max_seq_len=1, max_extend_len=1,
-        )
 
 
 def default_batch_sizes(max_bs: int) -> list[int]:
@@ -105,184 +66,43 @@ def fastest_at_or_above(times: dict[int, float]) -> dict[int, int]:
     return route
 
 
-def replay_ms(graph: torch.cuda.CUDAGraph, repeats: int = 5) -> float:
-    """Device ms of one replay of `graph` on whatever its static inputs hold: one warm-up
-    replay, then the mean of `repeats`."""
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeats
+def decode_capture_batch(bs: int, device: torch.device) -> ForwardBatch:
+    """The capture layout of the ("decode", bs) graph: every row the dummy request (row 0,
+    slot 0, one token), so a replay on it writes no real request's or cached prefix's
+    KV. Host fields are the graph's shape constants."""
+    i64, i32 = torch.int64, torch.int32
+    zeros = lambda dt: torch.zeros(bs, dtype=dt, device=device)  # noqa: E731
+    ar = torch.arange(bs, dtype=i64, device=device)
+    return ForwardBatch(
+        mode=ForwardMode.DECODE, batch_size=bs, padded_batch_size=bs, num_tokens=bs,
+        input_ids=zeros(i64), positions=zeros(i64), out_cache_loc=zeros(i64),
+        req_pool_indices=zeros(i64), seq_lens=torch.ones(bs, dtype=i32, device=device),
+        extend_lens=torch.ones(bs, dtype=i32, device=device), extend_start_loc=ar.to(i32),
+        prefix_lens=zeros(i32), logits_indices=ar, seq_lens_cpu=[1] * bs,
+        extend_lens_cpu=[1] * bs, prefix_lens_cpu=[0] * bs, max_seq_len=1, max_extend_len=1,
+    )
 
 
-@torch.inference_mode()
-def capture_graphs(sizes: list[int], batch_for, forward, pool):
-    """Capture `forward(batch_for(size))` for every size, largest first (later graphs reuse
-    its memory), into `pool` (None: a new one). -> (graphs, static outputs, pool)."""
-    graphs: dict[int, torch.cuda.CUDAGraph] = {}
-    outputs: dict[int, object] = {}
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for size in progress(sorted(sizes, reverse=True), desc="capturing CUDA graphs",
-                             unit="graph"):
-            fb = batch_for(size)
-            for _ in range(2):  # warm up kernels / autotuning outside the graph
-                forward(fb)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                outputs[size] = forward(fb)
-            if pool is None:
-                pool = graph.pool()
-            graphs[size] = graph
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    return graphs, outputs, pool
-
-
-class DecodeGraphRunner:
-    def __init__(self, forward_logits, max_bs: int, device: torch.device, pool=None) -> None:
-        self.forward_logits = forward_logits  # (ForwardBatch) -> logits [bs, vocab] (, aux)
-        self.sizes = default_batch_sizes(max_bs)
-        self.buf = _StaticBuffers.allocate(max_bs, device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, object] = {}  # static output tensor(s) per graph
-        self.pool = pool  # None: capture() creates one
-
-    def can_run(self, fb: ForwardBatch) -> bool:
-        return fb.mode is ForwardMode.DECODE and fb.padded_batch_size in self.graphs
-
-    def padded_size(self, bs: int) -> int:
-        return pick_bucket(self.sizes, bs) or bs
-
-    def capture(self) -> None:
-        self.graphs, self.outputs, self.pool = capture_graphs(
-            self.sizes, self.buf.dummy_batch, self.forward_logits, self.pool)
-
-    def time_ms(self, bs: int, repeats: int = 5) -> float:
-        """Device ms of one replay of the `bs` graph on the capture layout (the static
-        inputs hold the last real step's until then)."""
-        self.buf.dummy_batch(bs)
-        return replay_ms(self.graphs[bs], repeats)
-
-    def replay(self, fb: ForwardBatch):
-        bs = fb.padded_batch_size
-        b = self.buf
-        copy_into([b.input_ids[:bs], b.positions[:bs], b.out_cache_loc[:bs],
-                   b.req_pool_indices[:bs], b.seq_lens[:bs], b.prefix_lens[:bs]],
-                  [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices,
-                   fb.seq_lens, fb.prefix_lens])
-        self.graphs[bs].replay()
-        return self.outputs[bs]
-
-
-@dataclass
-class _ExtendBuffers:
-    """Static inputs of the EXTEND graphs: tokens of the largest bucket, `rows` requests."""
-
-    input_ids: torch.Tensor  # [max_tokens] int64
-    positions: torch.Tensor  # [max_tokens] int64
-    out_cache_loc: torch.Tensor  # [max_tokens] int64
-    req_pool_indices: torch.Tensor  # [rows] int64
-    seq_lens: torch.Tensor  # [rows] int32
-    extend_lens: torch.Tensor  # [rows] int32
-    extend_start_loc: torch.Tensor  # [rows] int32
-    prefix_lens: torch.Tensor  # [rows] int32
-    logits_indices: torch.Tensor  # [rows] int64
-
-    @classmethod
-    def allocate(cls, max_tokens: int, rows: int, device: torch.device) -> _ExtendBuffers:
-        z = lambda n, dt: torch.zeros(n, dtype=dt, device=device)
-        i64, i32 = torch.int64, torch.int32
-        return cls(z(max_tokens, i64), z(max_tokens, i64), z(max_tokens, i64), z(rows, i64),
-                   z(rows, i32), z(rows, i32), z(rows, i32), z(rows, i32), z(rows, i64))
-
-    def capture_batch(self, num_tokens: int) -> ForwardBatch:
-        """The static batch of the `num_tokens` graph, filled with the layout of a step with
-        no real request: the dummy request (row 0, prefix 0, slot 0) holds every token and
-        the other rows are empty. Host fields are the graph's shape constants."""
-        t, rows = num_tokens, self.req_pool_indices.shape[0]
-        self.input_ids[:t].zero_()
-        self.positions[:t].copy_(torch.arange(t, device=self.positions.device))
-        self.out_cache_loc[:t].zero_()
-        for buf in (self.req_pool_indices, self.prefix_lens, self.logits_indices):
-            buf.zero_()
-        self.extend_lens.zero_()
-        self.extend_lens[0] = t
-        self.seq_lens.copy_(self.extend_lens)
-        self.extend_start_loc.fill_(t)
-        self.extend_start_loc[0] = 0
-        lens = [t] + [0] * (rows - 1)
-        return ForwardBatch(
-            mode=ForwardMode.EXTEND, batch_size=0, padded_batch_size=rows, num_tokens=t,
-            input_ids=self.input_ids[:t], positions=self.positions[:t],
-            out_cache_loc=self.out_cache_loc[:t], req_pool_indices=self.req_pool_indices,
-            seq_lens=self.seq_lens, extend_lens=self.extend_lens,
-            extend_start_loc=self.extend_start_loc, prefix_lens=self.prefix_lens,
-            logits_indices=self.logits_indices, seq_lens_cpu=lens, extend_lens_cpu=list(lens),
-            prefix_lens_cpu=[0] * rows, max_seq_len=t, max_extend_len=t,
-        )
-
-
-class ExtendGraphRunner:
-    """CUDA graphs for EXTEND steps (prefill chunks, decoders riding along as 1-token
-    extends), one per padded token count in `sizes`, all over `rows` per-request rows
-    (max_num_seqs + 1): the real requests, one dummy request holding the padding tokens,
-    then empty requests (layout: `Padding` in runner/batch.py). The extend kernel's grid
-    is then a function of (tokens, rows) only. Graphs return the static logits
-    [rows, vocab] (and aux features [tokens, ...] when the forward captures them); their
-    hidden states [tokens, hidden] stay readable (`hidden`) until the graph replays again."""
-
-    def __init__(self, forward, sizes: list[int], rows: int, device: torch.device,
-                 pool=None, keep_hidden: bool = True) -> None:
-        # (ForwardBatch) -> (logits [rows, vocab] (, aux), hidden states [T, hidden]); the
-        # hidden states stay allocated per graph only when kept (outside the shared pool)
-        self.keep_hidden = keep_hidden
-        self.forward = forward if keep_hidden else (lambda fb: (forward(fb)[0], None))
-        self.sizes = sorted(sizes)
-        self.rows = rows
-        self.buf = _ExtendBuffers.allocate(max(sizes), rows, device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, object] = {}  # static output tensor(s) per graph
-        self.pool = pool  # None: capture() creates one
-
-    def can_run(self, fb: ForwardBatch) -> bool:
-        return (fb.mode is ForwardMode.EXTEND and fb.tree is None
-                and fb.padded_batch_size == self.rows and fb.num_tokens in self.graphs)
-
-    def capture(self) -> None:
-        self.graphs, self.outputs, self.pool = capture_graphs(
-            self.sizes, self.buf.capture_batch, self.forward, self.pool)
-
-    def replay_ms(self, repeats: int = 5) -> dict[int, float]:
-        """Device ms of one replay of each captured graph (see time_ms)."""
-        return {size: self.time_ms(size, repeats) for size in self.graphs}
-
-    def time_ms(self, size: int, repeats: int = 5) -> float:
-        """Device ms of one replay of the `size` graph on its capture batch (the dummy
-        request's tokens: its KV goes to slot 0 only). The static inputs hold the last real
-        step's until then: logits rows past `size`, slots of live or cached KV."""
-        self.buf.capture_batch(size)
-        return replay_ms(self.graphs[size], repeats)
-
-    def replay(self, fb: ForwardBatch):
-        t = fb.num_tokens
-        b = self.buf
-        copy_into([b.input_ids[:t], b.positions[:t], b.out_cache_loc[:t], b.req_pool_indices,
-                   b.seq_lens, b.extend_lens, b.extend_start_loc, b.prefix_lens,
-                   b.logits_indices],
-                  [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices,
-                   fb.seq_lens, fb.extend_lens, fb.extend_start_loc, fb.prefix_lens,
-                   fb.logits_indices])
-        self.graphs[t].replay()
-        return self.outputs[t][0]
-
-    def hidden(self, fb: ForwardBatch) -> torch.Tensor | None:
-        """The hidden states [T, hidden] of the latest replay of fb's graph (None: not kept)."""
-        return self.outputs[fb.num_tokens][1]
+def extend_capture_batch(tokens: int, rows: int, device: torch.device) -> ForwardBatch:
+    """The capture layout of the ("extend", tokens) graph over `rows` per-request rows
+    (max_num_seqs + 1): a step with no real request, the dummy request (row 0, prefix 0,
+    slot 0) holding every token and the other rows empty (runner/staging.py `pad_batch`);
+    the extend kernel's grid is then a function of (tokens, rows) only. Host fields are
+    the graph's shape constants."""
+    t, i64, i32 = tokens, torch.int64, torch.int32
+    zeros = lambda n, dt: torch.zeros(n, dtype=dt, device=device)  # noqa: E731
+    lens = [t] + [0] * (rows - 1)
+    extend_lens = torch.tensor(lens, dtype=i32, device=device)
+    start = torch.full((rows,), t, dtype=i32, device=device)
+    start[0] = 0
+    return ForwardBatch(
+        mode=ForwardMode.EXTEND, batch_size=0, padded_batch_size=rows, num_tokens=t,
+        input_ids=zeros(t, i64), positions=torch.arange(t, dtype=i64, device=device),
+        out_cache_loc=zeros(t, i64), req_pool_indices=zeros(rows, i64),
+        seq_lens=extend_lens.clone(), extend_lens=extend_lens, extend_start_loc=start,
+        prefix_lens=zeros(rows, i32), logits_indices=zeros(rows, i64), seq_lens_cpu=lens,
+        extend_lens_cpu=list(lens), prefix_lens_cpu=[0] * rows, max_seq_len=t, max_extend_len=t,
+    )
 
 
 def copy_into(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
@@ -299,19 +119,20 @@ def copy_into(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
         torch._foreach_copy_(ds, ss)
 
 
-class ShapeGraphs:
-    """Lazily captured CUDA graphs for fixed-shape forwards other than DECODE (VERIFY over
-    a uniform number of candidates per request, DRAFT steps). A key names the shape; the
-    first call with a key warms up and captures `fn(static_inputs)`, later calls copy the
-    inputs into the static tensors and replay. All graphs share one memory pool.
+class GraphCache:
+    """CUDA graphs of fixed-shape forwards, one per key, sharing one memory pool: plain
+    steps' captured at start-up (`capture`), the others at the speculation warm-up or on
+    first use (`run`). A capture warms the body up twice on a side stream, then records
+    `fn(static inputs)`; a replay copies the inputs into the static tensors first.
 
-    A graph's outputs hold until its own key replays again, whatever replays in between:
+    A plain step's outputs (`owned=False`: its logits and aux) are read before any other
+    graph replays, so they stay in the pool, as every graph's intermediates do. Other
+    graphs' outputs hold until their own key replays again, whatever replays in between:
     a step reads the draft tree its expansion graph made after the target's VERIFY graph
     ran. In the shared pool they would not: a graph captured later may be given memory
     that an earlier capture's intermediates had, and the earlier graph's replay writes
-    those again (the pool is only safe for outputs read before the next replay of any
-    other graph). So what a body allocates and returns is copied, inside its graph, into
-    tensors of the key's own, outside the pool (`owned_outputs`); what it writes into
+    those again. So what such a body allocates and returns is copied, inside its graph,
+    into tensors of the key's own, outside the pool (`owned_outputs`); what it writes into
     buffers that outlive the call (the target's shared logits, static inputs) comes back
     as it is."""
 
@@ -321,20 +142,45 @@ class ShapeGraphs:
         self.watch = None  # after the warm-up: told of every capture (serving_watch.py)
 
     @torch.inference_mode()
+    def capture(self, key: tuple, fn, inputs: dict[str, torch.Tensor], owned: bool = True):
+        """Capture `fn(static inputs)` for `key` (static inputs: copies of `inputs`)."""
+        t0 = time.perf_counter()
+        static = {k: v.clone() for k, v in inputs.items()}
+        results = self._warm_up(fn, static)
+        if owned:
+            own = owned_outputs(*results)
+            graph, out = self._capture(lambda: into_owned(fn(static), own))
+        else:
+            graph, out = self._capture(lambda: fn(static))
+        self.entries[key] = (graph, static, out)
+        if self.watch is not None:
+            self.watch.captured(key, (time.perf_counter() - t0) * 1e3)
+        return out
+
+    @torch.inference_mode()
     def run(self, key: tuple, fn, inputs: dict[str, torch.Tensor]):
-        entry = self.entries.get(key)
-        if entry is None:
-            t0 = time.perf_counter()
-            static = {k: v.clone() for k, v in inputs.items()}
-            owned = owned_outputs(*self._warm_up(fn, static))
-            graph, out = self._capture(lambda: into_owned(fn(static), owned))
-            entry = self.entries[key] = (graph, static, out)
-            if self.watch is not None:
-                self.watch.captured(key, (time.perf_counter() - t0) * 1e3)
-        graph, static, out = entry
+        """Replay `key`'s graph on `inputs` (captured from `fn` first if new) -> outputs."""
+        if key not in self.entries:
+            self.capture(key, fn, inputs)
+        graph, static, out = self.entries[key]
         copy_into([static[k] for k in inputs], list(inputs.values()))
         graph.replay()
         return out
+
+    def time_ms(self, key: tuple, inputs: dict[str, torch.Tensor], repeats: int = 5) -> float:
+        """Device ms of one replay of `key`'s graph on `inputs` (its capture layout: a
+        plain step's writes KV to the dummy slot 0 only): one warm-up replay, then the mean
+        of `repeats`."""
+        graph, static, _ = self.entries[key]
+        copy_into([static[k] for k in inputs], list(inputs.values()))
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / repeats
 
     def _warm_up(self, fn, static: dict[str, torch.Tensor]) -> tuple[object, object]:
         """Two eager calls on a side stream (kernels compiled and tuned outside the graph)

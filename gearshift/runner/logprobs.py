@@ -12,7 +12,7 @@ LogprobPlan and computes nothing here.
 Results stay on the device until the step's tokens are read: `start_copy` queues their
 copy to the host behind the sampled tokens, `read` turns them into TokenLogprob lists.
 
-Data flow: BatchBuilder.prepare -> plan_logprobs -> SamplingBatch.logprobs -> ModelRunner.run
+Data flow: BatchBuilder.prepare -> plan_logprobs -> SamplingBatch.logprobs -> ModelRunner.forward
 / SpecRunner.run fill `.sampled_out` / `.prompt_out` -> Engine: read (engine/logprob_outputs.py)
 -> StepOutput.logprobs, Request.prompt_logprobs.
 """

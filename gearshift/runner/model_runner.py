@@ -1,10 +1,11 @@
 """ModelRunner: owns the model, the KV cache, the attention backend and the CUDA graphs
-(DECODE per padded batch size, EXTEND per padded token count); turns a ForwardBatch into
-sampled token ids without synchronising the host.
+(DECODE per padded batch size, EXTEND per padded token count, VERIFY shapes); chooses
+each plan's device shape (`layout`, runner/layout.py) and runs a prepared batch through
+its one entry, `forward`, without synchronising the host.
 
-Data flow: Engine.step(): ModelRunner.padding(plan) -> BatchBuilder.prepare(plan, padding)
--> ModelRunner.run(fb, sb) -> token ids (device) -> Engine reads them once (the step's
-single sync) -> Scheduler.commit.
+Data flow: Engine.step(): ModelRunner.layout(plan) -> BatchBuilder.prepare(plan) ->
+ModelRunner.forward(batch) -> token ids (device; VERIFY: the pass's logits, for
+verification) -> Engine reads them once (the step's single sync) -> Scheduler.commit.
 """
 
 from __future__ import annotations
@@ -15,27 +16,28 @@ from collections import Counter
 
 import torch
 
-from gearshift import env
 from gearshift.attention.base import KVCache, create_backend
 from gearshift.config import EngineConfig, ModelConfig
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.models.loader import DTYPES, load_model
 from gearshift.models.parallel import TensorParallel
-from gearshift.runner.batch import Padding
+from gearshift.progress import progress
 from gearshift.runner.graphs import (
-    DecodeGraphRunner,
-    ExtendGraphRunner,
-    ShapeGraphs,
+    GraphCache,
+    decode_capture_batch,
+    default_batch_sizes,
+    extend_capture_batch,
     extend_token_buckets,
     fastest_at_or_above,
     pick_bucket,
 )
+from gearshift.runner.layout import SPLIT_K_BELOW, plain_layout, verify_layout
 from gearshift.runner.logprobs import LogprobPlan, prompt_logprobs, token_logprobs
 from gearshift.runner.memory_plan import provisional_slots
 from gearshift.runner.penalties import TokenCounts
 from gearshift.runner.sampler import SamplingBatch, sample
 from gearshift.runner.startup_checks import check_device, context_limit, set_cpu_threads
-from gearshift.scheduler.plan import StepPlan
+from gearshift.scheduler.plan import Layout, StepPlan
 
 log = logging.getLogger("gearshift.runner")
 
@@ -81,17 +83,20 @@ class ModelRunner:
                                    model_cfg.head_dim, config.max_num_seqs, width,
                                    dtype, self.device)
         self.attn = create_backend(config.attention_backend, self.kv, model_cfg.head_dim ** -0.5)
-        # CUDA events around the latest run() / forward_all(): a fresh pair per call, so a
+        # CUDA events around the latest forward(): a fresh pair per call, so a
         # step still in flight (overlap scheduling) keeps its own pair
         self.last_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
-        self.graphs: DecodeGraphRunner | None = None
-        self.extend_graphs: ExtendGraphRunner | None = None
+        # the CUDA graphs of every shape (runner/graphs.py): plain steps' captured at start-up
+        self.shape_graphs: GraphCache | None = None
+        self.decode_sizes: list[int] = []  # padded batch sizes of the ("decode", bs) graphs
         self.extend_sizes: list[int] = []  # padded token counts of EXTEND steps (graph buckets)
         self.extend_route: dict[int, int] = {}  # bucket -> the graph its steps run in
         self.extend_rows = config.max_num_seqs + 1  # per-request rows of a padded EXTEND batch
-        self.riders = env.RIDERS.get() == "on"  # prefill chunks ride in VERIFY passes on graphs
-        self.shape_graphs: ShapeGraphs | None = None  # VERIFY / DRAFT graphs, captured lazily
         self.capture: tuple[int, ...] = ()  # target layers whose outputs the draft consumes
+        # (draft depth, tree width) -> nodes per request of a VERIFY step's draft tree
+        # (set by SpecRunner: its proposer's expansion)
+        self.draft_nodes = lambda depth, topk: depth + 1
+        self.split_k_below = SPLIT_K_BELOW  # runner/layout.py split_k
         self.step_counts: Counter[str] = Counter()  # {decode,extend,verify}_{graphed,eager} calls
         self.dtype = dtype
         self._outputs: dict[str, torch.Tensor] = {}  # shared outputs of VERIFY-shape graphs
@@ -101,8 +106,8 @@ class ModelRunner:
 
     def prepare_hot_path(self, capture: tuple[int, ...] = ()) -> None:
         """Compile kernels and capture the EXTEND and DECODE CUDA graphs (with `capture`
-        outputs when a draft consumes target features), largest first, in one memory pool.
-        Called once the engine knows its draft."""
+        outputs when a draft consumes target features), largest first, into the graph
+        cache. Called once the engine knows its draft."""
         self.capture = capture
         if self.device.type == "cuda":
             from gearshift.kernels.sample import warmup as warmup_sampler
@@ -119,29 +124,44 @@ class ModelRunner:
         cfg = self.model.config
         self.attn.reserve_decode_workspace(self.config.max_num_seqs, self.model.num_heads,
                                            cfg.head_dim)
-        pool = None
         sizes = extend_token_buckets(self._extend_graph_limit())
-        if sizes:  # the widest activations: captured first, later graphs reuse the memory
-            # their hidden states only for VERIFY steps with chunks riding along (forward_all)
-            self.extend_graphs = ExtendGraphRunner(self._forward_extend, sizes, self.extend_rows,
-                                                   self.device,
-                                                   keep_hidden=self.riders)
-            self.extend_graphs.capture()
-            self.extend_sizes, pool = sizes, self.extend_graphs.pool
-            times = self.extend_graphs.replay_ms()
+        self.shape_graphs = GraphCache()
+        self.capture_plain_graphs(sizes, default_batch_sizes(self.config.max_num_seqs))
+        if sizes:
+            times = {t: self.plain_graph_ms(("extend", t)) for t in sizes}
             if self.tp is not None:  # every rank pads a step alike: rank 0's timings decide
                 times = self.tp.comm.broadcast_object(times)
             self.extend_route = fastest_at_or_above(times)
             log.debug("extend graph replay ms %s; padded further: %s",
-                     {s: round(ms, 2) for s, ms in times.items()},
-                     {s: r for s, r in self.extend_route.items() if r != s} or "none")
-        self.graphs = DecodeGraphRunner(self._forward_logits, self.config.max_num_seqs, self.device,
-                                        pool)
-        self.graphs.capture()
-        self.shape_graphs = ShapeGraphs(self.graphs.pool)
+                      {s: round(ms, 2) for s, ms in times.items()},
+                      {s: r for s, r in self.extend_route.items() if r != s} or "none")
         log.info("captured %d decode graphs and %d extend graphs (tokens %s, %d rows) in %.1fs",
-                 len(self.graphs.graphs), len(sizes), sizes, self.extend_rows,
+                 len(self.decode_sizes), len(sizes), sizes, self.extend_rows,
                  time.perf_counter() - t0)
+
+    def capture_plain_graphs(self, extend_sizes: list[int], decode_sizes: list[int]) -> None:
+        """Capture the ("extend", tokens) and ("decode", bs) graphs into the graph cache:
+        EXTEND first (the widest activations: later graphs reuse their memory), each kind
+        largest first, every one on its capture layout."""
+        keys = [("extend", t) for t in sorted(extend_sizes, reverse=True)] + \
+            [("decode", b) for b in sorted(decode_sizes, reverse=True)]
+        for key in progress(keys, desc="capturing CUDA graphs", unit="graph"):
+            fb = self._capture_batch(key)
+            self.shape_graphs.capture(key, self._plain_body(fb), graph_inputs(fb), owned=False)
+        self.extend_sizes, self.decode_sizes = sorted(extend_sizes), sorted(decode_sizes)
+
+    def plain_graph_ms(self, key: tuple) -> float:
+        """Device ms of one replay of a plain step's graph on its capture layout."""
+        return self.shape_graphs.time_ms(key, graph_inputs(self._capture_batch(key)))
+
+    def _capture_batch(self, key: tuple) -> ForwardBatch:
+        if key[0] == "decode":
+            return decode_capture_batch(key[1], self.device)
+        return extend_capture_batch(key[1], self.extend_rows, self.device)
+
+    def _plain_body(self, fb: ForwardBatch):
+        """A plain step's graph body over static inputs (fb's host fields: shape constants)."""
+        return lambda static: self._forward_logits(rebuild_batch(fb, static))
 
     @property
     def max_verify_graph_tokens(self) -> int:
@@ -173,7 +193,7 @@ class ModelRunner:
     def resize_kv(self, num_slots: int) -> None:
         """Reallocate K and V for `num_slots` slots (contents dropped), in the KVCache every
         backend holds; before any graph captured the old tensors. max_model_len follows."""
-        if self.graphs is not None:
+        if self.shape_graphs is not None:
             raise RuntimeError("the KV cache cannot move under captured CUDA graphs")
         self.kv.resize(num_slots)
         self.num_slots = num_slots
@@ -183,13 +203,14 @@ class ModelRunner:
     def drop_graphs(self) -> None:
         """Forget every captured graph (their private pool goes back once collected): the
         memory profile measures a capture, then the KV cache moves."""
-        self.graphs = self.extend_graphs = self.shape_graphs = None
-        self.extend_sizes, self.extend_route = [], {}
+        self.shape_graphs = None
+        self.extend_sizes, self.decode_sizes, self.extend_route = [], [], {}
         self._outputs.clear()
         self._retired_outputs.clear()
 
     def decode_pad(self, bs: int) -> int:
-        return self.graphs.padded_size(bs) if self.graphs else bs
+        """The batch size of the decode graph a batch of bs runs on (bs: none)."""
+        return pick_bucket(self.decode_sizes, bs) or bs
 
     def extend_pad(self, num_tokens: int) -> int | None:
         """Padded token count of an EXTEND step: the fastest captured graph at or above its
@@ -197,35 +218,22 @@ class ModelRunner:
         bucket = pick_bucket(self.extend_sizes, num_tokens)
         return self.extend_route.get(bucket, bucket)
 
-    def padding(self, plan: StepPlan) -> Padding | None:
-        """The graph shape `plan` will run in, for BatchBuilder.prepare(plan, padding);
-        None: eager and unpadded (VERIFY plans, EXTEND steps past the largest bucket, and
-        steps that score prompt tokens: they need every chunk token's logits)."""
-        if plan.mode is ForwardMode.DECODE:
-            rows = self.decode_pad(plan.batch_size)
-            return Padding(rows, rows)
-        if any(r.wants_logprobs and r.wants_prompt_logprobs(p, n) for r, p, n in
-               zip(plan.reqs, plan.prefix_lens, plan.extend_lens)):
-            return None
-        if plan.mode is ForwardMode.EXTEND and plan.batch_size < self.extend_rows:
-            tokens = self.extend_pad(plan.num_tokens)
-            return Padding(self.extend_rows, tokens) if tokens is not None else None
-        return None
+    def layout(self, plan: StepPlan) -> Layout:
+        """The device shape `plan` runs in (runner/layout.py), chosen once when it is
+        planned; BatchBuilder.prepare lays the batch out for it."""
+        if plan.mode is ForwardMode.VERIFY:
+            return verify_layout(self, plan, self.draft_nodes(max(plan.draft_lens),
+                                                              plan.draft_topk))
+        return plain_layout(self, plan)
 
     def _forward_logits(self, fb: ForwardBatch):
         """-> logits [padded_bs, vocab] in the model dtype, for sample() (and aux features
         [T, 3H] when capturing)."""
-        return self._forward_extend(fb)[0]
-
-    def _forward_extend(self, fb: ForwardBatch):
-        """-> (_forward_logits' outputs, the hidden states [T, hidden] they come from): the
-        EXTEND graphs' body, so that a VERIFY step whose prefill chunks ride along can run
-        on them and take its nodes' logits from their hidden states (forward_all)."""
         if self.capture:
             hidden, aux = self.model(fb.input_ids, fb.positions, fb, self.attn, self.capture)
-            return (self.model.compute_logits(hidden[fb.logits_indices], fp32=False), aux), hidden
+            return self.model.compute_logits(hidden[fb.logits_indices], fp32=False), aux
         hidden = self.model(fb.input_ids, fb.positions, fb, self.attn)  # [T, hidden]
-        return self.model.compute_logits(hidden[fb.logits_indices], fp32=False), hidden
+        return self.model.compute_logits(hidden[fb.logits_indices], fp32=False)
 
     def _forward_scored(self, fb: ForwardBatch, lp: LogprobPlan):
         """_forward_logits, and the logprobs of lp's prompt positions from the same hidden
@@ -246,21 +254,41 @@ class ModelRunner:
         return self._counts
 
     @torch.inference_mode()
-    def run(self, fb: ForwardBatch, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> (sampled token ids, aux features or None), on device. No host sync.
-        Tokens: [padded_bs] for DECODE, [batch_size] for EXTEND; aux: [tokens, ...] with the
-        real tokens first (a padded EXTEND batch returns only those). sb.logprobs, when
-        requests want them, gets their log-probabilities (a step scoring prompt tokens runs
-        eagerly)."""
+    def forward(self, batch, all_logits: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The one entry for every step (a StepBatch from BatchBuilder.prepare), keyed by
+        its layout; no host sync. -> (out, aux features or None), on the device:
+          DECODE / EXTEND: out = sampled token ids ([padded_bs] for DECODE, [batch_size]
+            for EXTEND); aux [tokens, ...] of the real tokens. sb.logprobs, when requests
+            want them, gets their log-probabilities.
+          VERIFY: out = logits [T(+pad), vocab] of the pass's tokens (with chunks riding
+            along: of the nodes alone), for verification; aux of every token.
+          all_logits (eager; oracles, profiling): out = logits of every token [T, vocab]."""
+        fb = batch.forward
+        if all_logits:
+            return self._forward_all(fb, ())
         self._start_events()
-        lp = sb.logprobs
-        if lp is not None and lp.prompt_rows is not None:
-            graph, out = None, self._forward_scored(fb, lp)
+        if fb.mode is ForwardMode.VERIFY:
+            out = self._verify_pass(fb, batch.layout.graph, batch.verify.select)
         else:
-            graph = next((g for g in (self.graphs, self.extend_graphs)
-                          if g is not None and g.can_run(fb)), None)
-            out = graph.replay(fb) if graph is not None else self._forward_logits(fb)
-        self.step_counts[f"{fb.mode.value}_{'eager' if graph is None else 'graphed'}"] += 1
+            out = self._sample_step(fb, batch.sampling, batch.layout.graph)
+        if self.last_events:
+            self.last_events[1].record()
+        return out
+
+    def _sample_step(self, fb: ForwardBatch, sb: SamplingBatch, graph_key: tuple | None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A DECODE / EXTEND step on the graph its layout names (None: eagerly)."""
+        lp = sb.logprobs
+        graphs = self.shape_graphs
+        graphed = graph_key is not None and graphs is not None and graph_key in graphs.entries
+        if lp is not None and lp.prompt_rows is not None:  # (its layout is eager)
+            graphed, out = False, self._forward_scored(fb, lp)
+        elif graphed:  # captured at start-up: the body only stands in for the record
+            out = graphs.run(graph_key, self._plain_body(fb), graph_inputs(fb))
+        else:
+            out = self._forward_logits(fb)
+        self.step_counts[f"{fb.mode.value}_{'graphed' if graphed else 'eager'}"] += 1
         logits, aux = out if self.capture else (out, None)
         if fb.mode is ForwardMode.DECODE:  # graph-sized rows (sb is padded alike)
             tokens = self.sample_tokens(logits[: fb.padded_batch_size], sb)
@@ -268,8 +296,6 @@ class ModelRunner:
             tokens = self.sample_tokens(logits[: fb.batch_size], sb)
             if aux is not None and fb.padded_batch_size > fb.batch_size:
                 aux = aux[: sum(fb.extend_lens_cpu[: fb.batch_size])]
-        if self.last_events:
-            self.last_events[1].record()
         return tokens, aux
 
     def sample_tokens(self, logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
@@ -292,7 +318,7 @@ class ModelRunner:
         return tokens
 
     def graph_stats(self) -> dict[str, int]:
-        """How many run() steps replayed a graph / ran eagerly, per mode (for stats / bench)."""
+        """How many steps replayed a graph / ran eagerly, per mode (for stats / bench)."""
         return {f"{m}_{k}": self.step_counts[f"{m}_{k}"]
                 for m in ("decode", "extend", "verify") for k in ("graphed", "eager")}
 
@@ -320,25 +346,16 @@ class ModelRunner:
             buf = self._outputs[name] = torch.empty(rows, cols, dtype=dtype, device=self.device)
         return buf[:rows]
 
-    @torch.inference_mode()
-    def forward_all(self, fb: ForwardBatch, capture: tuple[int, ...] = (),
-                    graph_key: tuple | None = None, rows: torch.Tensor | None = None):
-        """Logits of every token [T, vocab] (VERIFY), or of token rows `rows` alone (a
-        VERIFY pass whose prefill chunks ride along: the nodes, not every chunk token), and
-        aux features of every token when capturing. With `graph_key` (an extend-layout
-        batch of uniform shape: every request has fb.max_extend_len tokens), the forward
-        runs as a CUDA graph captured for that key; with `rows`, a batch laid out for an
-        EXTEND graph (runner.padding's layout, mode EXTEND) replays that graph."""
-        self._start_events()
-        extend = self.extend_graphs if rows is not None else None
-        on_extend = extend is not None and extend.can_run(fb)
-        graphed = on_extend or (graph_key is not None and self.shape_graphs is not None)
+    def _verify_pass(self, fb: ForwardBatch, graph_key: tuple | None,
+                     rows: torch.Tensor | None):
+        """Logits of every token [T, vocab] of a VERIFY pass, or of token rows `rows` alone
+        (an eager pass whose prefill chunks ride along: the nodes, not every chunk token),
+        and aux features of every token when the draft consumes them. With `graph_key`
+        the pass runs as the CUDA graph captured for that key."""
+        capture = self.capture
+        graphed = graph_key is not None and self.shape_graphs is not None
         self.step_counts[f"verify_{'graphed' if graphed else 'eager'}"] += 1
-        if on_extend:
-            replayed = extend.replay(fb)
-            aux = replayed[1] if self.capture else None
-            out = self.model.compute_logits(extend.hidden(fb).index_select(0, rows)), aux
-        elif graphed:
+        if graphed:
             t, h = fb.num_tokens, self.model.config.hidden_size
             logits = self._shared_out("logits", t, self.model.config.vocab_size, torch.float32)
             aux = self._shared_out("aux", t, len(capture) * h, self.dtype) if capture else None
@@ -354,12 +371,8 @@ class ModelRunner:
                     aux.copy_(feats)
                 return out, aux
 
-            out = self.shape_graphs.run(("target",) + graph_key, body, graph_inputs(fb))
-        else:
-            out = self._forward_all(fb, capture, rows=rows)
-        if self.last_events:
-            self.last_events[1].record()
-        return out
+            return self.shape_graphs.run(("target",) + graph_key, body, graph_inputs(fb))
+        return self._forward_all(fb, capture, rows=rows)
 
     def _start_events(self) -> None:
         if self.device.type == "cuda":
@@ -374,15 +387,9 @@ class ModelRunner:
         return self.device.type == "cpu"
 
     def last_device_ms(self) -> float | None:
-        """Device time of the latest run() (forward + sampling). Call only after the host
+        """Device time of the latest forward() (forward + sampling). Call only after the host
         has synchronised on that step's tokens, so reading the events never waits."""
         return device_ms(self.last_events)
-
-    @torch.inference_mode()
-    def logits(self, fb: ForwardBatch, all_tokens: bool = False) -> torch.Tensor:
-        """Debug/oracle path: logits of every token (all_tokens) or of logits_indices."""
-        hidden = self.model(fb.input_ids, fb.positions, fb, self.attn)
-        return self.model.compute_logits(hidden if all_tokens else hidden[fb.logits_indices])
 
 
 _GRAPH_FIELDS = ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens",

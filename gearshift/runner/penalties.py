@@ -24,7 +24,7 @@ position sees. A batch where no request uses any of this builds no PenaltyBatch 
 launches nothing here.
 
 Data flow: BatchBuilder.prepare -> stage_penalties (in the step's one copy) ->
-penalty_batch -> SamplingBatch.penalties -> ModelRunner.run / SpecRunner.run: apply, then
+penalty_batch -> SamplingBatch.penalties -> ModelRunner.forward / SpecRunner.run: apply, then
 record the sampled / accepted tokens.
 """
 

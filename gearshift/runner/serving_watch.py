@@ -13,7 +13,7 @@ engine that started watching last (one engine a process when serving; tensor-par
 are processes).
 
 Data flow: Engine.__init__ (after the warm-up) -> ServingWatch.start(runner);
-ShapeGraphs.run -> captured(key, ms); Triton's jit_post_compile_hook -> compiled(name);
+GraphCache.run -> captured(key, ms); Triton's jit_post_compile_hook -> compiled(name);
 SkinnyChooser.choose -> chose(key, ms).
 """
 

@@ -2,6 +2,7 @@
 
     StepPlan      what the step will do, decided by Scheduler.schedule() before anything is
                   allocated; nothing after planning changes it
+    Layout        the step's device shape, fixed with the plan (ModelRunner.layout(plan))
     Speculation   the frozen speculation shape the scheduler plans with (sizes per K)
     StepResult    what the step produced, applied by Scheduler.commit(plan, result)
 
@@ -48,6 +49,38 @@ class Speculation:
     mixed: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The device shape of one step, chosen once per plan (ModelRunner.layout(plan), the
+    one padding rule); BatchBuilder.prepare lays the batch out for it and ModelRunner.forward
+    runs it (on `graph`'s CUDA graph, or eagerly when None). Padding uses the reserved
+    dummy row 0 and slot 0 (runner/batch.py).
+
+        kind     mode     pass                                    rows   tokens
+        decode   DECODE   one token per request                   padded batch (= tokens)
+        extend   EXTEND   prefill chunks (decoders as 1-token     max_num_seqs + 1 on a graph,
+                          extends)                                 padded token bucket
+        chain    VERIFY   causal extend over each request's       padded batch, padded rows
+                          nodes (riders: their chunk)              x nodes on a graph
+        mixed    VERIFY   chains of different K, one causal       padded batch + 1, token
+                          extend padded to a token bucket          bucket
+        tree     VERIFY   one query per node, tree attention      padded batch, rows x nodes
+                          (draft trees, and chains on few rows)
+
+    A VERIFY layout reserves `nodes` rows per request for the pending token and its drafts
+    (the draft's node count); the proposer's tokens fill them on the device."""
+
+    kind: str  # decode | extend | chain | mixed | tree
+    rows: int  # per-request rows of the pass (real requests first, then padding)
+    tokens: int  # token rows of the pass
+    nodes: int = 1  # VERIFY: nodes per request (the draft tree's width; chains K_max + 1)
+    graph: tuple | None = None  # the CUDA-graph key it runs on; None: eagerly, unpadded
+
+    @property
+    def padded(self) -> bool:
+        return self.graph is not None
+
+
 @dataclass(slots=True)
 class StepPlan:
     """Every field is written by the scheduler while planning."""
@@ -64,9 +97,10 @@ class StepPlan:
     token_tag: int = 0
     preempted: list[Request] = field(default_factory=list)  # sent back to waiting while planning
     failed: list = field(default_factory=list)  # StepOutputs of requests that failed admission
-    # VERIFY steps (empty otherwise): K per request (0: this request decodes plainly, or
-    # rides along with a prefill chunk), and the slots each request's verification needs
-    num_draft_tokens: list[int] = field(default_factory=list)
+    # VERIFY steps (empty otherwise): K per request, at most the configured num_draft_tokens
+    # (0: this request decodes plainly, or rides along with a prefill chunk), and the slots
+    # each request's verification needs
+    draft_lens: list[int] = field(default_factory=list)
     num_nodes: list[int] = field(default_factory=list)  # tokens verified: root + drafts
     num_scratch: list[int] = field(default_factory=list)  # the draft's own rows
     draft_topk: int = 1  # tree width of a VERIFY step: 1 = chains, > 1 = one draft tree each
@@ -83,6 +117,7 @@ class StepPlan:
     # none), and whether the draft follows the tokens this step commits (some K > 0 may come)
     draft_catch_up: list[int] = field(default_factory=list)
     draft_follows: bool = False
+    layout: Layout | None = None  # set once planned by the engine (None: eager, unpadded)
 
     @property
     def batch_size(self) -> int:
@@ -102,7 +137,7 @@ class StepPlan:
 
     @property
     def speculating(self) -> bool:
-        return any(self.num_draft_tokens)
+        return any(self.draft_lens)
 
     @property
     def is_empty(self) -> bool:

@@ -188,7 +188,7 @@ class Scheduler(Committer):
         extra = sum(nodes) + sum(scratch) - sum(plan.extend_lens)
         if not any(ks) or extra > free:
             return
-        plan.num_draft_tokens, plan.num_nodes, plan.num_scratch = ks, nodes, scratch
+        plan.draft_lens, plan.num_nodes, plan.num_scratch = ks, nodes, scratch
         plan.draft_topk = topk
         plan.mode = ForwardMode.VERIFY
         if spec.draft_catches_up:  # the rows the draft is behind on, before it proposes
@@ -198,7 +198,7 @@ class Scheduler(Committer):
     @staticmethod
     def _count_ks(plan: StepPlan, decoding: list[int]) -> None:
         """Each decoding request's K as planned (0: plain), for its output's histogram."""
-        ks = plan.num_draft_tokens
+        ks = plan.draft_lens
         for i in decoding:
             req, k = plan.reqs[i], ks[i] if ks else 0
             req.spec_k_hist[k] = req.spec_k_hist.get(k, 0) + 1

@@ -20,7 +20,7 @@ take the race's winner (`draft_tokens`: on CUDA the sampler's fused kernel); tre
 each beam's best children by that noisy score, ranked by its log-softmax (a heuristic for
 P(child wins)); n-gram drafts are deterministic and need nothing here.
 
-Data flow: SpecRunner.run -> row_targets -> verify_batch.greedy_verify (every row greedy
+Data flow: SpecRunner.run -> row_targets -> verify_device.greedy_verify (every row greedy
 or coupled), or verify.verify -> verify_coupled per row; proposers/expand.py ->
 draft_scores / draft_tokens.
 """

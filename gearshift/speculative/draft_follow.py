@@ -34,8 +34,9 @@ import torch
 
 from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.request import Request, RequestStatus
-from gearshift.runner.batch import BatchBuilder, Stager, forward_batch, stage_forward
+from gearshift.runner.batch import BatchBuilder
 from gearshift.runner.model_runner import ModelRunner, device_ms, graph_inputs, rebuild_batch
+from gearshift.runner.staging import Stager, forward_batch, stage_forward
 from gearshift.scheduler.plan import StepPlan
 from gearshift.speculative.follow_up import accepted, extend_batch
 from gearshift.speculative.proposers.base import Proposer
@@ -191,8 +192,7 @@ class DraftFollower:
     def follows_early(self, plan: StepPlan) -> bool:
         """Whether a VERIFY step of `plan` can launch the follow-up over its accepted tokens
         before the host reads them (follow_up.py): a stateful draft extending on graphs
-        and K_max + 1 rows past every prefix inside the RoPE table (chunks riding along
-        go through extend_prompts instead: SpecRunner._follow_early)."""
+        and K_max + 1 rows past every prefix inside the RoPE table."""
         return (self.proposer.keeps_state
                 and self._graph_width(plan.prefix_lens, [1]) is not None)
 

@@ -1,8 +1,9 @@
 """SpecRunner: the speculative stages of the engine's one step pipeline.
 
-    VERIFY plan -> BatchBuilder.prepare (node + scratch slots, staged inputs)
+    VERIFY plan + Layout -> BatchBuilder.prepare (node + scratch slots, staged inputs,
+         the target pass laid out with rows reserved for the drafts: runner/verify_layout.py)
       -> run(): draft catch-up -> proposer.propose -> DraftTree [B, N]        (device)
-                -> target VERIFY over the valid nodes (verify_batch.py)        (device)
+                -> fill_drafts -> ModelRunner.forward: the target pass        (device)
                 -> penalties, grammar masks per node (verify_logits / _grammar.py)
                 -> verification: accepted path + bonus per request (rejection
                    sampling, or coupled to the plain sampler: coupled.py)      (device)
@@ -14,14 +15,12 @@
       -> Scheduler.commit (keep the path's slots, free the rest)
       -> after_commit(): the draft's rows move on (else the follow-up runs here, laid out
          on the host); acceptance counters
-    plain plan -> ModelRunner.run -> after_plain(): the draft's state follows at K = 0
+    plain plan -> ModelRunner.forward -> after_plain(): the draft's state follows at K = 0
 
 Data flow: Engine.step -> SpecRunner.run / after_commit (VERIFY plans), after_plain (plain).
 """
 
 from __future__ import annotations
-
-from itertools import accumulate
 
 import torch
 
@@ -29,10 +28,11 @@ from gearshift.config import EngineConfig
 from gearshift.policy.allocation import chain_gear
 from gearshift.runner.batch import BatchBuilder, StepBatch
 from gearshift.runner.graphs import mixed_verify_tokens
+from gearshift.runner.layout import split_k
 from gearshift.runner.model_runner import ModelRunner
+from gearshift.runner.verify_layout import fill_drafts
 from gearshift.scheduler.plan import Speculation, StepPlan, StepResult
 from gearshift.speculative import coupled
-from gearshift.speculative import verify_batch as vb
 from gearshift.speculative import verify_grammar as vg
 from gearshift.speculative import verify_logits as vl
 from gearshift.speculative.acceptance import Acceptance, age
@@ -40,8 +40,9 @@ from gearshift.speculative.draft_follow import DraftFollower
 from gearshift.speculative.proposers import create_proposer
 from gearshift.speculative.proposers.base import ProposeContext
 from gearshift.speculative.timing import VerifyTiming
+from gearshift.speculative.tree import ancestor_mask
 from gearshift.speculative.verify import verify
-from gearshift.speculative.verify_device import node_valid, pack, record_paths
+from gearshift.speculative.verify_device import greedy_verify, node_valid, pack, record_paths
 
 
 class SpecRunner:
@@ -54,13 +55,13 @@ class SpecRunner:
         self.tree_nodes = config.verify_nodes if self.topk > 1 else 0
         self.capture = self.proposer.aux_layers if self.proposer.needs_features else ()
         self.draft_frac = self.proposer.cost_fraction(runner.model)  # a draft step / target step
-        self.split_k_verify_below = 64  # (requests x kv heads) under which chains use split-K
         self.acceptance = Acceptance(tree=self.topk > 1)
         self.timing: VerifyTiming | None = None  # CUDA events of VERIFY steps (--step-trace)
         # `feed` (the engine's TokenFeed) resolves tokens of overlapped steps on the device
         self.follow = DraftFollower(self.proposer, runner, builder, self.num_draft_tokens, feed,
                                     every_token=config.enable_prefix_caching)
         self._last: tuple | None = None  # run()'s context for after_commit
+        runner.draft_nodes = self.draft_nodes  # a VERIFY layout's nodes per request
 
     # ------------------------------------------------------------------ sizing
     # A step verifies chains (topk 1: K + 1 nodes) or, when the engine has a tree width
@@ -75,17 +76,25 @@ class SpecRunner:
             return 0
         return self.proposer.scratch_slots(k if topk == 1 else self.num_draft_tokens, topk)
 
+    def draft_nodes(self, depth: int, topk: int) -> int:
+        """Nodes per request of the draft a step of this depth (its deepest K) and width
+        makes: a chain's K + 1; a tree's best `verify_nodes - 1` of its candidates (topk
+        at depth 1, topk^2 at each deeper one: proposers/expand.py) and the root."""
+        if topk == 1:
+            return depth + 1
+        return 1 + min(self.tree_nodes - 1, topk + (depth - 1) * topk * topk)
+
     def slots_needed(self, k: int, topk: int = 1) -> int:
         """KV slots a request needs for a step with draft length k (0 = plain decode) and
         tree width topk."""
         return self.nodes(k, topk) + self.scratch(k, topk)
 
     def speculation(self) -> Speculation:
-        """The frozen shape the scheduler plans with. Prefill chunks ride in a chain's causal
-        verify pass, so that an arrival does not cost the decoders a step at K = 0; with
-        CUDA graphs only under GEARSHIFT_RIDERS=on (so far the graphed mixed EXTEND step at
-        K = 0 measured faster, docs/benchmarks.md)."""
-        riders = self.topk == 1 and (self.runner.shape_graphs is None or self.runner.riders)
+        """The frozen shape the scheduler plans with. Without CUDA graphs, prefill chunks
+        ride in a chain's causal verify pass, so that an arrival does not cost the decoders
+        a step at K = 0; with graphs a step that prefills is a graphed mixed EXTEND step at
+        K = 0 (it measured faster than riding chunks, docs/benchmarks.md)."""
+        riders = self.topk == 1 and self.runner.shape_graphs is None
         return Speculation(
             num_draft_tokens=self.num_draft_tokens, draft_topk=self.topk,
             num_nodes=self.nodes, num_scratch=self.scratch,
@@ -103,7 +112,7 @@ class SpecRunner:
             return 0
         if plan.draft_topk > 1:
             return self.num_draft_tokens + 1
-        return chain_gear(plan.num_draft_tokens)
+        return chain_gear(plan.draft_lens)
 
     def verified_tokens(self, n: int, tokens: int) -> int:
         """The tokens a chain VERIFY pass of n requests mixing K runs over, `tokens` of them
@@ -114,29 +123,13 @@ class SpecRunner:
         bucket = mixed_verify_tokens(self.runner.decode_pad(n), tokens)
         return bucket if bucket <= self.runner.max_verify_graph_tokens else tokens
 
-    def _bucketed(self, n_nodes: list[int], sb) -> bool:
-        """Does a chain step of different lengths verify on a token-bucket graph? Not with
-        penalties, grammars or logprobs (their per-node work assumes only the verified
-        nodes in `flat`: those steps run eagerly), nor past the largest verify graph."""
-        if len(set(n_nodes)) == 1 \
-                or sb.penalties is not None or sb.grammar is not None or sb.logprobs is not None:
-            return False
-        return self.verified_tokens(len(n_nodes), sum(n_nodes)) != sum(n_nodes)
-
     @property
     def stats(self):
         return self.acceptance.stats
 
     def split_k_chains(self, b: int) -> bool:
-        """Do a step's b chains verify with split-K tree attention (graphed only)? Few
-        (request, kv head) pairs cannot fill the GPU: split-K spreads each prefix over the
-        SMs; beyond that, causal extend reads each prefix once. Decided on the PADDED batch,
-        the graph's shape: the warm-up runs every graph size exactly, and a 6-request step
-        padded to 8 must replay what it captured at 8, not capture a new graph mid-run."""
-        if self.runner.shape_graphs is None:
-            return False
-        rows = self.runner.decode_pad(b)
-        return rows * self.runner.model.num_kv_heads < self.split_k_verify_below  # this rank's
+        """Do a step's b chains verify with split-K tree attention? (runner/layout.py)"""
+        return split_k(self.runner, b)
 
     # ------------------------------------------------------------------ plain steps
     def after_plain(self, plan: StepPlan, aux: torch.Tensor | None) -> None:
@@ -157,101 +150,36 @@ class SpecRunner:
     @torch.inference_mode()
     def run(self, plan: StepPlan, batch: StepBatch, before_sync=None,
             planning_s: float = 0.0) -> StepResult:
-        """Decoding requests verify their nodes; prefill chunks in the same plan ("riders",
-        chains only) extend as usual in the same causal pass and sample at their end.
-        `before_sync`: host work to do while the device runs, before the step's one sync;
-        `planning_s`: the host time that planned the step (for the step trace)."""
-        reqs, ks, topk = plan.reqs, plan.num_draft_tokens, plan.draft_topk
-        b = len(reqs)
-        ride = [not d for d in plan.decoding]
-        prefix = plan.prefix_lens
-        node_slots = [s[:n] for s, n in zip(batch.slots, plan.num_nodes)]
-        d, sb = batch.staged, batch.sampling
-        depth = max(ks)
-        n_max, s_max = max(plan.num_nodes), max(plan.num_scratch)
-        # the draft catches up on rows committed while these requests ran at K = 0
-        timing = self.timing
+        """Draft, then the target's pass over the rows the batch reserved for the drafts,
+        then verification; prefill chunks in the same plan ("riders", eager chains only)
+        extend as usual in the same causal pass and sample at their end. `before_sync`:
+        host work to do while the device runs, before the step's one sync; `planning_s`:
+        the host time that planned the step (for the step trace)."""
+        d, sb, vp, timing = batch.staged, batch.sampling, batch.verify, self.timing
         if timing is not None:
             timing.mark(0, planning_s)
-        self.follow.catch_up(plan)
-        pb, lp = sb.penalties, sb.logprobs
+        self.follow.catch_up(plan)  # the rows the plan says each draft must consume first
+        pb = sb.penalties
         counts = self.runner.token_counts() if pb is not None and pb.use_counts else None
         if counts is not None:
             counts.reset(pb)  # rows given out this step, before the draft reads them
-        n_draft = max(n for n, r in zip(plan.num_nodes, ride) if not r)  # not a chunk's length
-        ctx = ProposeContext(reqs, ks, depth, topk, n_draft, d["roots"], d["prefix"], prefix,
-                             d["rows"], d["scratch"].view(b, s_max), sb, counts)
         if timing is not None:
             timing.mark(1)
-        tree, nodes_override = self.proposer.propose(ctx)
+        tree, n_nodes, k = self._propose(plan, batch, counts)
         if timing is not None:
             timing.mark(2)
         # grammars need the drafts on the host: copied now, walked while the target runs
         on_host = vg.TreeOnHost(tree) if sb.grammar is not None else None
-        n_tree = tree.num_nodes  # a tree is smaller than its budget when K was capped
-        n_nodes = nodes_override or [min(len(s), n_tree) if k else 1
-                                     for s, k in zip(node_slots, ks)]
-        # tokens each request sends through the target (a rider: its whole chunk)
-        n_tokens = [len(s) if r else n for s, r, n in zip(node_slots, ride, n_nodes)]
-        offsets = [0, *accumulate(n_tokens)][:b]  # first target token of each request
-        per_row, pad_tok, k_dev, rows = vb.uniform(n_nodes), None, d["k"], None
-        if topk == 1 and not any(ride) and self._bucketed(n_nodes, sb) \
-                and not self.split_k_chains(b):
-            # chains of different K: one causal extend over sum(K_i + 1) tokens, bucketed
-            fb, flat, key, node_tok, pad_tok, k_dev = vb.mixed_chain_batch(
-                self.runner, reqs, prefix, tree, node_slots, n_nodes, n_tree)
-            slots_bn, per_row = None, n_tree
-        elif topk == 1 and (any(ride) or not self.split_k_chains(b)):
-            # chains verify as a causal extend over positions L..L+K (prefix read once)
-            fb, flat, key, node_tok, rows = vb.chain_batch(self.runner, reqs, prefix, tree,
-                                                           node_slots, n_nodes, n_tree, ride)
-            slots_bn = None
-        else:
-            d2, pad = vb.stage_tree_nodes(self.runner, reqs, prefix, n_nodes, n_tree)
-            flat = d2["flat"]
-            slots_bn = d["node_slots"].view(b, n_max)[:, :n_tree] if n_max >= n_tree else \
-                torch.nn.functional.pad(d["node_slots"].view(b, n_max), (0, n_tree - n_max))
-            fb = vb.tree_batch(self.runner, tree, slots_bn, d2, depth, max(prefix), pad)
-            key = ("verify-tree", fb.num_tokens, n_tree) if self.runner.shape_graphs is not None \
-                and fb.num_tokens <= self.runner.max_verify_graph_tokens else None
-            node_tok = None
-        # [T(+pad), V]; with riders, the nodes' logits alone [nodes, V]
-        logits_t, aux = self.runner.forward_all(fb, self.capture, graph_key=key, rows=rows)
-        raw_t = logits_t
-        if pb is not None:  # verification sees what a plain step would sample from
-            logits_t = vl.penalise(pb, counts, logits_t, tree, flat, vl.node_rows(flat, node_tok),
-                                   sb.steps, depth)
-        if on_host is not None:
-            masks = vg.node_masks(reqs, on_host, n_nodes, n_tree, self.runner.device)
-            logits_t = vg.constrain(logits_t, masks, flat, vl.node_rows(flat, node_tok),
-                                    banned=pb is not None and pb.banned is not None)
-        # the tree path's accepted slots go to req_to_token on the device (a chain verified
-        # as an extend recorded its nodes' slots while building the batch)
-        record = None if slots_bn is None else (d["rows"], d["prefix"], slots_bn)
-        if sb.all_greedy or sb.all_coupled:  # accept while the draft is the target's token
-            target = logits_t.argmax(-1) if sb.all_greedy else coupled.row_targets(
-                logits_t, vl.node_rows(flat, node_tok), flat, tree, sb)
-            packed = vb.greedy_verify(self.runner, tree, target, flat, node_tok, k_dev, depth,
-                                      record, graphed=key is not None, per_row=per_row,
-                                      pad_tok=pad_tok)
-        else:
-            logits_t = logits_t[node_tok] if node_tok is not None else logits_t[: flat.shape[0]]
-            logits = torch.zeros(b * n_tree, logits_t.shape[-1], device=logits_t.device)
-            logits[flat] = logits_t
-            valid = node_valid(flat, k_dev, tree.depths)
-            res = verify(tree, valid, logits.view(b, n_tree, -1), sb, depth, topk)
-            if record is not None:
-                record_paths(self.runner.kv.req_to_token, *record, res)
-            packed = pack(res)
-        if counts is not None:
-            vl.record(pb, counts, packed, depth)
-        if lp is not None and lp.sampled:
-            vl.path_logprobs(lp, raw_t, flat, vl.node_rows(flat, node_tok), packed, n_tree, depth)
-            lp.start_copy()  # read after the sync below
+        fill_drafts(batch.forward, vp, tree.tokens, tree.depths,
+                    self._ancestors(tree, vp, max(plan.draft_lens)), self.runner.max_positions)
+        logits, aux = self.runner.forward(batch)  # [T(+pad), V]; riders: the nodes' alone
+        masks = None if on_host is None else vg.node_masks(
+            plan.reqs, on_host, n_nodes, tree.num_nodes, self.runner.device)
+        packed = self._verify(plan, batch, tree, logits, k, counts, masks)
         if timing is not None:
             timing.mark(3)
         read = self._read_later(packed)
-        early = self._follow_early(plan, packed, d, offsets, aux, node_slots)
+        early = self._follow_early(plan, packed, d, vp.offsets, aux)
         if before_sync is not None:
             before_sync()
         packed = read() if read is not None else packed.tolist()  # the step's one host sync
@@ -260,19 +188,86 @@ class SpecRunner:
         if self.follow.catch_up_rows:  # what leaving K = 0 cost (its events are done now)
             self.stats["catch_up_rows"] += self.follow.catch_up_rows
             self.stats["catch_up_ms"] += self.follow.catch_up_ms()
-        tokens, paths = [], []
-        for i in range(b):
-            if ride[i]:  # the whole chunk stays; its last token's sample only if it ends the prompt
-                paths.append(list(range(len(node_slots[i]))))
+        self._last = (aux, vp.offsets, n_nodes, packed, max(plan.draft_lens), early)
+        return self._result(plan, batch, packed, n_nodes)
+
+    def _propose(self, plan: StepPlan, batch: StepBatch, counts):
+        """The draft tree [B, N] of the step, the nodes each request verifies, and its
+        drafts per request on the device (a host proposer may find fewer than K: the
+        layout stays, its nodes past them are masked)."""
+        d, b, n = batch.staged, plan.batch_size, batch.layout.nodes
+        ctx = ProposeContext(plan.reqs, plan.draft_lens, max(plan.draft_lens), plan.draft_topk,
+                             max(x for x, dec in zip(plan.num_nodes, plan.decoding) if dec),
+                             d["roots"], d["prefix"], plan.prefix_lens, d["rows"],
+                             d["scratch"].view(b, max(plan.num_scratch)), batch.sampling, counts)
+        tree, found = self.proposer.propose(ctx)
+        if found is None:
+            return tree, batch.verify.n_nodes, batch.verify.k
+        k = torch.tensor([x - 1 for x in found], dtype=torch.long).to(tree.tokens.device,
+                                                                      non_blocking=True)
+        return tree, [min(x, n) for x in found], k
+
+    @staticmethod
+    def _ancestors(tree, vp, depth: int) -> torch.Tensor | None:
+        """The tree's ancestor mask, where the pass attends over it (a tree layout)."""
+        if vp.tree_index is None or tree.ancestors is not None:
+            return tree.ancestors
+        return ancestor_mask(tree.parents, depth)
+
+    def _verify(self, plan: StepPlan, batch: StepBatch, tree, logits_t: torch.Tensor,
+                k: torch.Tensor, counts, masks) -> torch.Tensor:
+        """Accepted paths from the target's logits -> packed [B, 2 * depth + 3] (device)."""
+        sb, vp, d = batch.sampling, batch.verify, batch.staged
+        pb, lp, depth, n_tree = sb.penalties, sb.logprobs, max(plan.draft_lens), tree.num_nodes
+        flat, rows_t = vp.flat, vl.node_rows(vp.flat, vp.node_tok)
+        raw_t = logits_t
+        if pb is not None:  # verification sees what a plain step would sample from
+            logits_t = vl.penalise(pb, counts, logits_t, tree, flat, rows_t, sb.steps, depth)
+        if masks is not None:
+            logits_t = vg.constrain(logits_t, masks, flat, rows_t,
+                                    banned=pb is not None and pb.banned is not None)
+        # the tree path's accepted slots go to req_to_token on the device (a chain verified
+        # as an extend recorded its nodes' slots while the batch was prepared)
+        record = None if vp.slots is None else (d["rows"], d["prefix"], vp.slots)
+        if sb.all_greedy or sb.all_coupled:  # accept while the draft is the target's token
+            target = logits_t.argmax(-1) if sb.all_greedy else coupled.row_targets(
+                logits_t, rows_t, flat, tree, sb)
+            packed = greedy_verify(self.runner, tree, target, flat, vp.node_tok, k, depth,
+                                   record, batch.layout, vp.per_row, vp.pad_tok)
+        else:
+            logits_t = logits_t[vp.node_tok] if vp.node_tok is not None \
+                else logits_t[: flat.shape[0]]
+            logits = torch.zeros(plan.batch_size * n_tree, logits_t.shape[-1],
+                                 device=logits_t.device)
+            logits[flat] = logits_t
+            valid = node_valid(flat, k, tree.depths)
+            res = verify(tree, valid, logits.view(plan.batch_size, n_tree, -1), sb, depth,
+                         plan.draft_topk)
+            if record is not None:
+                record_paths(self.runner.kv.req_to_token, *record, res)
+            packed = pack(res)
+        if counts is not None:
+            vl.record(pb, counts, packed, depth)
+        if lp is not None and lp.sampled:
+            vl.path_logprobs(lp, raw_t, flat, rows_t, packed, n_tree, depth)
+            lp.start_copy()  # read after the step's sync
+        return packed
+
+    def _result(self, plan: StepPlan, batch: StepBatch, packed: list, n_nodes: list[int]
+                ) -> StepResult:
+        """The step's tokens and kept nodes per request, from the packed result (host)."""
+        depth, tokens, paths = max(plan.draft_lens), [], []
+        for i, req in enumerate(plan.reqs):
+            if not plan.decoding[i]:  # a chunk stays whole; its last token's sample only
+                paths.append(list(range(plan.num_nodes[i])))  # if it ends the prompt
                 tokens.append(packed[i][depth + 2:][:1] if plan.sample[i] else [])
                 continue
             a = packed[i][0]
             paths.append(packed[i][1:depth + 2][:a + 1])
             tokens.append(packed[i][depth + 2:][:a + 1])
-            if ks[i]:  # the request's own counters before commit: its outputs carry them
-                reqs[i].spec_proposed += n_nodes[i] - 1
-                reqs[i].spec_accepted += a
-        self._last = (aux, offsets, n_nodes, packed, depth, early)
+            if plan.draft_lens[i]:  # the request's own counters before commit: its outputs
+                req.spec_proposed += n_nodes[i] - 1  # carry them
+                req.spec_accepted += a
         return StepResult(batch.slots, tokens, kept=paths)
 
     def _read_later(self, packed: torch.Tensor):
@@ -303,27 +298,15 @@ class SpecRunner:
         return extend, store
 
     def _follow_early(self, plan: StepPlan, packed: torch.Tensor, staged: dict,
-                      offsets: list[int], aux: torch.Tensor | None,
-                      node_slots: list[list[int]]) -> list[int] | None:
+                      offsets: list[int], aux: torch.Tensor | None) -> list[int] | None:
         """Launch the draft's follow-up over the accepted tokens before the host reads them,
         laid out on the device (follow_up.py), where its graphed shape applies: the draft
         runs while the host commits. Requests this step finishes are followed too (their
-        slots are freed after, in stream order). -> the rows extended, or None."""
+        slots are freed after, in stream order). Graphed steps only, which carry no prefill
+        chunk (speculation()). -> the rows extended, or None."""
         if not self.follow.follows_early(plan):
             return None
         extend, store = self._groups(plan)
-        riders = [i for i, d in enumerate(plan.decoding) if not d]
-        if riders:  # a chunk's features are kept, and the draft runs over it behind the pass
-            keep = [i for i in riders
-                    if plan.reqs[i].params.speculative or self.follow.every_token]
-            self.follow.store_slots([s for i in keep for s in node_slots[i]], aux,
-                                    [offsets[i] + j for i in keep
-                                     for j in range(len(node_slots[i]))])
-            self.follow.extend_prompts([plan.reqs[i] for i in riders],
-                                       [plan.prefix_lens[i] + len(node_slots[i]) - 1
-                                        for i in riders])
-            extend = [i for i in extend if plan.decoding[i]]
-            store = [i for i in store if plan.decoding[i]]
         self.follow.follow_accepted(plan, extend, store, packed, staged, offsets, aux)
         return extend
 
@@ -344,8 +327,8 @@ class SpecRunner:
                 stage([reqs[i] for i in group], [prefix[i] for i in group],
                       [len(result.kept[i]) for i in group], aux,
                       [offsets[i] + j for i in group for j in result.kept[i]])
-        self.acceptance.record_step(plan.num_draft_tokens)
+        self.acceptance.record_step(plan.draft_lens)
         for i, d in enumerate(plan.decoding):
             if d:
-                self.acceptance.record(reqs[i], plan.num_draft_tokens[i], plan.draft_topk,
+                self.acceptance.record(reqs[i], plan.draft_lens[i], plan.draft_topk,
                                        n_nodes[i] - 1, packed[i][0], packed[i][2 * depth + 3])

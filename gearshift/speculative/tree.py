@@ -12,7 +12,7 @@ in topological order. A chain of K drafts is the tree with parents [-1, 0, 1, ..
             c   d     e                              a: x a          d: x a d
                                                      b: x b          e: x b e
 
-Data flow: proposer.propose() -> DraftTree -> speculative/verify_batch.py builds the VERIFY batch
+Data flow: proposer.propose() -> DraftTree -> runner/verify_layout.py fills the VERIFY batch
 (positions = prefix + depth, extra key slots = ancestors-or-self) -> speculative/verify.py.
 """
 

@@ -4,7 +4,8 @@ inputs (`greedy_packed`, its batch padded by `pad_greedy_inputs` and `pad_flat`)
 accepted paths' slots written to req_to_token (`record_paths`), and the [B, 2 * D + 4]
 result the host reads in the step's one copy (`pack`).
 
-Data flow: SpecRunner.run -> greedy_packed / verify + pack -> .tolist() (host).
+Data flow: SpecRunner.run -> greedy_verify (every row greedy or coupled; else
+verify.verify + pack) -> .tolist() (host).
 """
 
 from __future__ import annotations
@@ -97,3 +98,34 @@ def greedy_packed(s: dict[str, torch.Tensor], b: int, n: int, depth: int,
         record_paths(req_to_token, s["rows"], s["prefix"], s["slots"], res)
     return pack(res)
 
+
+def greedy_verify(runner, tree: DraftTree, target, flat, node_tok, k, depth: int, record,
+                  layout, per_row: int, pad_tok: int | None = None) -> torch.Tensor:
+    """Greedy verification from the target's token at each row of its pass, target [T(+pad)]
+    (the argmax, or a coupled row's sample; no [B, N, V] logits gathered) -> packed
+    [B, 2 * depth + 3]; one CUDA graph per shape after a graphed target pass (its
+    `layout`), its batch padded like the target's (a decode graph size), so that requests
+    finishing mid-run meet graphs captured at start-up instead of capturing new ones."""
+    b, n = tree.tokens.shape
+    inputs = {"target": target, "flat": flat, "k": k, "tokens": tree.tokens,
+              "parents": tree.parents, "depths": tree.depths}
+    if node_tok is not None:
+        inputs["node_tok"] = node_tok
+    if record is not None:
+        inputs.update(zip(("rows", "prefix", "slots"), record))
+    req_to_token = runner.kv.req_to_token if record is not None else None
+    graphs = runner.shape_graphs
+    if layout.graph is None or graphs is None:
+        return greedy_packed(inputs, b, n, depth, req_to_token)
+    pb = runner.decode_pad(b)
+    if pb > b:
+        pad_greedy_inputs(inputs, b, pb, n, per_row, pad_tok)
+    if node_tok is not None or target.shape[0] >= pb * n:  # sink nodes read a real row
+        pad_flat(inputs, pb, n)
+
+    def fn(s):
+        return greedy_packed(s, pb, n, depth, req_to_token)
+
+    key = ("verify-greedy", pb, n, depth, inputs["target"].shape[0], inputs["flat"].shape[0],
+           node_tok is not None, record is not None)
+    return graphs.run(key, fn, inputs)[:b]

@@ -12,7 +12,7 @@ where no request uses either calls nothing here):
     path_logprobs  log_softmax of the RAW logits at each node of the accepted path: what a
                  plain step at that position would report
 
-Data flow: SpecRunner.run: forward_all -> penalise -> verification -> record /
+Data flow: SpecRunner.run: ModelRunner.forward -> penalise -> verification -> record /
 path_logprobs -> the step's one host sync.
 """
 

@@ -183,15 +183,6 @@ def test_plain_engines_profile_too(make_llm, profiled, tiny_llama_dir):
             == [o.token_ids for o in ref.generate(PROMPTS, GREEDY)])
 
 
-class _DecodeGraphs:
-    """runner.graphs' sizes, replaying nothing (steps run eagerly at the padded size)."""
-
-    graphs = {1: None, 2: None, 4: None, 6: None}  # up to max_num_seqs, as captured
-
-    def can_run(self, fb) -> bool:
-        return False
-
-
 def test_graph_pools_are_measured_over_every_capture_then_dropped(
         make_llm, profiled, monkeypatch, tiny_llama_dir, head_dir):
     """With graphs (stood in for on the CPU): the capture pass runs the speculation
@@ -201,9 +192,9 @@ def test_graph_pools_are_measured_over_every_capture_then_dropped(
     larger than activations + pools, and the graphs are gone before the cache moves."""
     installed = []
 
-    def hot_path(runner, capture=()):
-        runner.shape_graphs, runner.graphs = EagerGraphs(), _DecodeGraphs()
-        runner.decode_pad = lambda bs: min(s for s in _DecodeGraphs.graphs if s >= bs)
+    def hot_path(runner, capture=()):  # decode graphs up to max_num_seqs, as captured
+        runner.shape_graphs, runner.decode_sizes = EagerGraphs(), [1, 2, 4, 6]
+        runner.capture = capture
         installed.append(runner.shape_graphs)
 
     graphs = lambda self: self.engine.runner.shape_graphs is not None  # noqa: E731

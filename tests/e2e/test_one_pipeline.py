@@ -64,9 +64,9 @@ def _drive(llm, prompts, params, arrive_every: int) -> tuple[dict, list]:
         log[-1]["allocated"] += n
         return orig_alloc(n)
 
-    def prepare(plan, padding=None):
+    def prepare(plan):
         log[-1]["prepares"].append(plan)
-        batch = orig_prepare(plan, padding)
+        batch = orig_prepare(plan)
         log[-1]["staged"] = batch.staged
         return batch
 
@@ -112,7 +112,7 @@ def test_every_mode_allocates_its_plan_and_commits_once(make_llm, tiny_llama_dir
     modes = {p.mode for p in plans}
     assert modes == {ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.VERIFY}
     verify = [p for p in plans if p.mode is ForwardMode.VERIFY]
-    assert len({max(p.num_draft_tokens) for p in verify}) >= 2  # K varied
+    assert len({max(p.draft_lens) for p in verify}) >= 2  # K varied
     if shape == "tree":
         assert {p.draft_topk for p in verify} == {1, 4}  # chains and trees
         mixed = [p for p in plans if p.mode is ForwardMode.EXTEND and any(p.decoding)

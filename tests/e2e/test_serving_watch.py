@@ -1,6 +1,6 @@
 """What a step captures or compiles after the start-up warm-up is logged and counted
 (runner/serving_watch.py): Engine.stats()["late"], and the step trace marks the step.
-Graphs on the CPU emulation of ShapeGraphs (eager_graphs.SharedPoolGraphs); Triton's
+Graphs on the CPU emulation of GraphCache (eager_graphs.SharedPoolGraphs); Triton's
 post-compile hook called as Triton calls it; the GEMM chooser with its measurement stubbed
 (it times on CUDA only)."""
 

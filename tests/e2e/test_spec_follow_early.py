@@ -15,8 +15,7 @@ from eagle3_checkpoints import make_eagle3_checkpoint
 from follow_checks import follow_run, script_acceptance
 
 
-@pytest.mark.parametrize("case", ["chain", "chain-no-cache", "chain-riders", "tree", "random-k",
-                                  "draft-model"])
+@pytest.mark.parametrize("case", ["chain", "chain-no-cache", "tree", "random-k", "draft-model"])
 def test_early_follow_up_leaves_the_draft_where_the_late_one_does(make_llm, tiny_llama_dir,
                                                                    tmp_path, monkeypatch, case):
     if case != "tree":  # a tree's path is recorded inside verification: its own acceptance
@@ -30,13 +29,10 @@ def test_early_follow_up_leaves_the_draft_where_the_late_one_does(make_llm, tiny
     spec.update(num_draft_tokens=3, spec_policy="random" if case == "random-k" else "always",
                 tree_width=2 if case == "tree" else 1,
                 enable_prefix_caching=case != "chain-no-cache")
-    if case == "chain-riders":  # prompts prefill in chunks riding in VERIFY steps
-        spec.update(max_num_batched_tokens=12)
-        monkeypatch.setenv("GEARSHIFT_RIDERS", "on")
     late = follow_run(make_llm, tiny_llama_dir, early=False, **spec)
     early = follow_run(make_llm, tiny_llama_dir, early=True, **spec)
     # the draft model extends eagerly (no graphed follow-up): the host lays it out
     assert (early[2] > 5) == (case != "draft-model")
     assert early[:2] == late[:2] and len(early[0]) > 5
     assert early[1][1] > 0 or case == "tree"
-    assert (early[3] > 0) == (case == "chain-riders")
+    assert early[3] == 0  # graphed steps carry no prefill chunk

@@ -1,5 +1,5 @@
 """The graphs a VERIFY step adds (EAGLE-3 expansion, greedy verification) behave like CUDA
-graphs: a stand-in for ShapeGraphs captures the FIRST body per key and replays only that
+graphs: a stand-in for GraphCache captures the FIRST body per key and replays only that
 one on the key's static inputs (as a CUDA graph would), and fails on any host sync inside
 a body. Greedy output must equal plain decoding; sampled chains must run to completion."""
 
@@ -72,7 +72,7 @@ def test_replayed_graphs_keep_greedy_output(make_llm, tiny_llama_dir, tmp_path, 
     ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
     llm, graphs = _engine(make_llm, tiny_llama_dir, head, spec)
     if chain_as_extend:
-        llm.engine.spec.split_k_verify_below = 0
+        llm.engine.runner.split_k_below = 0
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     expand = [k for k in graphs.entries if k[:2] == ("eagle3", "expand")]
     greedy = [k for k in graphs.entries if k[0] == "verify-greedy"]
@@ -116,7 +116,7 @@ def test_coupled_sampling_replays_and_keeps_the_seeded_text(make_llm, tiny_llama
     ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
     llm, graphs = _engine(make_llm, tiny_llama_dir, head, {**spec, "spec_sampling": "coupled"})
     if chain_as_extend:
-        llm.engine.spec.split_k_verify_below = 0
+        llm.engine.runner.split_k_below = 0
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     expand = [k for k in graphs.entries if k[:2] == ("eagle3", "expand") and k[-4]]
     greedy = [k for k in graphs.entries if k[0] == "verify-greedy"]
@@ -129,7 +129,7 @@ def test_sampled_chains_keep_their_drafts_past_the_target_graph(make_llm, chain_
     """A VERIFY step reads the draft tree of its expansion graph after the target's graph
     has replayed. CUDA graphs sharing a pool may overwrite one another's outputs that way
     (rejection sampling then gathered p and q at garbage token ids: a device-side assert
-    at c=64 on an H200); ShapeGraphs keeps every graph's outputs out of the pool. Over an
+    at c=64 on an H200); GraphCache keeps every graph's outputs out of the pool. Over an
     emulation of the shared pool, rejection-sampled chains of the shipped pair (a draft
     vocabulary smaller than the target's, real acceptance) give the text they give when
     no graph touches another's memory; their q distributions share one persistent buffer."""
@@ -144,7 +144,7 @@ def test_sampled_chains_keep_their_drafts_past_the_target_graph(make_llm, chain_
         llm = make_llm(default_target_dir(), **kw)
         graphs = install(llm, SharedPoolGraphs(lambda key: not own(key), overwrite))
         if chain_as_extend:
-            llm.engine.spec.split_k_verify_below = 0
+            llm.engine.runner.split_k_below = 0
         prompts = make_prompts(llm.tokenizer, llm.engine.model_config.vocab_size, 5, 24, 0)
         params = [SamplingParams(max_tokens=10 + 3 * i, temperature=0.7, seed=i,
                                  ignore_eos=True) for i in range(len(prompts))]

@@ -1,4 +1,4 @@
-"""The CUDA-graph paths of speculation, run eagerly on CPU: a stand-in for ShapeGraphs
+"""The CUDA-graph paths of speculation, run eagerly on CPU: a stand-in for GraphCache
 feeds every forward through static copies of its inputs, and batches are padded to graph
 sizes (dummy row 0, slot 0) exactly as on the GPU. Greedy output must not change."""
 
@@ -28,7 +28,7 @@ def test_padded_graph_shapes_keep_greedy_output(make_llm, tiny_llama_dir, tmp_pa
                    **{"spec_policy": "always", **spec})
     graphs = install(llm)
     if chain_as_extend:
-        llm.engine.spec.split_k_verify_below = 0
+        llm.engine.runner.split_k_below = 0
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == ref
     kinds = {k[0] for k in graphs.keys}
@@ -83,7 +83,7 @@ def test_steps_that_capture_a_graph_are_not_observed(make_llm, tiny_llama_dir, t
     seen = []
     eng.policy.observe = lambda k, bs, ctx, ms, ks=None: seen.append((k, ms))
     verify, decode = [], []
-    orig_step, orig_run = eng._launch_and_commit, eng.runner.run
+    orig_step, orig_forward = eng._launch_and_commit, eng.runner.forward
 
     def spy_step(plan, t0, planning_s, early):
         before = len(graphs.entries)
@@ -92,11 +92,12 @@ def test_steps_that_capture_a_graph_are_not_observed(make_llm, tiny_llama_dir, t
             verify.append(before != len(graphs.entries))  # this step captured a graph
         return out
 
-    def spy_run(fb, sb):
-        decode.append(fb.mode.value == "decode")
-        return orig_run(fb, sb)
+    def spy_forward(batch, **kw):
+        if batch.forward.mode.value != "verify":
+            decode.append(batch.forward.mode.value == "decode")
+        return orig_forward(batch, **kw)
 
-    eng._launch_and_commit, eng.runner.run = spy_step, spy_run
+    eng._launch_and_commit, eng.runner.forward = spy_step, spy_forward
     llm.generate(random_prompts([5, 9, 3], seed=1),
                  SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
     assert any(verify) and not all(verify) and any(decode)
@@ -155,16 +156,17 @@ def test_verify_passes_larger_than_a_prefill_chunk_run_eagerly(make_llm, tiny_ll
                    num_draft_tokens=3, spec_policy="always", **opts)
     graphs = install(llm)
     if chain_as_extend:
-        llm.engine.spec.split_k_verify_below = 0
+        llm.engine.runner.split_k_below = 0
     runner = llm.engine.runner
     assert runner.max_verify_graph_tokens == 8
-    passes, forward_all = [], runner.forward_all
+    passes, forward = [], runner.forward
 
-    def spy(fb, capture=(), graph_key=None, **kw):
-        passes.append((fb.num_tokens, graph_key is not None))
-        return forward_all(fb, capture, graph_key=graph_key, **kw)
+    def spy(batch, **kw):
+        if batch.verify is not None:
+            passes.append((batch.forward.num_tokens, batch.layout.graph is not None))
+        return forward(batch, **kw)
 
-    runner.forward_all = spy
+    runner.forward = spy
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     target = [k for k in graphs.keys if k[0] == "target"]
     tokens = [k[2] if k[1] == "verify-tree" else k[2] * k[3] for k in target]
@@ -236,15 +238,16 @@ def test_mixed_k_chains_verify_on_token_bucket_graphs(make_llm, tiny_llama_dir, 
     llm = make_llm(tiny_llama_dir, num_draft_tokens=4, spec_policy="random",
                    **_mixed_spec(algo, tmp_path, tiny_llama_dir))
     graphs = install(llm)
-    llm.engine.spec.split_k_verify_below = 0
+    llm.engine.runner.split_k_below = 0
     keys = []
-    orig = llm.engine.runner.forward_all
+    orig = llm.engine.runner.forward
 
-    def forward_all(fb, capture=(), graph_key=None, **kw):
-        keys.append(graph_key)
-        return orig(fb, capture, graph_key=graph_key, **kw)
+    def forward(batch, **kw):
+        if batch.verify is not None:
+            keys.append(batch.layout.graph)
+        return orig(batch, **kw)
 
-    llm.engine.runner.forward_all = forward_all
+    llm.engine.runner.forward = forward
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     assert llm.spec_stats()["mixed_k_steps"] > 0
     assert None not in keys  # no VERIFY pass ran eagerly
@@ -267,7 +270,7 @@ def test_mixed_k_chains_with_triton_kernels(make_llm, tiny_llama_dir, tmp_path):
     llm = make_llm(tiny_llama_dir, attention_backend="triton", num_draft_tokens=3,
                    spec_policy="random", **_mixed_spec("draft", tmp_path, tiny_llama_dir))
     graphs = install(llm)
-    llm.engine.spec.split_k_verify_below = 0
+    llm.engine.runner.split_k_below = 0
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     assert any(k[:2] == ("target", "verify-mixed") for k in graphs.keys)
     assert llm.spec_stats()["mixed_k_steps"] > 0

@@ -109,14 +109,12 @@ def test_graphed_catch_up_after_a_short_stretch_proposes_like_a_fresh_engine(
 
 class Arrival:
     """On the graph stand-in: request "a" speculates (K = 3, always); after its second
-    VERIFY step a 40-token prompt "b" arrives, prefilled in chunks of a `budget`-token step,
-    riding in VERIFY steps (`riders`) or in plain ones. Records every draft extend (requests,
-    longest backlog, graph width or None for eager, inside a catch-up?), each catch-up's
-    extends, and each extend_prompts call's (request, end)."""
+    VERIFY step a 40-token prompt "b" arrives, prefilled in chunks of a `budget`-token step
+    in plain steps (on graphs no chunk rides in a VERIFY step). Records every draft extend
+    (requests, longest backlog, graph width or None for eager, inside a catch-up?), each
+    catch-up's extends."""
 
-    def __init__(self, make_llm, tiny_llama_dir, tmp_path, riders: bool, budget: int) -> None:
-        from dataclasses import replace
-
+    def __init__(self, make_llm, tiny_llama_dir, tmp_path, budget: int) -> None:
         from checkpoints import random_prompts
         from eager_graphs import install
 
@@ -130,10 +128,9 @@ class Arrival:
                        num_draft_tokens=3, spec_policy="always", **opts)
         install(llm)
         self.eng = eng = llm.engine
-        eng.scheduler.speculation = replace(eng.scheduler.speculation, mixed=riders)
         self.follow = follow = eng.spec.follow
-        self.calls, self.groups, self.rode = [], [], []
-        extend, catch_up, prompts = follow.extend, follow.catch_up, follow.extend_prompts
+        self.calls, self.groups = [], []
+        extend, catch_up = follow.extend, follow.catch_up
         caught_up: list | None = None
 
         def spy_extend(reqs, prefix, lens, aux, token_idx):
@@ -149,12 +146,7 @@ class Arrival:
             self.groups.append(self.calls[caught_up:])
             caught_up = None
 
-        def spy_prompts(reqs, ends):
-            self.rode.extend((r.request_id, e) for r, e in zip(reqs, ends))
-            prompts(reqs, ends)
-
-        follow.extend, follow.catch_up, follow.extend_prompts = \
-            spy_extend, spy_catch_up, spy_prompts
+        follow.extend, follow.catch_up = spy_extend, spy_catch_up
         self.got = {"a": [], "b": []}
         eng.add_request("a", self.first, self.params)
         self.until(2)
@@ -179,7 +171,7 @@ def test_an_arrival_does_not_send_the_decoders_catch_up_down_the_eager_path(
     output stays plain decoding's."""
     from types import SimpleNamespace
 
-    run = Arrival(make_llm, tiny_llama_dir, tmp_path, riders=False, budget=16)
+    run = Arrival(make_llm, tiny_llama_dir, tmp_path, budget=16)
     run.until(3)  # b's prefill chunks in plain steps, then the first VERIFY step
     # b's prompt went through the draft in its plain steps: eagerly, one request at a time
     in_plain = [c for c in run.calls[run.arrived:] if not c[3]]
@@ -193,19 +185,6 @@ def test_an_arrival_does_not_send_the_decoders_catch_up_down_the_eager_path(
     short, long = (SimpleNamespace(num_computed_tokens=20, draft_rows=d) for d in (18, 5))
     assert run.follow._backlog_groups([short, long], {id(short): 20, id(long): 20}) \
         == [[short], [long]]
-
-
-def test_a_prompt_riding_a_verify_step_runs_through_the_draft_in_that_step(
-        make_llm, tiny_llama_dir, tmp_path):
-    """Riders on graphs: a prompt chunk riding in a VERIFY step goes through the draft in
-    that step, before its sync (all but its last row), so the next catch-up stays on the
-    padded draft-extend graph. Greedy output stays plain decoding's."""
-    run = Arrival(make_llm, tiny_llama_dir, tmp_path, riders=True, budget=24)
-    run.until()
-    assert [run.got["a"], run.got["b"]] == run.want
-    assert run.rode and run.rode[-1] == ("b", len(run.arrival) - 1)  # all but one row
-    widths = [w for _, _, w, caught_up in run.calls if caught_up]
-    assert widths and all(w == 4 for w in widths)  # no catch-up went eager
 
 
 def test_a_burst_of_prompts_runs_through_the_draft_once_its_prefill_ends(

@@ -47,21 +47,18 @@ def test_flipping_speculation_never_uses_stale_shapes(make_llm, tiny_llama_dir, 
     eng = llm.engine
     eng.set_policy(FlipPolicy())
     log: list[dict] = []
-    orig_alloc, orig_run, orig_all = eng.slots.alloc, eng.runner.run, eng.runner.forward_all
+    orig_alloc, orig_forward = eng.slots.alloc, eng.runner.forward
 
     def alloc(n):
         log[-1]["allocated"] += n
         return orig_alloc(n)
 
-    def run(fb, sb):
+    def forward(batch, **kw):
+        fb = batch.forward
         log[-1]["forward"].append((fb.mode, fb.num_tokens, fb.padded_batch_size))
-        return orig_run(fb, sb)
+        return orig_forward(batch, **kw)
 
-    def forward_all(fb, capture=(), **kw):
-        log[-1]["forward"].append((fb.mode, fb.num_tokens, fb.padded_batch_size))
-        return orig_all(fb, capture, **kw)
-
-    eng.slots.alloc, eng.runner.run, eng.runner.forward_all = alloc, run, forward_all
+    eng.slots.alloc, eng.runner.forward = alloc, forward
     orig_schedule = eng.scheduler.schedule
 
     def schedule():
@@ -85,20 +82,20 @@ def test_flipping_speculation_never_uses_stale_shapes(make_llm, tiny_llama_dir, 
         bs = plan.batch_size
         target = step["forward"][0]
         if plan.mode is ForwardMode.DECODE:
-            assert not plan.num_draft_tokens
+            assert not plan.draft_lens
             assert step["allocated"] == bs  # one slot per request: nothing for drafts
             assert target[0] is ForwardMode.DECODE and target[1] == target[2]  # graph-shaped
             assert target[2] == eng.runner.decode_pad(bs)
         elif plan.mode is ForwardMode.VERIFY:
             # K = 2, or less where a request is about to reach max_tokens (capped at planning)
-            assert all(1 <= k <= 2 for k in plan.num_draft_tokens)
+            assert all(1 <= k <= 2 for k in plan.draft_lens)
             topk = plan.draft_topk
             assert eng.spec.slots_needed(2, 4) == 16 + eng.spec.scratch(2, 4)
             assert eng.spec.slots_needed(2, 1) == 3 + eng.spec.scratch(2, 1)
-            assert step["allocated"] == sum(eng.spec.slots_needed(k, topk) for k in plan.num_draft_tokens)
+            assert step["allocated"] == sum(eng.spec.slots_needed(k, topk) for k in plan.draft_lens)
             verify = [f for f in step["forward"] if f[0] is ForwardMode.VERIFY]
             assert len(verify) == 1  # one target pass over every request's candidates
-            if plan.num_draft_tokens == [2] * bs:
+            if plan.draft_lens == [2] * bs:
                 # 16 candidates each in a tree step, 3 in a chain step (with CUDA graphs,
                 # padded to a graph's batch size)
                 n = 16 if topk == 4 else 3
@@ -122,7 +119,7 @@ def test_failed_verify_step_returns_its_slots(make_llm, tiny_llama_dir):
     def boom(*args, **kwargs):
         raise RuntimeError("device fault")
 
-    eng.runner.forward_all = boom
+    eng.runner.forward = boom
     with pytest.raises(RuntimeError, match="device fault"):
         eng.step()
     assert eng.slots.num_free == free_before

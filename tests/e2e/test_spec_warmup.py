@@ -62,7 +62,7 @@ def _extend_verifying(make_llm, tiny_llama_dir, tmp_path, policy: str):
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    num_draft_tokens=3, spec_policy=policy)
     graphs = install(llm)
-    llm.engine.spec.split_k_verify_below = 0
+    llm.engine.runner.split_k_below = 0
     return llm, graphs
 
 
@@ -142,7 +142,7 @@ def test_serving_replays_what_the_warm_up_captured(make_llm, tiny_llama_dir, tmp
     graphs = install(llm)
     eng = llm.engine
     kv_heads = eng.runner.model.config.num_kv_heads
-    eng.spec.split_k_verify_below = 4 * kv_heads  # split-K below 4 rows, extend from 4 on
+    eng.runner.split_k_below = 4 * kv_heads  # split-K below 4 rows, extend from 4 on
     assert eng.spec.split_k_chains(2) and not eng.spec.split_k_chains(3)  # 3 -> 4 rows
     warm_up_speculation(eng, sizes=[1, 2, 4])
     captured = set(graphs.keys)
@@ -163,7 +163,7 @@ def test_mixed_k_serving_replays_what_the_warm_up_captured(make_llm, tiny_llama_
     llm, graphs = _extend_verifying(make_llm, tiny_llama_dir, tmp_path, "random")
     eng = llm.engine
     if split_k:
-        eng.spec.split_k_verify_below = 1 << 20
+        eng.runner.split_k_below = 1 << 20
     warm_up_speculation(eng, sizes=[1, 2, 4, 8])
     captured = set(graphs.keys)
     mixed = {k[2] for k in captured if k[:2] == ("target", "verify-mixed")}
@@ -175,14 +175,11 @@ def test_mixed_k_serving_replays_what_the_warm_up_captured(make_llm, tiny_llama_
     assert set(graphs.keys) == captured
 
 
-@pytest.mark.parametrize("riders", ["on", "off"])
 def test_a_burst_of_chunked_prompts_replays_what_the_warm_up_captured(make_llm, tiny_llama_dir,
-                                                                       tmp_path, monkeypatch,
-                                                                       riders):
-    """Eight prompts at once, prefilled in chunks beside the decoders: the chunks ride in
-    VERIFY steps (GEARSHIFT_RIDERS=off: such steps are plain, the decoders at K = 0), and
-    either way no graph is captured after the warm-up (a chunk's length is no draft shape)."""
-    monkeypatch.setenv("GEARSHIFT_RIDERS", riders)
+                                                                       tmp_path):
+    """Eight prompts at once, prefilled in chunks beside the decoders: on graphs no chunk
+    rides in a VERIFY step (such steps are plain, the decoders at K = 0), and no graph is
+    captured after the warm-up (a chunk's length is no draft shape)."""
     head = make_eagle3_checkpoint(tmp_path / "h", aux_layer_ids=[0, 1, 1])
     llm = make_llm(tiny_llama_dir, speculative_algorithm="eagle3", draft_model=str(head),
                    num_draft_tokens=3, spec_policy="always", max_num_seqs=8,
@@ -206,7 +203,7 @@ def test_a_burst_of_chunked_prompts_replays_what_the_warm_up_captured(make_llm, 
         eng.step()
     assert llm.spec_stats()["proposed"] > 0
     assert set(graphs.keys) == captured
-    assert any(ride) == (riders == "on")
+    assert not any(ride)
 
 
 @pytest.mark.parametrize("topk", [1, 2])

@@ -5,9 +5,9 @@ real tokens) and end to end (greedy tokens vs an engine without EXTEND graphs), 
 prefill + decode steps at several chunk sizes, with an EAGLE-3 draft consuming the aux
 features, and with steps beyond the largest bucket falling back to eager.
 
-Data flow (tests only): LLM(triton, cuda graphs) -> Engine.step -> ModelRunner.padding ->
-BatchBuilder.prepare (padded) -> ExtendGraphRunner.replay, checked against
-ModelRunner._forward_logits on the same batch.
+Data flow (tests only): LLM(triton, cuda graphs) -> Engine.step -> ModelRunner.layout ->
+BatchBuilder.prepare (padded) -> GraphCache.run of the ("extend", tokens) graph, checked
+against ModelRunner._forward_logits on the same batch.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from checkpoints import assert_idle_invariant
 
 from gearshift import LLM, SamplingParams
 from gearshift.runner.graphs import extend_token_buckets
+from gearshift.runner.model_runner import graph_inputs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -41,12 +42,12 @@ def _check_graphs_against_eager(llm: LLM) -> list[tuple[int, bool]]:
     eagerly and compare (re-running a step rewrites identical KV).
     -> (real tokens, prefill chunk with decoders riding along) per graphed step."""
     runner = llm.engine.runner
-    run, checked = runner.run, []
+    run, checked = runner._sample_step, []
 
-    def checked_run(fb, sb):
-        graphs = runner.extend_graphs
-        if graphs is not None and graphs.can_run(fb):
-            out = graphs.replay(fb)
+    def checked_run(fb, sb, graph_key):
+        graphs = runner.shape_graphs
+        if graph_key is not None and graph_key[0] == "extend" and graph_key in graphs.entries:
+            out = graphs.run(graph_key, None, graph_inputs(fb))
             got = [t.clone() for t in out] if runner.capture else [out.clone()]
             ref = runner._forward_logits(fb)
             ref = list(ref) if runner.capture else [ref]
@@ -57,12 +58,12 @@ def _check_graphs_against_eager(llm: LLM) -> list[tuple[int, bool]]:
                 torch.testing.assert_close(got[1][:t], ref[1][:t], atol=1e-4, rtol=1e-4)
             lens = fb.extend_lens_cpu[:bs]
             checked.append((t, 1 in lens and max(lens) > 1))
-        tokens, aux = run(fb, sb)
+        tokens, aux = run(fb, sb, graph_key)
         if aux is not None and fb.mode.value == "extend" and fb.padded_batch_size > fb.batch_size:
             assert aux.shape[0] == sum(fb.extend_lens_cpu[: fb.batch_size])
         return tokens, aux
 
-    runner.run = checked_run
+    runner._sample_step = checked_run
     return checked
 
 
@@ -79,12 +80,13 @@ def test_extend_graphs_match_eager(tiny_llama_dir, chunk):
     prompts = _prompts()
     ref_llm = _llm(tiny_llama_dir, max_num_batched_tokens=chunk, extend_graph_max_tokens=0)
     ref = _generate(ref_llm, prompts)
-    assert ref_llm.engine.runner.extend_graphs is None
+    assert not ref_llm.engine.runner.extend_sizes
     assert ref_llm.engine.runner.graph_stats()["extend_graphed"] == 0
 
     llm = _llm(tiny_llama_dir, max_num_batched_tokens=chunk)
     runner = llm.engine.runner
-    assert sorted(runner.extend_graphs.graphs) == extend_token_buckets(chunk + ROWS)
+    assert runner.extend_sizes == extend_token_buckets(chunk + ROWS)
+    assert all(("extend", t) in runner.shape_graphs.entries for t in runner.extend_sizes)
     checked = _check_graphs_against_eager(llm)
     assert _generate(llm, prompts) == ref
     stats = runner.graph_stats()
@@ -102,7 +104,7 @@ def test_steps_past_the_largest_bucket_run_eagerly(tiny_llama_dir):
     ref_llm = _llm(tiny_llama_dir, max_num_batched_tokens=200, extend_graph_max_tokens=0)
     ref = _generate(ref_llm, prompts), _generate(ref_llm, short)
     llm = _llm(tiny_llama_dir, max_num_batched_tokens=200, extend_graph_max_tokens=64)
-    assert sorted(llm.engine.runner.extend_graphs.graphs) == [64]
+    assert llm.engine.runner.extend_sizes == [64]
     checked = _check_graphs_against_eager(llm)
     assert (_generate(llm, prompts), _generate(llm, short)) == ref
     stats = llm.engine.runner.graph_stats()
@@ -139,7 +141,7 @@ def test_every_bucket_is_routed_to_a_graph_at_or_above_it(tiny_llama_dir) -> Non
     sizes = runner.extend_sizes
     assert sizes and set(runner.extend_route) == set(sizes)
     assert all(runner.extend_route[s] >= s and runner.extend_route[s] in sizes for s in sizes)
-    times = runner.extend_graphs.replay_ms(repeats=3)
+    times = {s: runner.plain_graph_ms(("extend", s)) for s in sizes}
     for s in sizes:
         assert times[runner.extend_route[s]] > 0
         assert runner.extend_pad(s) == runner.extend_route[s]

@@ -32,7 +32,7 @@ from gearshift import LLM, SamplingParams
 llm = LLM(sys.argv[1], device="cuda", dtype="float32", max_num_seqs=8, kv_cache_tokens=4096)
 outs = llm.generate(json.loads(sys.argv[2]), SamplingParams(max_tokens=40, temperature=0,
                                                             ignore_eos=True), use_tqdm=False)
-assert llm.engine.runner.tp is not None and llm.engine.runner.graphs is not None
+assert llm.engine.runner.tp is not None and llm.engine.runner.decode_sizes
 print(json.dumps([o.token_ids for o in outs]))
 """
 

@@ -1,11 +1,12 @@
 """The padded EXTEND layout of the CUDA-graph path, checked on CPU: the pure layout
 (`pad_batch` + `stage_forward`), the token buckets, and engine runs in which every EXTEND
-step is laid out for a bucket and run eagerly, or through ExtendGraphRunner's static
-buffers with an eager stand-in for CUDA graphs: real rows' logits, aux features and KV
-equal the unpadded run's, and the only extra writes go to dummy row 0 / slot 0.
+step is laid out for a bucket and run eagerly, or through the graph cache's static
+inputs with a CPU emulation of CUDA graphs (eager_graphs.SharedPoolGraphs): real rows'
+logits, aux features and KV equal the unpadded run's, and the only extra writes go to
+dummy row 0 / slot 0.
 
-Data flow (tests only): Scheduler plan -> ModelRunner.padding -> BatchBuilder.prepare
-(padded) -> ModelRunner.run (eager | ExtendGraphRunner.replay) vs the same engine unpadded.
+Data flow (tests only): Scheduler plan -> ModelRunner.layout -> BatchBuilder.prepare
+(padded) -> ModelRunner.forward (eager | GraphCache.run) vs the same engine unpadded.
 """
 
 from __future__ import annotations
@@ -13,18 +14,17 @@ from __future__ import annotations
 import pytest
 import torch
 from checkpoints import random_prompts
-from eager_graphs import eager_capture
+from eager_graphs import SharedPoolGraphs
 
 from gearshift import SamplingParams
 from gearshift.forward_batch import ForwardMode
-from gearshift.runner import graphs as graphs_mod
-from gearshift.runner.batch import Padding, Stager, pad_batch, stage_forward
 from gearshift.runner.graphs import (
-    ExtendGraphRunner,
     extend_token_buckets,
     fastest_at_or_above,
     pick_bucket,
 )
+from gearshift.runner.staging import Stager, pad_batch, stage_forward
+from gearshift.scheduler.plan import Layout
 
 
 def test_extend_token_buckets() -> None:
@@ -66,7 +66,7 @@ def test_extend_padding_layout() -> None:
     # three real requests (rows 5, 2, 7) with 6 tokens, padded to 10 tokens over 6 rows
     ids, loc = [11, 12, 13, 14, 15, 16], [21, 22, 23, 24, 25, 26]
     rows, prefix, extend, ids_p, loc_p = pad_batch(
-        ForwardMode.EXTEND, [5, 2, 7], [4, 9, 0], [3, 1, 2], ids, loc, Padding(rows=6, tokens=10))
+        ForwardMode.EXTEND, [5, 2, 7], [4, 9, 0], [3, 1, 2], ids, loc, Layout("extend", rows=6, tokens=10))
     assert rows == [5, 2, 7, 0, 0, 0]
     assert prefix == [4, 9, 0, 0, 0, 0]
     assert extend == [3, 1, 2, 4, 0, 0]  # one dummy request holds all padding tokens
@@ -82,18 +82,18 @@ def test_extend_padding_layout() -> None:
 
 def test_extend_padding_exact_fit_and_overflow() -> None:
     rows, prefix, extend, ids, loc = pad_batch(
-        ForwardMode.EXTEND, [3], [0], [8], list(range(8)), list(range(1, 9)), Padding(4, 8))
+        ForwardMode.EXTEND, [3], [0], [8], list(range(8)), list(range(1, 9)), Layout("extend", 4, 8))
     assert (rows, prefix, extend) == ([3, 0, 0, 0], [0, 0, 0, 0], [8, 0, 0, 0])
     assert ids == list(range(8)) and loc == list(range(1, 9))  # no padding token
     with pytest.raises(AssertionError):
-        pad_batch(ForwardMode.EXTEND, [3], [0], [9], [0] * 9, [1] * 9, Padding(4, 8))
+        pad_batch(ForwardMode.EXTEND, [3], [0], [9], [0] * 9, [1] * 9, Layout("extend", 4, 8))
     with pytest.raises(AssertionError):  # no row left for the dummy request
-        pad_batch(ForwardMode.EXTEND, [1, 2], [0, 0], [1, 1], [0, 0], [1, 2], Padding(2, 8))
+        pad_batch(ForwardMode.EXTEND, [1, 2], [0, 0], [1, 1], [0, 0], [1, 2], Layout("extend", 2, 8))
 
 
 def test_decode_padding_layout_and_no_padding() -> None:
     rows, prefix, extend, ids, loc = pad_batch(
-        ForwardMode.DECODE, [4, 6], [10, 3], [1, 1], [7, 8], [30, 31], Padding(4, 4))
+        ForwardMode.DECODE, [4, 6], [10, 3], [1, 1], [7, 8], [30, 31], Layout("decode", 4, 4))
     assert (rows, prefix, extend) == ([4, 6, 0, 0], [10, 3, 0, 0], [1, 1, 1, 1])
     assert ids == [7, 8, 0, 0] and loc == [30, 31, 0, 0]
     args = ([4], [2], [3], [1, 2, 3], [5, 6, 7])
@@ -108,42 +108,46 @@ BUCKETS = [16, 32, 48]  # every EXTEND step of ENGINE fits (<= 40 tokens)
 
 
 def _record(engine, mode: str) -> list[dict]:
-    """mode "eager" / "graph": lay EXTEND steps out for BUCKETS (as Engine.step does with
-    runner.padding(plan)) and run them eagerly / through ExtendGraphRunner; "ref": unpadded.
+    """mode "eager" / "graph": lay EXTEND steps out for BUCKETS (the layout Engine._schedule
+    takes from runner.layout(plan)) and run them eagerly / on the ("extend", tokens) graphs
+    of the graph cache; "ref": unpadded.
     Records each EXTEND forward's batch, logits [rows, vocab] and aux."""
-    runner, builder = engine.runner, engine.builder
+    runner = engine.runner
     log: list[dict] = []
     if mode != "ref":
         runner.extend_sizes = list(BUCKETS)
-        prepare = builder.prepare
-        builder.prepare = lambda plan, padding=None: prepare(plan, runner.padding(plan))
+    replaying, current = [], []  # inside a graph's replay; the step's own batch
     if mode == "graph":
-        runner.extend_graphs = graphs = ExtendGraphRunner(
-            runner._forward_extend, BUCKETS, runner.extend_rows, runner.device)
-        graphs.capture()
-        replay = graphs.replay
+        runner.shape_graphs = graphs = SharedPoolGraphs()
+        runner.capture_plain_graphs(BUCKETS, [])
+        run_graph = graphs.run
 
-        def replay_and_log(fb):
-            out = replay(fb)
-            log.append(dict(fb=fb, logits=(out[0] if runner.capture else out).clone()))
+        def run_and_log(key, fn, inputs):
+            replaying.append(key)
+            try:
+                out = run_graph(key, fn, inputs)
+            finally:
+                replaying.pop()
+            log.append(dict(fb=current[-1], logits=(out[0] if runner.capture else out).clone()))
             return out
 
-        graphs.replay = replay_and_log
-    forward, run = runner._forward_logits, runner.run
+        graphs.run = run_and_log
+    forward, run = runner._forward_logits, runner._sample_step
 
     def forward_logits(fb):
         out = forward(fb)
-        if fb.mode is ForwardMode.EXTEND:
+        if fb.mode is ForwardMode.EXTEND and not replaying:
             log.append(dict(fb=fb, logits=(out[0] if runner.capture else out).clone()))
         return out
 
-    def run_and_keep_aux(fb, sb):
-        tokens, aux = run(fb, sb)
+    def run_and_keep_aux(fb, sb, graph_key):
+        current.append(fb)
+        tokens, aux = run(fb, sb, graph_key)
         if fb.mode is ForwardMode.EXTEND and aux is not None:
             log[-1]["aux"] = aux.clone()
         return tokens, aux
 
-    runner._forward_logits, runner.run = forward_logits, run_and_keep_aux
+    runner._forward_logits, runner._sample_step = forward_logits, run_and_keep_aux
     return log
 
 
@@ -155,7 +159,6 @@ def test_padded_extend_matches_unpadded(make_llm, tiny_llama_dir, monkeypatch, b
     bucket. Triton runs interpreted here (TRITON_INTERPRET=1): the extend kernel sees the
     padded grid (in "graph" mode the grid of the capture-time batch, whose host fields
     are the graph's constants); `capture` also returns aux features, as for EAGLE-3."""
-    monkeypatch.setattr(graphs_mod, "capture_graphs", eager_capture)
     engines = [make_llm(tiny_llama_dir, attention_backend=backend, **ENGINE).engine
                for _ in range(2)]
     for e in engines:
@@ -234,20 +237,3 @@ def test_masked_keys_never_reach_the_output_even_when_not_finite() -> None:
     assert torch.isfinite(out).all() and torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("keep", [True, False])
-def test_extend_graphs_keep_their_hidden_states_only_when_asked(monkeypatch, keep) -> None:
-    """Kept (GEARSHIFT_RIDERS=on: VERIFY steps with chunks riding along read them), each
-    graph's hidden states [tokens, hidden] are its output; else the graph returns only its
-    logits and holds no [tokens, hidden] of its own."""
-    monkeypatch.setattr(graphs_mod, "capture_graphs", eager_capture)
-
-    def forward(fb):
-        return torch.zeros(fb.padded_batch_size, 5), torch.ones(fb.num_tokens, 3)
-
-    graphs = ExtendGraphRunner(forward, [16, 32], 4, torch.device("cpu"), keep_hidden=keep)
-    graphs.capture()
-    for t in (16, 32):
-        fb = graphs.buf.capture_batch(t)
-        assert graphs.replay(fb).shape == (4, 5)
-        hidden = graphs.hidden(fb)
-        assert (hidden.shape == (t, 3)) if keep else hidden is None

@@ -16,7 +16,6 @@ import torch
 from penalty_reference import penalised
 
 from gearshift.request import Request, SamplingParams, SamplingParamsError
-from gearshift.runner.batch import Stager
 from gearshift.runner.penalties import (
     PROMPT_BIT,
     TokenCounts,
@@ -24,6 +23,7 @@ from gearshift.runner.penalties import (
     penalty_batch,
     stage_penalties,
 )
+from gearshift.runner.staging import Stager
 
 V = 12
 EOS = 1

@@ -231,7 +231,7 @@ def test_speculation_plans_a_uniform_k_near_max_tokens_and_commit_stops_at_the_l
     sched.add(b)
     step_once(sched, slots, rows, lambda p: [5, 5])  # prefill
     plan = sched.schedule()
-    assert plan.mode is ForwardMode.VERIFY and plan.num_draft_tokens == [3, 3]
+    assert plan.mode is ForwardMode.VERIFY and plan.draft_lens == [3, 3]
     assert plan.num_nodes == [4, 4] and plan.num_slots == [4, 4]
     new = fake_prepare(plan, slots, rows)  # the pending token + 3 drafts each
     outs = sched.commit(plan, StepResult(new, [[6, 7, 8, 9], [6, 7, 8, 9]],
@@ -291,7 +291,7 @@ def test_speculation_plan_records_the_policys_tree_width_and_counts_its_slots():
     # a pool with room for a chain's slots but not a tree's: plain decode
     sched = decoding(None, total=8)
     plan = sched.schedule()
-    assert plan.mode is ForwardMode.DECODE and not plan.num_draft_tokens and plan.draft_topk == 1
+    assert plan.mode is ForwardMode.DECODE and not plan.draft_lens and plan.draft_topk == 1
     sched = decoding(None, total=8)
     sched.set_policy(AlwaysPolicy(2, topk=1))
     plan = sched.schedule()
@@ -353,7 +353,7 @@ def test_a_verify_plan_states_the_draft_s_catch_up():
     step_once(sched, slots, rows, lambda p: [5, 5])
     a.draft_rows = 1  # the draft ran over a's first row only
     plan = sched.schedule()
-    assert plan.mode is ForwardMode.VERIFY and plan.num_draft_tokens == [3, 0]
+    assert plan.mode is ForwardMode.VERIFY and plan.draft_lens == [3, 0]
     assert plan.draft_catch_up == [2, 0]
     sched, slots, rows = make(policy=AlwaysPolicy(3))  # n-gram: no draft state
     sched.add(req("c", 3, max_tokens=20))

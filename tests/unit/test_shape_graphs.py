@@ -1,4 +1,4 @@
-"""ShapeGraphs over an emulation of CUDA graphs sharing one memory pool (eager_graphs.
+"""GraphCache over an emulation of CUDA graphs sharing one memory pool (eager_graphs.
 SharedPoolGraphs: any replay may overwrite what another graph's capture allocated): a
 graph's outputs hold until its own key replays again; buffers a body writes that outlive
 the call come back as they are, not copied."""

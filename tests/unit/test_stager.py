@@ -9,7 +9,7 @@ import random
 
 import torch
 
-from gearshift.runner.batch import ALIGN_BYTES, Stager
+from gearshift.runner.staging import ALIGN_BYTES, Stager
 
 
 def test_parts_keep_their_values_and_start_aligned():

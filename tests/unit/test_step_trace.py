@@ -122,7 +122,7 @@ def test_verify_steps_carry_their_device_timing_on_cuda(tmp_path):
     trace = StepTrace(str(tmp_path / "t.jsonl"), spec)
     assert spec.timing is timing
     plan = StepPlan(mode=ForwardMode.VERIFY)
-    plan.num_draft_tokens = [3]
+    plan.draft_lens = [3]
     last = {"time_s": 0.008, "device_ms": 4.0, "mode": "verify", "gear": 3}
     for _ in range(3):
         timing.last["host"] = [host + 0.001, host + 0.003, host + 0.007]

@@ -40,7 +40,7 @@ def run_step(sched: Scheduler, plan, rng: random.Random) -> None:
         new.append(sched.slots.alloc(n))
         r.slots.extend(new[-1][:nodes])
     if plan.mode is ForwardMode.VERIFY:
-        kept = [list(range(rng.randint(0, k) + 1)) if k else [0] for k in plan.num_draft_tokens]
+        kept = [list(range(rng.randint(0, k) + 1)) if k else [0] for k in plan.draft_lens]
         tokens = [[7] * len(k) if smp else [] for k, smp in zip(kept, plan.sample)]
         sched.commit(plan, StepResult(new, tokens, kept=kept))
     else:

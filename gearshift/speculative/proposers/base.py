@@ -22,8 +22,8 @@ from gearshift.speculative.tree import DraftTree
 @dataclass(slots=True)
 class ProposeContext:
     reqs: list[Request]  # the VERIFY batch, in order (K may be 0 for some)
-    num_draft_tokens: list[int]  # K per request
-    max_depth: int  # max(num_draft_tokens)
+    draft_lens: list[int]  # K per request
+    max_depth: int  # max(draft_lens)
     topk: int
     num_nodes: int  # nodes per speculating request, root included
     roots: torch.Tensor  # [B] pending tokens (device)

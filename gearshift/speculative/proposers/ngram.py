@@ -35,7 +35,7 @@ class NgramProposer(Proposer):
     def propose(self, ctx: ProposeContext) -> tuple[DraftTree, list[int]]:
         k = ctx.max_depth
         drafts, nodes = [], []
-        for req, kr in zip(ctx.reqs, ctx.num_draft_tokens):
+        for req, kr in zip(ctx.reqs, ctx.draft_lens):
             found = lookup(req.all_token_ids[-self.window:], kr, self.n_min, self.n_max) if kr else []
             nodes.append(1 + len(found))
             drafts.append(found + [0] * (k - len(found)))
