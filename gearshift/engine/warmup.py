@@ -169,11 +169,12 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
         graphs = engine.runner.graphs
         sizes = sorted(graphs.graphs) if graphs is not None else []
     # tokens a request commits: prefill's one, repeats + 1 steps of K + 1 at most per K > 0,
-    # repeats + 2 plain steps, 2 untimed steps at max K; plus one VERIFY step's node and
-    # scratch slots
+    # repeats + 2 plain steps, with graphs 2 untimed steps at max K and the mixed-K plans;
+    # plus one VERIFY step's node and scratch slots
+    untimed = 2 + num_draft * (num_draft + 1) // 2 if capture else 0
     generated = 1 + sum(n * (k + 1) for k, n in
                         [*((k, repeats + 1) for k in range(1, num_draft + 1 + tree)),
-                         (0, repeats + 2), (num_draft, 2 + num_draft * (num_draft + 1) // 2)])
+                         (0, repeats + 2), (num_draft, untimed)])
     per_request = PROMPT_LEN + generated + spec.slots_needed(num_draft, spec.topk)
     sizes = [s for s in sizes if s <= engine.config.max_num_seqs
              and s * per_request <= engine.slots.num_free]
