@@ -77,6 +77,9 @@ def test_greedy_suffix_decoding_equals_plain(make_llm, model, variant):
         assert stats["tree_steps"] > 0
     if variant == "chain-16":  # copying: drafts longer than any model proposer's K
         assert max(stats["accept_len_hist"]) > 8
+    own = stats["proposers"]["suffix"]  # drafts by source, as /metrics shows them
+    assert own["draft_tokens"] == stats["proposed"] and own["from_request"] > 0
+    assert own["drafts"] == own["from_request"] + own["from_cache"] + own["empty"]
 
 
 def test_a_prefix_cache_hit_and_the_output_cache_keep_the_output(make_llm, model):
