@@ -29,9 +29,10 @@ def brute_children(text: list[int], pat: tuple[int, ...]) -> dict[int, tuple[int
     return out
 
 
-def brute_repeat(text: list[int]) -> int:
-    """The longest suffix of text that also occurs followed by a token."""
-    for m in range(len(text) - 1, 0, -1):
+def brute_repeat(text: list[int], window: int = 1 << 30) -> int:
+    """The longest suffix of text (at most `window` long) that also occurs followed by a
+    token."""
+    for m in range(min(len(text) - 1, window), 0, -1):
         if any(i + m < len(text) for i in starts(text, tuple(text[-m:]))):
             return m
     return 0
@@ -63,14 +64,15 @@ def random_text(rng: random.Random, n: int, vocab: int) -> list[int]:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_counts_and_longest_repeat_match_brute_force(seed):
+@pytest.mark.parametrize("window", [1000, 5])
+def test_counts_and_longest_repeat_match_brute_force(seed, window):
     rng = random.Random(seed)
     text = random_text(rng, 60, 2 + seed % 4)
     sam = SuffixAutomaton()
     for n in range(1, len(text) + 1):
         sam.append(text[n - 1])
-        state, m = sam.longest_repeat()
-        assert m == brute_repeat(text[:n])
+        state, m = sam.longest_repeat(text[max(0, n - window):n])
+        assert m == brute_repeat(text[:n], window)
         pat = tuple(text[n - m:n]) if m else ()
         got = {t: (c, last) for t, c, last in sam.children(state)}
         assert got == brute_children(text[:n], pat)
@@ -95,10 +97,10 @@ def test_match_is_the_longest_suffix_found_in_the_text(seed):
         assert m == want
 
 
-def greedy_chain(text: list[int], k: int, min_prob: float) -> list[int]:
+def greedy_chain(text: list[int], k: int, min_prob: float, window: int) -> list[int]:
     """The most frequent continuation of the longest repeated suffix, token by token
     (ties: the one seen latest), written out without the draft builder."""
-    m = brute_repeat(text)
+    m = brute_repeat(text, window)
     pat = tuple(text[len(text) - m:]) if m else None
     out, p = [], 1.0
     while pat is not None and len(out) < min(k, m):
@@ -115,15 +117,15 @@ def greedy_chain(text: list[int], k: int, min_prob: float) -> list[int]:
 
 
 @pytest.mark.parametrize("seed", range(10))
-@pytest.mark.parametrize("min_prob", [0.0, 0.3])
-def test_chain_is_the_most_frequent_continuation(seed, min_prob):
+@pytest.mark.parametrize("min_prob,window", [(0.0, 64), (0.3, 64), (0.0, 6)])
+def test_chain_is_the_most_frequent_continuation(seed, min_prob, window):
     rng = random.Random(200 + seed)
     text = random_text(rng, 70, 3 + seed % 3)
     idx = RequestIndex()
     idx.sync(text)
-    state, m = idx.sam.longest_repeat()
+    state, m = idx.repeat(window)
     d = build_draft(idx, state, m, depth=8, topk=1, nodes=8, min_prob=min_prob)
-    assert d.tokens == greedy_chain(text, 8, min_prob)
+    assert d.tokens == greedy_chain(text, 8, min_prob, window)
     assert d.parents == list(range(len(d.tokens)))
     assert all(a >= b for a, b in zip(d.scores, d.scores[1:]))  # path probabilities fall
 
@@ -135,7 +137,7 @@ def test_tree_equals_the_brute_force_expansion(seed, topk, nodes):
     text = random_text(rng, 90, 3)
     idx = RequestIndex()
     idx.sync(text)
-    state, m = idx.sam.longest_repeat()
+    state, m = idx.repeat(64)
     pat = tuple(text[len(text) - m:])
     got = build_draft(idx, state, m, depth=5, topk=topk, nodes=nodes, min_prob=0.05)
     want = build_draft(BruteIndex(text), pat, m, depth=5, topk=topk, nodes=nodes, min_prob=0.05)
@@ -155,7 +157,7 @@ def test_tree_equals_the_brute_force_expansion(seed, topk, nodes):
 def test_a_draft_follows_the_latest_of_equally_frequent_continuations():
     idx = RequestIndex()
     idx.sync([5, 1, 2, 5, 3, 4, 5])  # 5 -> 1 and 5 -> 3 once each: the later wins
-    state, m = idx.sam.longest_repeat()
+    state, m = idx.repeat(64)
     assert build_draft(idx, state, m, 4, 1, 4, min_prob=0.0).tokens == [3]
     assert ranked([(1, 1, 1), (3, 1, 4), (7, 2, 0)]) == [(7, 2, 0), (3, 1, 4), (1, 1, 1)]
 
@@ -164,7 +166,7 @@ def test_a_short_match_earns_a_short_draft():
     idx = RequestIndex()
     text = [9, 8, 1, 2, 3, 4, 5, 6, 7, 9, 8]  # "9 8" matched: 2 tokens, at most 2 drafted
     idx.sync(text)
-    state, m = idx.sam.longest_repeat()
+    state, m = idx.repeat(64)
     assert m == 2
     assert build_draft(idx, state, m, 8, 1, 8).tokens == [1, 2]
     assert build_draft(idx, state, m, 8, 1, 8, spec_factor=3.0).tokens == [1, 2, 3, 4, 5, 6]
@@ -182,7 +184,7 @@ def test_request_index_rebuilds_when_its_tokens_change():
     fresh = SuffixAutomaton()
     fresh.extend(other)
     assert idx.tokens == other
-    assert idx.sam.longest_repeat()[1] == fresh.longest_repeat()[1] == brute_repeat(other)
+    assert idx.repeat(64)[1] == fresh.longest_repeat(other)[1] == brute_repeat(other)
     s, _ = idx.sam.match([9, 9])
     assert {t for t, _, _ in idx.sam.children(s)} == {9}
 
@@ -240,3 +242,16 @@ def test_output_cache_drops_least_recently_used_outputs_by_tokens():
     off = OutputCache(0)
     off.add([1, 2, 3])
     assert len(off) == 0
+
+
+def test_a_long_run_costs_a_bounded_walk_per_token_and_still_drafts_the_run():
+    from gearshift.speculative.proposers import suffix_automaton
+
+    idx = RequestIndex()
+    n = 3 * suffix_automaton.CHAIN
+    idx.sync([4] * n)
+    state, m = idx.repeat(64)
+    assert m == 64  # the pattern: the run's last 64 tokens, seen many times before
+    assert build_draft(idx, state, m, 32, 1, 32).tokens == [4] * 32
+    one, _ = idx.sam.match([4])
+    assert idx.sam.count[one] <= suffix_automaton.CHAIN + 1 < n  # "4" stopped counting

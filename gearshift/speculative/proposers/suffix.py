@@ -27,7 +27,7 @@ from gearshift.speculative.proposers.suffix_draft import MIN_PROB, SPEC_FACTOR, 
 from gearshift.speculative.proposers.suffix_index import OutputCache, RequestIndex
 from gearshift.speculative.tree import DraftTree, chain_tree
 
-MATCH_WINDOW = 64  # the request's last tokens matched against the output cache
+MATCH_WINDOW = 64  # the longest pattern matched: the request's last tokens
 
 
 def committed(req: Request) -> list[int] | None:
@@ -66,7 +66,7 @@ class SuffixProposer(Proposer):
         nodes = k if nodes is None else nodes
         idx = self.index(req)
         idx.sync(tokens)
-        state, m = idx.sam.longest_repeat()
+        state, m = idx.repeat(self.window)
         best = build_draft(idx, state, m, k, topk, nodes, self.min_prob, self.spec_factor)
         best.source = "request"
         if len(self.cache):

@@ -12,15 +12,21 @@ is how often P was followed by t: the frequencies a draft chooses by.
           ...                  ...
 
 Appending a token is amortised O(1) for the automaton, plus one step per state on the new
-end's suffix-link chain (each gains an occurrence: `count`, `last`). States, links and
-counts are flat lists; each state's transitions a dict (token -> state).
+end's suffix-link chain (each gains an occurrence: `count`, `last`), at most CHAIN steps.
+Chains are a few states long in text and code; only long periodic runs ("a a a ...", a
+looping output) grow them with the text, and there the walk stops after CHAIN states: the
+shortest patterns, seen most often already, stop counting (the cost per token stays
+bounded instead of growing with the run). States, links and counts are flat lists; each
+state's transitions a dict (token -> state).
 
-Data flow: SuffixIndex (suffix_index.py) appends a request's committed tokens, or a cache's
-outputs -> `longest_repeat` / `match` find where the text's end occurred before ->
+Data flow: suffix_index.py appends a request's committed tokens, or a cache's outputs ->
+`longest_repeat` / `match` find where the text's end occurred before ->
 `children` gives (token, count, last end) per continuation -> suffix_draft.py.
 """
 
 from __future__ import annotations
+
+CHAIN = 256  # suffix-link states a new position is counted in, at most
 
 
 class SuffixAutomaton:
@@ -69,21 +75,28 @@ class SuffixAutomaton:
                     p = link[p]
                 link[q] = link[cur] = clone
         self.end = cur
-        s = cur
-        while s > 0:  # every suffix of the text now ends at pos once more
-            self.count[s] += 1
-            self.last[s] = pos
+        s, steps = cur, CHAIN
+        count, last = self.count, self.last
+        while s > 0 and steps:  # every suffix of the text now ends at pos once more
+            count[s] += 1
+            last[s] = pos
             s = link[s]
+            steps -= 1
 
     def extend(self, tokens) -> None:
         for t in tokens:
             self.append(t)
 
-    def longest_repeat(self) -> tuple[int, int]:
-        """-> (state, length) of the text's longest suffix that also ends earlier (so a
-        token followed it there); (0, 0) when none does."""
-        s = self.link[self.end] if self.size else 0
-        return max(s, 0), self.length[max(s, 0)]
+    def longest_repeat(self, tail: list[int]) -> tuple[int, int]:
+        """-> (state, length) of the longest suffix of `tail`, the text's last tokens, that
+        also ends earlier in the text (so a token followed it there); (0, 0): none does.
+        Bounding the pattern by the tail keeps periodic text drafting far: its longest
+        repeat overall is one period back, and runs into the text's end a period later."""
+        s, n = self.match(tail)
+        if s and self.count[s] < 2:  # the tail occurs only at the end: its longest suffix
+            s = self.link[s]  # that occurs elsewhere too
+            n = self.length[s]
+        return s, n
 
     def match(self, tokens) -> tuple[int, int]:
         """-> (state, length) of the longest suffix of `tokens` that occurs in the text

@@ -40,6 +40,11 @@ class RequestIndex:
         self.sam.extend(new)
         self.tokens.extend(new)
 
+    def repeat(self, window: int) -> tuple[int, int]:
+        """-> (state, length) of the longest suffix (at most `window` tokens) that occurs
+        earlier in the request."""
+        return self.sam.longest_repeat(self.tokens[-window:])
+
     def children(self, state: int):
         return self.sam.children(state)
 
