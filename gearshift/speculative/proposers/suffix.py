@@ -14,7 +14,8 @@ deterministic proposer: greedy, rejection (trees: sequential tests) and coupled.
 Data flow: SpecRunner -> SuffixProposer.propose(ctx) -> per request draft(req, K) (host)
 -> chain_tree / DraftTree rows (one copy to the device) -> verification. Requests seen
 finished at a later propose leave their index; their outputs enter the cache (aborted
-ones do not).
+or failed ones do not). Requests never drafted for (K = 0 throughout) are never indexed,
+so their outputs stay out of the cache.
 """
 
 from __future__ import annotations
@@ -79,12 +80,12 @@ class SuffixProposer(Proposer):
         return best
 
     def forget_finished(self) -> None:
-        """Finished requests leave their index; their outputs (unless aborted) enter the
-        output cache."""
+        """Finished requests leave their index; their outputs enter the output cache unless
+        they were aborted or failed (warm-up's dummy requests are aborted)."""
         done = [rid for rid, (req, _) in self._indexes.items() if req.is_finished]
         for rid in done:
             req, _ = self._indexes.pop(rid)
-            if req.finish_reason != "abort":
+            if req.finish_reason in ("stop", "length"):
                 self.cache.add([t for t in req.output_token_ids if t >= 0])
 
     def propose(self, ctx: ProposeContext) -> tuple[DraftTree, list[int]]:
