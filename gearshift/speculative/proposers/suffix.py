@@ -3,8 +3,9 @@
 Two indexes (suffix_index.py) answer for a request: its own prompt and committed output
 (`RequestIndex`, extended as tokens commit), and recent requests' outputs (`OutputCache`,
 `suffix_cache_tokens` at most, least recently used dropped first). From where each matches
-the text's end the most frequent continuations make a draft, a chain or, on an engine with
-a tree width, a tree (suffix_draft.py); the draft expecting more accepted tokens wins.
+the text's end (its last MATCH_WINDOW tokens at most) the most frequent continuations make
+a draft, a chain or, on an engine with a tree width, a tree (suffix_draft.py); the draft
+expecting more accepted tokens wins.
 Each draft carries its match length and a score per node (`SuffixDraft`), and `draft()`
 answers on the host before a step is planned: what a policy prices a suffix draft by.
 
@@ -45,7 +46,7 @@ class SuffixProposer(Proposer):
         self.cache = OutputCache(cache_tokens)
         self.min_prob, self.spec_factor, self.window = min_prob, spec_factor, window
         self._indexes: dict[str, tuple[Request, RequestIndex]] = {}
-        # drafts by source and their tokens (spec_stats()["proposer"])
+        # drafts by source and their tokens (spec_stats()["proposers"]["suffix"], /metrics)
         self.stats = {"drafts": 0, "draft_tokens": 0, "from_request": 0, "from_cache": 0,
                       "empty": 0}
 
