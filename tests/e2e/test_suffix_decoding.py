@@ -50,6 +50,8 @@ GREEDY = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
 VARIANTS = {
     "chain-16": dict(num_draft_tokens=16, spec_policy="always"),
     "chain-32-random": dict(num_draft_tokens=32, spec_policy="random"),
+    # the default policy: the start-up warm-up times every K with full drafts first
+    "goodput-8": dict(num_draft_tokens=8, max_num_seqs=4),
     "tree": dict(num_draft_tokens=8, draft_topk=3, num_verify_tokens=12, spec_policy="always"),
     "tree-random": dict(num_draft_tokens=6, draft_topk=2, num_verify_tokens=8,
                         spec_policy="random"),
@@ -71,6 +73,9 @@ def test_greedy_suffix_decoding_equals_plain(make_llm, model, variant):
     stats = llm.spec_stats()
     assert stats["algorithm"] == "suffix"
     assert stats["accepted"] > 40 and stats["accepted"] <= stats["proposed"]
+    if variant == "goodput-8":
+        assert max(llm.engine.measured_costs) == 8 and stats["policy"] == "goodput"
+        assert llm.engine.spec.proposer.full_drafts is False
     if variant == "preempt":
         assert llm.stats()["preemptions"] > 0, "the pool was meant to be too small"
     if variant.startswith("tree"):

@@ -97,3 +97,17 @@ def test_trees_branch_where_the_text_did():
     assert tree.depths[0].tolist() == [0, 1, 1, 2, 2]
     anc = ancestor_mask(tree.parents, 2)[0]
     assert anc[3].tolist() == [True, True, False, True, False]
+
+
+def test_the_warm_up_gets_every_planned_node():
+    p = SuffixProposer(cache_tokens=0)
+    p.full_drafts = True
+    reqs = [request("a", CODE + CODE[:2]), request("b", [5, 6, 7])]
+    tree, nodes = p.propose(_ctx(reqs, [4, 3]))
+    assert nodes == [5, 4]  # 2 matched drafts + 2 fillers; 3 fillers
+    assert tree.tokens[0, 1:].tolist() == [*CODE[2:4], 0, 0]
+    assert tree.parents[0].tolist() == [-1, 0, 1, 2, 3]
+    tree, nodes = p.propose(_ctx(reqs, [2, 2], topk=2, nodes=5))
+    assert nodes == [5, 5]
+    assert tree.parents[1].tolist() == [-1, 0, 0, 0, 0] and tree.depths[1].max() == 1
+    assert p.stats["drafts"] == 0  # not counted

@@ -41,6 +41,10 @@ class Proposer(ABC):
     shifted_inputs = False  # draft row t consumes token t+1 (EAGLE) instead of token t
     graph_extend = False  # draft_extend can be captured for padded 1-token-per-row batches
     keeps_state = True  # the draft has KV (and a seed) to keep current over committed tokens
+    # set by the start-up warm-up (engine/warmup.py) while it runs: a proposer that may draft
+    # fewer tokens than planned (no match) drafts them all, so that every step shape is
+    # captured and timed at its real size (model proposers always do)
+    full_drafts = False
 
     def cost_fraction(self, target: torch.nn.Module) -> float:
         """Cost of one draft step relative to one target step (a prior for the policy)."""

@@ -38,6 +38,18 @@ def committed(req: Request) -> list[int] | None:
     return None if tokens and min(tokens[-req.num_pending - 1:]) < 0 else tokens
 
 
+def filled(draft: SuffixDraft, n: int, tree: bool) -> SuffixDraft:
+    """The draft with n tokens (warm-up: every planned node exists): token 0 on, as more
+    chain links or, in a tree, more children of the root (depth 1: within any K)."""
+    extra = n - len(draft.tokens)
+    if extra <= 0:
+        return draft
+    start = len(draft.tokens)
+    parents = [0] * extra if tree else list(range(start, start + extra))
+    return SuffixDraft(draft.tokens + [0] * extra, draft.parents + parents,
+                       draft.scores + [0.0] * extra, draft.match_len, draft.source)
+
+
 class SuffixProposer(Proposer):
     keeps_state = False  # no draft model: the indexes read committed tokens
 
@@ -96,7 +108,11 @@ class SuffixProposer(Proposer):
         n = ctx.num_nodes - 1 if tree else k  # draft tokens a request may send at most
         drafts = [self.draft(req, kr, ctx.topk if tree else 1, n) if kr else SuffixDraft()
                   for req, kr in zip(ctx.reqs, ctx.num_draft_tokens)]
-        self._count(drafts, ctx.num_draft_tokens)
+        if self.full_drafts:  # the warm-up's steps: not counted
+            drafts = [filled(d, n if tree else kr, tree) if kr else d
+                      for d, kr in zip(drafts, ctx.num_draft_tokens)]
+        else:
+            self._count(drafts, ctx.num_draft_tokens)
         nodes = [1 + len(d.tokens) for d in drafts]
         dev = ctx.roots.device
         if not tree:
