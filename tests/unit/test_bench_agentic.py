@@ -75,7 +75,15 @@ def test_mixed_agentic_interleaves_edit_loops_with_novel_prompts(tok):
     assert agentic.source_texts()  # the held-out corpus, else the package's own files
 
 
-def test_a_sweep_runs_the_agentic_workload_with_suffix_decoding(tmp_path, capsys):
+def test_a_sweep_runs_the_agentic_workload_with_suffix_decoding(tmp_path, capsys, monkeypatch):
+    """... and every point starts with an empty output cache: the policies run the same
+    prompts, whose outputs the one before would otherwise draft."""
+    from gearshift.speculative.proposers.suffix import SuffixProposer
+
+    resets = []
+    real = SuffixProposer.reset_cache
+    monkeypatch.setattr(SuffixProposer, "reset_cache",
+                        lambda self: resets.append(len(self.cache)) or real(self))
     target = make_tiny_checkpoint(tmp_path / "t", "llama")
     rc = main(["bench", "sweep", "--model", str(target), "--speculative-algorithm", "suffix",
                "--device", "cpu", "--workload", "mixed-agentic", "--concurrency", "2",
@@ -89,6 +97,7 @@ def test_a_sweep_runs_the_agentic_workload_with_suffix_decoding(tmp_path, capsys
     assert all(r["output_tok_per_s"] > 0 for rows in data["results"].values() for r in rows)
     assert data["args"]["workload"] == "mixed-agentic"
     assert "always-12" in capsys.readouterr().out
+    assert len(resets) == 2  # a point per policy (one concurrency, one pass)
 
 
 def test_unknown_always_policies_are_refused(tmp_path, capsys):

@@ -54,6 +54,9 @@ def test_finished_outputs_feed_later_requests_unless_aborted():
     d = p.draft(new, 5)
     assert (d.tokens, d.source, d.match_len) == (CODE[3:6], "cache", 3)
     assert p.draft(request("x", [9, 50, 51]), 4).tokens == []  # the aborted output is not there
+    p.reset_cache()  # a benchmark point starting cold
+    assert len(p.cache) == 0 and p.cache.max_tokens == 1000
+    assert p.draft(request("new2", [7, 8, 9] + CODE[:3]), 5).tokens == []
     off = SuffixProposer(cache_tokens=0)
     r = request("r", [1], CODE)
     off.draft(r, 4)

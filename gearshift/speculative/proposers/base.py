@@ -69,6 +69,11 @@ class Proposer(ABC):
         """The feature store, indexed by KV slot (None: no features)."""
         return None
 
+    def reset_cache(self) -> None:  # noqa: B027
+        """Forget what earlier requests' outputs taught the proposer (suffix decoding: its
+        output cache), as a benchmark point that starts cold does; model proposers keep
+        nothing across requests."""
+
     @abstractmethod
     def propose(self, ctx: ProposeContext) -> tuple[DraftTree, list[int] | None]:
         """-> (tree [B, N], nodes per request or None = all). Device work, no host sync."""

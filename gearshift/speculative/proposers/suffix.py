@@ -92,6 +92,9 @@ class SuffixProposer(Proposer):
                 self.cache.used(self.cache.last(cstate))
         return best
 
+    def reset_cache(self) -> None:
+        self.cache = OutputCache(self.cache.max_tokens)
+
     def forget_finished(self) -> None:
         """Finished requests leave their index; their outputs enter the output cache unless
         they were aborted or failed (warm-up's dummy requests are aborted)."""
