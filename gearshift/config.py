@@ -18,6 +18,10 @@ SUPPORTED_ARCHITECTURES = {
 }
 
 
+MAX_DRAFT = 16  # the deepest draft K a model proposer may be configured with
+MAX_SUFFIX_DRAFT = 32  # suffix decoding: long copied spans are worth deeper drafts
+
+
 class ConfigError(ValueError):
     """A user-facing configuration or checkpoint problem (bad flag, bad config.json)."""
 
@@ -195,7 +199,7 @@ class EngineConfig:
     chat_template: str | None = None  # Jinja template, or a file holding one; None: the tokenizer's
     served_model_name: str | None = None  # the name clients see; None: the directory's
     # speculative decoding (None = off; see gearshift/speculative/)
-    speculative_algorithm: str | None = None  # "eagle3" | "draft" | "ngram"
+    speculative_algorithm: str | None = None  # "eagle3" | "draft" | "ngram" | "suffix"
     draft_model: str | None = None  # EAGLE-3 head or draft model directory
     num_draft_tokens: int = 4  # K: the deepest draft a step may verify (the configured maximum)
     tree_width: int = 1  # 1 = chains only; > 1 = draft trees expanding the top tree_width per step
@@ -209,6 +213,8 @@ class EngineConfig:
     spec_warmup: bool = True  # CUDA graphs: run every (batch, K) step shape at start-up (graphs, costs)
     ngram_min: int = 1  # n-gram lookup: shortest suffix to match
     ngram_max: int = 4  # longest suffix to match
+    # suffix decoding: recent outputs kept to draft from, in tokens (0 = a request's own only)
+    suffix_cache_tokens: int = 1 << 16
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -254,12 +260,15 @@ class EngineConfig:
         algo = self.speculative_algorithm
         if algo is None:
             return
-        if algo not in ("eagle3", "draft", "ngram"):
-            raise ConfigError(f"speculative_algorithm must be eagle3, draft or ngram, not {algo!r}")
+        if algo not in ("eagle3", "draft", "ngram", "suffix"):
+            raise ConfigError("speculative_algorithm must be eagle3, draft, ngram or suffix, "
+                              f"not {algo!r}")
         if algo == "draft" and not self.draft_model:
             raise ConfigError("speculative_algorithm='draft' needs draft_model=DIR")
-        if not 1 <= self.num_draft_tokens <= 16:
-            raise ConfigError("num_draft_tokens must be in [1, 16]")
+        k_max = MAX_SUFFIX_DRAFT if algo == "suffix" else MAX_DRAFT
+        if not 1 <= self.num_draft_tokens <= k_max:
+            raise ConfigError(f"num_draft_tokens must be in [1, {k_max}]"
+                              + (" (suffix decoding: 32)" if algo != "suffix" else ""))
         if not 1 <= self.tree_width <= 8:
             raise ConfigError("tree_width must be in [1, 8]")
         if algo == "ngram" and self.tree_width != 1:
@@ -272,6 +281,8 @@ class EngineConfig:
                               f"({', '.join(SPEC_POLICIES)})")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError("need 1 <= ngram_min <= ngram_max")
+        if self.suffix_cache_tokens < 0:
+            raise ConfigError("suffix_cache_tokens must be >= 0 (0 = no output cache)")
 
     @property
     def speculative(self) -> bool:

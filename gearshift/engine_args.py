@@ -83,13 +83,14 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
                         "with TMA: inside the GEMMs where they can be, else the norm alone)")
     g.add_argument("--seed", type=int, default=0)
     s = p.add_argument_group("speculative decoding")
-    s.add_argument("--speculative-algorithm", choices=["eagle3", "draft", "ngram", "none"],
+    s.add_argument("--speculative-algorithm", choices=["eagle3", "draft", "ngram", "suffix", "none"],
                    help="default: eagle3 with the embedded head for the embedded default model, "
                         "else off unless --draft-model is given; none = off")
     s.add_argument("--no-speculation", dest="speculative_algorithm", action="store_const",
                    const="none", help="the same as --speculative-algorithm none")
     s.add_argument("--draft-model", help="EAGLE-3 head or draft model directory")
-    s.add_argument("--num-draft-tokens", type=int, help="K: draft depth (default 4)")
+    s.add_argument("--num-draft-tokens", type=int,
+                   help="K: draft depth (default 4; at most 16, suffix decoding 32)")
     s.add_argument("--tree-width", type=int,
                    help="draft trees of this width (the top N per step); 1 = chains (default)")
     s.add_argument("--tree-budget", type=int,
@@ -105,6 +106,9 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
                         "decoding gives for the request's seed, hence the target's "
                         "distribution) or rejection (the target's distribution, other text); "
                         "a request's spec_sampling field wins")
+    s.add_argument("--suffix-cache-tokens", type=int,
+                   help="suffix decoding: recent outputs kept to draft from, in tokens "
+                        "(default 65536; 0 = each request's own tokens only)")
     s.add_argument("--no-spec-warmup", action="store_true",
                    help="skip the start-up run of every (batch, K) step shape (graphs + costs)")
 
@@ -139,7 +143,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
     for name in ("speculative_algorithm", "draft_model", "num_draft_tokens", "tree_width",
-                 "tree_budget", "spec_policy", "spec_sampling"):
+                 "tree_budget", "spec_policy", "spec_sampling", "suffix_cache_tokens"):
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
     if kw.get("draft_model") and "speculative_algorithm" not in kw:

@@ -7,7 +7,7 @@ concurrency (1, 2, 4, ... 256) for each speculation policy, on one target + draf
 
 Concurrency c = at most c requests running: a pass is a closed loop over c * rounds requests
 (each of the c slots serves `rounds` (2) requests in turn; at least min_requests / passes),
-and a point runs `passes` (2) of them. Every policy runs on one engine (max K = 4; trees
+and a point runs `passes` (2) of them. Every policy runs on one engine (max K = 4 unless raised, below; trees
 --tree-width (4) wide of --tree-budget (16) nodes; --tree-width 1: chains only, no `tree`):
 chain policies plan chains, `tree` plans the tree, goodput picks among both. Policies are
 interleaved: for each c, pass 1 runs every policy in turn, pass 2 runs them in reverse order
@@ -15,8 +15,11 @@ on the next prompts, so drift over the run (clocks, heap) falls on every policy 
 first policy rotates from one c to the next. A point sums its passes, and `pass_tok_per_s`
 shows their spread. Prompts are held-out corpus windows (real acceptance) or synthetic ids;
 `--workload mixed` makes half of them greedy and half sampled at temperature 1.2 (acceptance
-differs per request). Prints a table, the markdown table with the
-criteria verdicts (sweep_report.py), writes JSON and a PNG plot.
+differs per request); `agentic` prompts are multi-turn edit loops whose answers copy their
+input, `mixed-agentic` half of those and half corpus windows (agentic.py).
+`--num-draft-tokens` raises the engine's max K above 4, and `always-N` policies ask for any
+N, raising it to N (suffix decoding drafts long copied spans). Prints a table, the markdown
+table with the criteria verdicts (sweep_report.py), writes JSON and a PNG plot.
 
 Data flow: args -> LLM engine -> per (c, pass, policy): Engine.set_policy, run_point
 (sweep_point.py) -> merge_passes -> JSON/PNG, verdicts.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 
 from tqdm.auto import tqdm
@@ -159,17 +163,24 @@ def run(args) -> int:
     from gearshift import LLM
     from gearshift.bench.environment import environment
 
-    kw.update(max_num_seqs=max(args.concurrency), spec_policy="off", num_draft_tokens=4)
+    kw.update(max_num_seqs=max(args.concurrency), spec_policy="off")
     kw.setdefault("speculative_algorithm", "eagle3")
-    llm = LLM(**kw)
+    k_max = max(4, kw.pop("num_draft_tokens", None) or 4,
+                *(int(n.split("-")[1]) for n in args.policies if n.startswith("always-")))
+    llm = LLM(**kw, num_draft_tokens=k_max)
     eng = llm.engine
     extra = {"warmup_s": _warm_up(eng), "warmup_costs_ms": eng.measured_costs}
     names = [n for n in args.policies if n != "tree" or args.tree_width > 1]
-    label = {"tree": f"tree-{args.tree_width}x4-{args.tree_budget}"}
+    label = {"tree": f"tree-{args.tree_width}x{k_max}-{args.tree_budget}"}
     bar = tqdm(total=len(names) * len(args.concurrency), desc="sweep")
     most = args.passes * max(per_pass(c, args) for c in args.concurrency)
     prompts = make_prompts(llm.tokenizer, eng.model_config.vocab_size, most, args.input_len,
                            args.seed)
+    if args.workload in ("agentic", "mixed-agentic"):
+        from gearshift.bench.agentic import source_texts, workload_prompts
+
+        prompts = workload_prompts(args.workload, llm.tokenizer, source_texts(), prompts, most,
+                                   args.input_len, args.seed)
     env = environment(llm) | extra
 
     def save(results: dict) -> None:  # after every concurrency: a cut sweep keeps its points
@@ -181,7 +192,7 @@ def run(args) -> int:
         else:
             plot(results, args.output_png)
 
-    policies = {label.get(n, n): policy_object(n, eng, 4) for n in names}
+    policies = {label.get(n, n): policy_object(n, eng, k_max) for n in names}
     judged = judge_criteria(args, eng)
     if args.workload == "transition":
         from gearshift.bench import transition
@@ -246,13 +257,14 @@ def _save(args, results: dict, env: dict) -> None:
 
 def _policy_list(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in (*CHAIN_POLICIES, *OPTIONAL_POLICIES, "tree")]
+    unknown = [n for n in names if n not in (*CHAIN_POLICIES, *OPTIONAL_POLICIES, "tree")
+               and not re.fullmatch(r"always-[1-9][0-9]?", n)]
     if unknown or not names:
         import argparse
 
         raise argparse.ArgumentTypeError(
             f"unknown policy {', '.join(unknown) or '(none)'}; choose from "
-            + ", ".join([*CHAIN_POLICIES, *OPTIONAL_POLICIES, "tree"]))
+            + ", ".join([*CHAIN_POLICIES, *OPTIONAL_POLICIES, "tree"]) + ", always-N")
     return names
 
 
@@ -309,12 +321,15 @@ def add_args(p) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--temperature", type=_non_negative, default=0.0,
                    help="sampling temperature of every request (0: greedy)")
-    p.add_argument("--workload", choices=["uniform", "mixed", "transition"], default="uniform",
+    p.add_argument("--workload", choices=["uniform", "mixed", "transition", "agentic",
+                                          "mixed-agentic"], default="uniform",
                    help="uniform: every request at --temperature; mixed: --greedy-fraction "
                         "greedy, the rest sampled at --sampled-temperature (acceptance then "
                         "differs per request); transition: code, then random words "
                         "sampled at --sampled-temperature, then code "
-                        "(gearshift/bench/transition.py)")
+                        "(gearshift/bench/transition.py); agentic: multi-turn edit loops that "
+                        "copy their input; mixed-agentic: half agentic, half corpus windows "
+                        "(gearshift/bench/agentic.py)")
     p.add_argument("--criteria", choices=["auto", "on", "off"], default="auto",
                    help="judge the criteria (PASS / FAIL, exit 1 on a FAIL): auto = on a GPU "
                         "only, where they were set; off = print the verdicts, exit 0")
@@ -325,7 +340,8 @@ def add_args(p) -> None:
                         "of the random-words phase")
     p.add_argument("--policies", type=_policy_list, default=[*CHAIN_POLICIES, "tree"],
                    help="comma-separated, of: " + ", ".join([*CHAIN_POLICIES, "tree"])
-                   + " (the default), " + ", ".join(OPTIONAL_POLICIES))
+                   + " (the default), " + ", ".join(OPTIONAL_POLICIES)
+                   + ", always-N (K = N; the engine's max K follows)")
     # the engine's tree (--tree-width, --tree-budget): 4 wide, 16 nodes (depth 4) unless given
     p.set_defaults(tree_width=4, tree_budget=16)
     p.add_argument("--tree-topk", action=RenamedFlag, new="--tree-width", type=int)

@@ -84,8 +84,12 @@ def run_point(engine, prompts: list[list[int]], concurrency: int, output_len: in
     if warm:
         warm_up(engine, prompts, concurrency, temperature=temperature)
     # its prompts are the run's first ones: every point, every policy, starts cold, as a
-    # served run after reset_prefix_cache does
+    # served run after reset_prefix_cache does; so does a proposer that learns from outputs
+    # (suffix decoding: it would draft the warm-up's, or another policy's, outputs of the
+    # same prompts)
     engine.reset_prefix_cache()
+    if engine.spec is not None:
+        engine.spec.proposer.reset_cache()
     hits_before = engine.prefix_cache_stats().get("hit_tokens", 0)
     # sampled runs: the sampler (and a VERIFY step's acceptance) as a sampling user meets it
     params = [SamplingParams(max_tokens=output_len, temperature=temperature_of(temperature, i),

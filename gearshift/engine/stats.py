@@ -68,6 +68,9 @@ def spec_stats(engine) -> dict:
         "catch_up_rows": s["catch_up_rows"], "catch_up_ms": s["catch_up_ms"],
         "accept_len_hist": {int(k.split(".")[1]): v for k, v in s.items()
                             if k.startswith("accept_len.")},
+        # the proposer's own counters by its name (suffix decoding: drafts by source)
+        "proposers": {engine.config.speculative_algorithm:
+                      dict(getattr(engine.spec.proposer, "stats", None) or {})},
         "controller": dict(engine.policy.last_prediction,
                            **({"measured_ms": last.get("time_s", 0) * 1e3} if last else {})),
     }

@@ -24,7 +24,9 @@ through the real step pipeline, so that
     -> {gear: [(bs, ms)]} -> policy.cost.set_measured(...)
 
 On a CPU (`warm_up_engine`), where there is no graph to capture, only the timed steps run,
-at batch sizes up to CPU_MAX_BATCH, for a policy that prices gears (goodput).
+at batch sizes up to CPU_MAX_BATCH, for a policy that prices gears (goodput). Proposers
+that draft only where they find a match (suffix decoding) draft every planned node while
+it runs (`Proposer.full_drafts`), so each K is captured and timed at its real size.
 
 Counters (engine stats, speculation stats, the population's acceptance evidence, the
 runner's graphed / eager step counts) are restored afterwards: the warm-up is not part of any run.
@@ -170,8 +172,9 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     tree = spec.topk > 1  # gear num_draft + 1: the tree; chains by AlwaysPolicy(K, topk=1)
     if sizes is None:
         sizes = list(engine.runner.decode_sizes)  # the decode graphs' batch sizes
-    # tokens a request commits, plus one VERIFY step's node and scratch slots
-    generated = warmup_generated(num_draft, tree, repeats)
+    # tokens a request commits (with graphs, the untimed steps' too), plus one VERIFY
+    # step's node and scratch slots
+    generated = warmup_generated(num_draft, tree, repeats, capture)
     per_request = PROMPT_LEN + generated + spec.slots_needed(num_draft, spec.topk)
     sizes = [s for s in sizes if s <= engine.config.max_num_seqs
              and s * per_request <= engine.slots.num_free]
@@ -198,6 +201,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     # a collection inside a timed step is not that gear's cost, nor its captures late ones
     with gc_paused(), watch.paused() if watch is not None else nullcontext():
         try:
+            spec.proposer.full_drafts = True  # a model-free proposer drafts every planned node
             for bs in progress(sorted(sizes, reverse=True), desc="speculation warm-up",
                                unit="batch size"):  # largest first: smaller graphs reuse its pool
                 phase = "greedy, the prefill"
@@ -237,6 +241,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                 "--gpu-memory-utilization (the share of the GPU's memory the engine may use) or "
                 "--kv-cache-tokens") from e
         finally:
+            spec.proposer.full_drafts = False
             engine.set_policy(saved_policy)
             engine.reset_prefix_cache()  # its dummy prompts are nobody's prefix
             engine.restore_counters(saved_counters)

@@ -139,13 +139,14 @@ def profile_slots(config: EngineConfig, max_positions: int) -> int:
 WARMUP_PROMPT_LEN = 4
 
 
-def warmup_generated(num_draft: int, tree: bool, repeats: int) -> int:
+def warmup_generated(num_draft: int, tree: bool, repeats: int, capture: bool = True) -> int:
     """Tokens a speculation warm-up request commits: prefill's one, repeats + 1 steps of
-    K + 1 at most per K > 0, repeats + 2 plain steps, 2 untimed steps at max K and the
-    mixed-K steps."""
+    K + 1 at most per K > 0, repeats + 2 plain steps; with graphs (`capture`) 2 untimed
+    steps at max K and the mixed-K plans."""
+    untimed = 2 + num_draft * (num_draft + 1) // 2 if capture else 0
     return 1 + sum(n * (k + 1) for k, n in
                    [*((k, repeats + 1) for k in range(1, num_draft + 1 + tree)),
-                    (0, repeats + 2), (num_draft, 2 + num_draft * (num_draft + 1) // 2)])
+                    (0, repeats + 2), (num_draft, untimed)])
 
 
 def provisional_slots(config: EngineConfig, max_positions: int) -> int:

@@ -41,8 +41,8 @@ def _run(llm, waves, params=GREEDY) -> list[list[int]]:
 def _spec_options(kind: str, tmp_path, tiny_llama_dir) -> dict:
     if kind == "plain":
         return {}
-    if kind == "ngram":
-        return dict(speculative_algorithm="ngram", num_draft_tokens=3, spec_policy="always")
+    if kind in ("ngram", "suffix"):
+        return dict(speculative_algorithm=kind, num_draft_tokens=3, spec_policy="always")
     if kind == "draft":
         return dict(speculative_algorithm="draft", draft_model=str(tiny_llama_dir),
                     num_draft_tokens=3, spec_policy="always")
@@ -52,7 +52,8 @@ def _spec_options(kind: str, tmp_path, tiny_llama_dir) -> dict:
                 spec_policy="random", **tree)
 
 
-@pytest.mark.parametrize("kind", ["plain", "eagle3-chain", "eagle3-tree", "draft", "ngram"])
+@pytest.mark.parametrize("kind", ["plain", "eagle3-chain", "eagle3-tree", "draft", "ngram",
+                                  "suffix"])
 def test_greedy_output_is_the_same_with_the_cache_on_and_off(make_llm, tiny_llama_dir, tmp_path,
                                                              kind):
     opts = dict(_spec_options(kind, tmp_path, tiny_llama_dir), max_num_batched_tokens=32)

@@ -31,6 +31,9 @@ def head_dir(tmp_path_factory):
 def _spec_variants(draft_dir, head_dir, tiny_llama_dir):
     return {
         "ngram": dict(speculative_algorithm="ngram", num_draft_tokens=3),
+        "suffix-chain": dict(speculative_algorithm="suffix", num_draft_tokens=6),
+        "suffix-tree": dict(speculative_algorithm="suffix", num_draft_tokens=4, draft_topk=2,
+                            num_verify_tokens=6),
         "draft-chain": dict(speculative_algorithm="draft", draft_model=str(draft_dir),
                             num_draft_tokens=3),
         "draft-tree": dict(speculative_algorithm="draft", draft_model=str(draft_dir),
@@ -44,8 +47,8 @@ def _spec_variants(draft_dir, head_dir, tiny_llama_dir):
     }
 
 
-VARIANTS = ["ngram", "draft-chain", "draft-tree", "self-draft-chain", "eagle3-chain",
-            "eagle3-tree"]
+VARIANTS = ["ngram", "suffix-chain", "suffix-tree", "draft-chain", "draft-tree",
+            "self-draft-chain", "eagle3-chain", "eagle3-tree"]
 ENGINES = {
     "plain": {},
     "chunked": dict(max_num_batched_tokens=16),

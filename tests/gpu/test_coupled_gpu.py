@@ -31,6 +31,7 @@ def _tokens(model_dir, **kw) -> tuple[list[list[int]], LLM]:
     dict(speculative_algorithm="eagle3", num_draft_tokens=3, tree_width=2, tree_budget=6,
          spec_policy="random"),
     dict(speculative_algorithm="ngram", num_draft_tokens=4, spec_policy="always"),
+    dict(speculative_algorithm="suffix", num_draft_tokens=8, spec_policy="always"),
 ])
 def test_coupled_speculation_keeps_seeded_text_on_gpu(tiny_llama_dir, tmp_path, spec):
     if spec["speculative_algorithm"] == "eagle3":

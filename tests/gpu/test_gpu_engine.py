@@ -48,6 +48,9 @@ def test_qwen3_triton_matches_hf(tiny_qwen3_dir):
     dict(speculative_algorithm="eagle3", num_draft_tokens=3, tree_width=2, tree_budget=6,
          spec_policy="always"),
     dict(speculative_algorithm="ngram", num_draft_tokens=4, spec_policy="random"),
+    dict(speculative_algorithm="suffix", num_draft_tokens=12, spec_policy="random"),
+    dict(speculative_algorithm="suffix", num_draft_tokens=6, tree_width=2, tree_budget=8,
+         spec_policy="always"),
 ])
 def test_speculation_on_gpu_matches_plain(tiny_llama_dir, tmp_path, spec):
     """Triton attention (extend for chains, tree kernel for trees) + decode graphs with

@@ -7,6 +7,7 @@ import argparse
 
 import pytest
 
+from gearshift.config import ConfigError
 from gearshift.engine_args import add_engine_args, draft_algorithm, engine_kwargs
 from gearshift.models.default import DEFAULT_MODEL_DIR
 
@@ -62,6 +63,12 @@ def test_the_embedded_model_speculates_unless_told_not_to(tmp_path) -> None:
     assert config("--no-speculation").speculative_algorithm is None
     assert config("--speculative-algorithm", "none").speculative_algorithm is None
     assert config("--speculative-algorithm", "ngram").speculative_algorithm == "ngram"
+    suffix = config("--speculative-algorithm", "suffix", "--num-draft-tokens", "32",
+                    "--suffix-cache-tokens", "0")
+    assert (suffix.speculative_algorithm, suffix.num_draft_tokens,
+            suffix.suffix_cache_tokens) == ("suffix", 32, 0)
+    with pytest.raises(ConfigError, match="suffix_cache_tokens"):
+        config("--speculative-algorithm", "suffix", "--suffix-cache-tokens", "-1")
     assert build_engine_config(None, device="cpu", speculative_algorithm=None).speculative_algorithm is None
     other = tmp_path / "m"
     other.mkdir()

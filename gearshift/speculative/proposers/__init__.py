@@ -1,6 +1,7 @@
 """Proposers: who drafts the tokens a VERIFY step checks. `eagle3` (a one-layer head fed
-with target features), `draft` (a separate small model), `ngram` (prompt lookup, no model);
-`expand.py` grows chains and trees for the model-based two. The contract is base.py.
+with target features), `draft` (a separate small model), `ngram` (prompt lookup, no model),
+`suffix` (suffix decoding, no model: suffix*.py); `expand.py` grows chains and trees for
+the model-based two. The contract is base.py.
 
 Data flow: EngineConfig.speculative_algorithm -> create_proposer -> SpecRunner.
 """
@@ -17,6 +18,10 @@ def create_proposer(config: EngineConfig, runner) -> Proposer:
         from gearshift.speculative.proposers.ngram import NgramProposer
 
         proposer = NgramProposer(config.ngram_min, config.ngram_max)
+    elif algo == "suffix":
+        from gearshift.speculative.proposers.suffix import SuffixProposer
+
+        proposer = SuffixProposer(config.suffix_cache_tokens)
     elif algo == "draft":
         from gearshift.speculative.proposers.draft_model import DraftModelProposer
 

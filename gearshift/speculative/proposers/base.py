@@ -41,6 +41,10 @@ class Proposer(ABC):
     shifted_inputs = False  # draft row t consumes token t+1 (EAGLE) instead of token t
     graph_extend = False  # draft_extend can be captured for padded 1-token-per-row batches
     keeps_state = True  # the draft has KV (and a seed) to keep current over committed tokens
+    # set by the start-up warm-up (engine/warmup.py) while it runs: a proposer that may draft
+    # fewer tokens than planned (no match) drafts them all, so that every step shape is
+    # captured and timed at its real size (model proposers always do)
+    full_drafts = False
 
     def cost_fraction(self, target: torch.nn.Module) -> float:
         """Cost of one draft step relative to one target step (a prior for the policy)."""
@@ -69,6 +73,11 @@ class Proposer(ABC):
         """Reallocate what the draft keeps per KV slot (its K/V, EAGLE-3's features) for
         `num_slots` slots, contents dropped: the start-up memory profile sizes the cache.
         Stateless proposers (n-gram) keep nothing per slot."""
+
+    def reset_cache(self) -> None:  # noqa: B027
+        """Forget what earlier requests' outputs taught the proposer (suffix decoding: its
+        output cache), as a benchmark point that starts cold does; model proposers keep
+        nothing across requests."""
 
     @abstractmethod
     def propose(self, ctx: ProposeContext) -> tuple[DraftTree, list[int] | None]:

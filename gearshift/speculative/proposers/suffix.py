@@ -1,0 +1,147 @@
+"""Suffix decoding (no model): draft what followed, earlier, the longest suffix of the text.
+
+Two indexes (suffix_index.py) answer for a request: its own prompt and committed output
+(`RequestIndex`, extended as tokens commit), and recent requests' outputs (`OutputCache`,
+`suffix_cache_tokens` at most, least recently used dropped first). From where each matches
+the text's end (its last MATCH_WINDOW tokens at most) the most frequent continuations make
+a draft, a chain or, on an engine with a tree width, a tree (suffix_draft.py); the draft
+expecting more accepted tokens wins.
+Each draft carries its match length and a score per node (`SuffixDraft`), and `draft()`
+answers on the host before a step is planned: what a policy prices a suffix draft by.
+
+Drafts are point masses (no draft distribution), so verification is exact as for any
+deterministic proposer: greedy, rejection (trees: sequential tests) and coupled.
+
+Data flow: SpecRunner -> SuffixProposer.propose(ctx) -> per request draft(req, K) (host)
+-> chain_tree / DraftTree rows (one copy to the device) -> verification. Requests seen
+finished at a later propose leave their index; their outputs enter the cache (aborted
+or failed ones do not). Requests never drafted for (K = 0 throughout) are never indexed,
+so their outputs stay out of the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gearshift.request import Request
+from gearshift.speculative.proposers.base import ProposeContext, Proposer
+from gearshift.speculative.proposers.suffix_draft import MIN_PROB, SPEC_FACTOR, SuffixDraft, build_draft
+from gearshift.speculative.proposers.suffix_index import OutputCache, RequestIndex
+from gearshift.speculative.tree import DraftTree, chain_tree
+
+MATCH_WINDOW = 64  # the longest pattern matched: the request's last tokens
+
+
+def committed(req: Request) -> list[int] | None:
+    """The request's tokens, None while one is still being sampled (a placeholder)."""
+    tokens = req.all_token_ids
+    return None if tokens and min(tokens[-req.num_pending - 1:]) < 0 else tokens
+
+
+def filled(draft: SuffixDraft, n: int, tree: bool) -> SuffixDraft:
+    """The draft with n tokens (warm-up: every planned node exists): token 0 on, as more
+    chain links or, in a tree, more children of the root (depth 1: within any K)."""
+    extra = n - len(draft.tokens)
+    if extra <= 0:
+        return draft
+    start = len(draft.tokens)
+    parents = [0] * extra if tree else list(range(start, start + extra))
+    return SuffixDraft(draft.tokens + [0] * extra, draft.parents + parents,
+                       draft.scores + [0.0] * extra, draft.match_len, draft.source)
+
+
+class SuffixProposer(Proposer):
+    keeps_state = False  # no draft model: the indexes read committed tokens
+
+    def __init__(self, cache_tokens: int, min_prob: float = MIN_PROB,
+                 spec_factor: float = SPEC_FACTOR, window: int = MATCH_WINDOW) -> None:
+        self.cache = OutputCache(cache_tokens)
+        self.min_prob, self.spec_factor, self.window = min_prob, spec_factor, window
+        self._indexes: dict[str, tuple[Request, RequestIndex]] = {}
+        # drafts by source and their tokens (spec_stats()["proposers"]["suffix"], /metrics)
+        self.stats = {"drafts": 0, "draft_tokens": 0, "from_request": 0, "from_cache": 0,
+                      "empty": 0}
+
+    def scratch_slots(self, k: int, topk: int) -> int:
+        return 0
+
+    def index(self, req: Request) -> RequestIndex:
+        entry = self._indexes.get(req.request_id)
+        if entry is None or entry[0] is not req:
+            entry = self._indexes[req.request_id] = (req, RequestIndex())
+        return entry[1]
+
+    def draft(self, req: Request, k: int, topk: int = 1, nodes: int | None = None) -> SuffixDraft:
+        """The request's draft of at most k deep (`nodes` tokens, `topk` children a node):
+        from its own tokens or from the output cache, whichever expects more."""
+        tokens = committed(req)
+        if not tokens or k <= 0:
+            return SuffixDraft()
+        nodes = k if nodes is None else nodes
+        idx = self.index(req)
+        idx.sync(tokens)
+        state, m = idx.repeat(self.window)
+        best = build_draft(idx, state, m, k, topk, nodes, self.min_prob, self.spec_factor)
+        best.source = "request"
+        if len(self.cache):
+            cstate, cm = self.cache.match(tokens[-self.window:])
+            other = build_draft(self.cache, cstate, cm, k, topk, nodes, self.min_prob,
+                                self.spec_factor)
+            if other.expected > best.expected:
+                other.source, best = "cache", other
+                self.cache.used(self.cache.last(cstate))
+        return best
+
+    def reset_cache(self) -> None:
+        self.cache = OutputCache(self.cache.max_tokens)
+
+    def forget_finished(self) -> None:
+        """Finished requests leave their index; their outputs enter the output cache unless
+        they were aborted or failed (warm-up's dummy requests are aborted)."""
+        done = [rid for rid, (req, _) in self._indexes.items() if req.is_finished]
+        for rid in done:
+            req, _ = self._indexes.pop(rid)
+            if req.finish_reason in ("stop", "length"):
+                self.cache.add([t for t in req.output_token_ids if t >= 0])
+
+    def propose(self, ctx: ProposeContext) -> tuple[DraftTree, list[int]]:
+        self.forget_finished()
+        tree = ctx.topk > 1
+        k = ctx.max_depth
+        # draft tokens a request may send at most: a tree fills the layout's nodes as an
+        # expansion of this depth and width would (SpecRunner.draft_nodes)
+        n = min(ctx.num_nodes - 1, ctx.topk + (k - 1) * ctx.topk ** 2) if tree else k
+        drafts = [self.draft(req, kr, ctx.topk if tree else 1, n) if kr else SuffixDraft()
+                  for req, kr in zip(ctx.reqs, ctx.draft_lens)]
+        if self.full_drafts:  # the warm-up's steps: not counted
+            drafts = [filled(d, n if tree else kr, tree) if kr else d
+                      for d, kr in zip(drafts, ctx.draft_lens)]
+        else:
+            self._count(drafts, ctx.draft_lens)
+        nodes = [1 + len(d.tokens) for d in drafts]
+        dev = ctx.roots.device
+        if not tree:
+            rows = [d.tokens + [0] * (k - len(d.tokens)) for d in drafts]
+            d = torch.tensor(rows, dtype=torch.long).view(len(rows), k)
+            return chain_tree(ctx.roots, d.to(dev, non_blocking=True)), nodes
+        # a tree of n + 1 nodes per request: the root, the draft, then unused nodes (never
+        # valid: verification reads each request's first `nodes` only)
+        toks, parents, depths = [], [], []
+        for dr in drafts:
+            pad = n - len(dr.tokens)
+            toks.append([0, *dr.tokens, *[0] * pad])
+            parents.append([-1, *dr.parents, *[0] * pad])
+            depths.append([0, *dr.depths(), *[1] * pad])
+        host = torch.tensor([toks, parents, depths], dtype=torch.long)  # [3, B, N]
+        t, p, dp = host.to(dev, non_blocking=True).unbind(0)
+        t = torch.cat([ctx.roots[:, None], t[:, 1:]], dim=1)
+        return DraftTree(t, p.contiguous(), dp.contiguous()), nodes
+
+    def _count(self, drafts: list[SuffixDraft], ks: list[int]) -> None:
+        s = self.stats
+        for d, kr in zip(drafts, ks):
+            if not kr:
+                continue
+            s["drafts"] += 1
+            s["draft_tokens"] += len(d.tokens)
+            s["empty" if not d.tokens else "from_" + d.source] += 1
