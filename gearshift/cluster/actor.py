@@ -91,7 +91,7 @@ class ReplicaActor:
             self.engine = Engine(config)
         self.publisher = None
         if kv_events is not None:
-            from gearshift.cluster.kv_events import attach_publisher
+            from gearshift.frontend.kv_events import attach_publisher
 
             self.publisher = attach_publisher(self.engine, kv_events, replica=index)
         self._outbox = _Outbox()

@@ -244,8 +244,8 @@ def _main(config: EngineConfig, inbox_conn, out_conn, log_level: int,
     sink = _PipeSink(out_conn)
     try:
         engine = Engine(config)
-        if kv_events is not None:  # the prefix cache's blocks over ZMQ (cluster/kv_events.py)
-            from gearshift.cluster.kv_events import attach_publisher
+        if kv_events is not None:  # the prefix cache's blocks over ZMQ (frontend/kv_events.py)
+            from gearshift.frontend.kv_events import attach_publisher
 
             attach_publisher(engine, kv_events)
     except BaseException as exc:  # noqa: BLE001 - the server's process raises it

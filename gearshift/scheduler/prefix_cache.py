@@ -55,7 +55,7 @@ class PrefixCache:
         self.num_held = 0  # of which held by running requests
         self.queries_tokens = 0  # prompt tokens looked up / found (metrics)
         self.hit_tokens = 0
-        # told of every path cached and every leaf evicted (cluster/kv_events.py), or None
+        # told of every path cached and every leaf evicted (frontend/kv_events.py), or None
         self.listener = None
 
     @property

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = build_engine_config(**kwargs)
     if args.kv_events:
-        from gearshift.cluster.kv_events import check_endpoint
+        from gearshift.frontend.kv_events import check_endpoint
 
         check_endpoint(args.kv_events)
     if args.data_parallel_size != 1 or args.ray:
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         engine = create_engine(config)
         if args.kv_events:
-            from gearshift.cluster.kv_events import attach_publisher
+            from gearshift.frontend.kv_events import attach_publisher
 
             attach_publisher(engine, args.kv_events)
     print(f"gearshift: serving {engine.model_name!r} (context {engine.max_model_len} tokens) "

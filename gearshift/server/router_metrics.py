@@ -27,7 +27,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from gearshift.cluster.router import BLOCK_TOKENS
+from gearshift.scheduler.block_hashes import BLOCK_TOKENS
 
 
 class RouterGauges:

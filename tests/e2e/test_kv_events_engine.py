@@ -19,8 +19,8 @@ msgpack = pytest.importorskip("msgpack")
 zmq = pytest.importorskip("zmq")
 
 from gearshift import LLM, SamplingParams  # noqa: E402
-from gearshift.cluster.kv_events import attach_publisher  # noqa: E402
 from gearshift.cluster.router import block_hashes  # noqa: E402
+from gearshift.frontend.kv_events import attach_publisher  # noqa: E402
 from gearshift.models.default import default_target_dir  # noqa: E402
 from gearshift.server.background import free_port  # noqa: E402
 

@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from gearshift.cluster.kv_events import (
+from gearshift.scheduler.block_hashes import block_hashes
+from gearshift.config import ConfigError
+from gearshift.frontend.kv_events import (
     KVEventPublisher,
     KVEventRecorder,
     check_endpoint,
     replica_endpoint,
 )
-from gearshift.cluster.router import block_hashes
-from gearshift.config import ConfigError
 from gearshift.scheduler.prefix_cache import PrefixCache
 
 PATH = list(range(1000, 1064))  # 64 tokens: 4 blocks

@@ -32,8 +32,8 @@ import threading
 import time
 from typing import Any
 
-from gearshift.cluster.router import BLOCK_TOKENS, block_hashes
 from gearshift.config import ConfigError
+from gearshift.scheduler.block_hashes import BLOCK_TOKENS, block_hashes
 
 log = logging.getLogger("gearshift.cluster")
 
