@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from gearshift.scheduler.block_hashes import block_hashes
 from gearshift.config import ConfigError
 from gearshift.frontend.kv_events import (
     KVEventPublisher,
@@ -16,6 +15,7 @@ from gearshift.frontend.kv_events import (
     check_endpoint,
     replica_endpoint,
 )
+from gearshift.scheduler.block_hashes import block_hashes
 from gearshift.scheduler.prefix_cache import PrefixCache
 
 PATH = list(range(1000, 1064))  # 64 tokens: 4 blocks
