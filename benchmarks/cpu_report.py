@@ -71,7 +71,8 @@ def section(out: Path) -> str:
     trans = out / "transition.json"
     if trans.is_file():
         lines += ["", "The transition workload (`--workload transition`): code, then random "
-                  "words (off the draft's domain), then code again, one closed loop per "
+                  "words sampled at temperature 1.2 (drafts mostly rejected), then code again, "
+                  "one closed loop per "
                   "policy with nothing reset between phases; each phase's tok/s (best of 2) "
                   "against the best fixed policy of that phase. On the GPU bench pair the "
                   "criterion is >= 0.95 in every phase; here the ratios only.", "",
