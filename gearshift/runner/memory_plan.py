@@ -103,7 +103,7 @@ def plan_kv_slots(budget: MemoryBudget) -> KvPlan:
             f"{need / GIB:.2f} GiB ({b.min_slots:,} slots) for the largest step; pass a "
             "smaller --max-num-seqs or --max-num-batched-tokens, a larger "
             "--gpu-memory-utilization, or fewer draft tokens (--num-draft-tokens, "
-            "--num-verify-tokens)")
+            "--tree-budget)")
     return plan
 
 
