@@ -24,8 +24,11 @@ the uniform sweep's closed loops (sweep.py).
 
 from __future__ import annotations
 
+import logging
 import random
 import re
+
+log = logging.getLogger("gearshift.bench")
 
 TURNS = 3  # revisions per conversation
 BLOCK = 4  # conversations laid out together
@@ -107,8 +110,9 @@ def source_texts() -> list[str]:
         texts = load_texts("heldout")
         if texts:
             return texts
-    except Exception:  # noqa: BLE001 (no corpus here: the package's files are code too)
-        pass
+    except Exception as e:  # noqa: BLE001 (no corpus here: the package's files are code too)
+        log.warning("held-out corpus unavailable (%s): agentic prompts from gearshift's own "
+                    "sources", e)
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
