@@ -64,7 +64,7 @@ def simulate(policy: Policy, phases: list[Phase], concurrency: int, max_tokens: 
             req.output_token_ids += [0] * (got + 1)
             out[p]["tokens"] += got + 1
         if not k:
-            acc.age_population(len(reqs))
+            acc.age_population(0, len(reqs))  # sampled requests
         policy.observe(k, len(reqs), sum(r.num_tokens for r in reqs), ms,
                        ks=ks if k and len(set(ks)) > 1 else None)
         for p in phase_of_step:  # the step's time goes to every phase it served

@@ -22,10 +22,11 @@ class PolicyView:
     requests: list[Request]  # the decode batch, in batch order
     num_waiting: int  # queued requests
     num_draft_tokens: int  # the configured draft depth K (graphs and buffers exist up to it)
-    # acceptance evidence over recent VERIFY outcomes of all requests (SpecRunner): (accepted
-    # drafts, accepted + rejections), EMA; the policy's prior for a request with little
-    # evidence of its own. None: not measured
-    population: tuple[float, float] | None = None
+    # chain acceptance evidence over recent VERIFY outcomes of all requests (SpecRunner),
+    # per sampling class: ((accepted drafts, accepted + rejections) of greedy requests, the
+    # same of sampled ones), EMA; the policy's prior for a request with little evidence of
+    # its own. None: not measured
+    population: tuple[tuple[float, float], tuple[float, float]] | None = None
     topk: int = 1  # the engine's tree width (tree_width): > 1 = a step may verify draft trees
     tree_population: tuple[float, float] | None = None  # the same evidence from tree steps
     # the draft keeps per-request state (KV) that plain steps leave behind: a request's

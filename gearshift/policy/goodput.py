@@ -170,9 +170,9 @@ class GoodputPolicy(Policy):
         reqs, kmax = view.requests, min(self.num_draft_tokens, view.num_draft_tokens)
         n, bs = len(reqs), self.pad(len(view.requests))
         ctx = sum(r.num_tokens for r in reqs)
-        prior, w = self.scorer.population_prior(view), self.scorer.prior_weight
-        alphas = [min((r.spec_alpha_num + prior * w) / (r.spec_alpha_den + w), 0.999)
-                  for r in reqs]
+        priors, w = self.scorer.priors(view), self.scorer.prior_weight
+        alphas = [min((r.spec_alpha_num + priors[r.params.greedy] * w) / (r.spec_alpha_den + w),
+                      0.999) for r in reqs]
         limits = [kmax if self.eligible(r) else 0 for r in reqs]
         held = [self._held.get(r.request_id, 0) for r in reqs]
         step_ms = self.cost.verified_pricer(n, ctx, kmax, padded_bs=bs, bucket=self._bucket(n))
@@ -240,7 +240,9 @@ class GoodputPolicy(Policy):
                                 "gear": self.gear_name(best),
                                 "tokens": scores[best][0], "ms": scores[best][1],
                                 "bs": len(view.requests),
-                                "prior_acceptance": self.scorer.population_prior(view)}
+                                "prior_acceptance": self.scorer.population_prior(view),
+                                "prior_acceptance_sampled":
+                                    self.scorer.population_prior(view, greedy=False)}
         if log.isEnabledFor(logging.DEBUG):
             log.debug("goodput bs=%d -> %s | %s", len(view.requests), self.gear_name(best),
                       " ".join(f"{self.gear_name(k)}:{t:.1f}tok/{ms:.2f}ms"

@@ -3,7 +3,8 @@ the running requests of one step. Gears: 0 = plain decode, K = 1..num_draft_toke
 of K drafts, num_draft_tokens + 1 = one draft tree of that depth per request.
 
     E_i(K) = (1 - a_i^(K+1)) / (1 - a_i)     expected tokens of request i with a chain of K
-                                             (per-token acceptance a_i, EMA with a prior)
+                                             (per-token acceptance a_i, EMA with a prior:
+                                             its sampling class's population)
     E_i(tree) = 1 + (E_i(depth) - 1) * g     g: the population's extra tokens per tree step
                                              over a chain of the same depth (`tree_gain`)
     G(g)   = sum_i E_i(g) / (t(g, padded bs, context) + c(g))
@@ -84,23 +85,26 @@ class GearScorer:
         tokens = [float(n)] * (top + 1)  # every request commits one token
         catch = [0.0] * (top + 1)  # amortised catch-up ms per step, per gear
         self.catch_up_full = 0.0
-        prior = self.population_prior(view)
+        priors = self.priors(view)
         elig = [r for r in reqs if r.params.speculative]
+        prior = priors[True]
         if elig and depth:
             behind = view.draft_catches_up and any(
                 r.num_computed_tokens > r.draft_rows for r in elig)
             if len(elig) <= self.python_max and not behind:
-                extra = self._chain_sums(elig, prior, depth)
+                extra = self._chain_sums(elig, priors, depth)
             else:
                 w = self.prior_weight
                 num = np.fromiter((r.spec_alpha_num for r in elig), np.float64, len(elig))
                 den = np.fromiter((r.spec_alpha_den for r in elig), np.float64, len(elig))
+                pr = np.fromiter((priors[r.params.greedy] for r in elig), np.float64, len(elig))
                 # per-token acceptance: accepted / (accepted + rejections), around the prior
-                a = np.minimum((num + prior * w) / (den + w), 0.999)  # num, den >= 0
+                a = np.minimum((num + pr * w) / (den + w), 0.999)  # num, den >= 0
                 powers = a[:, None] ** np.arange(1, depth + 1)  # [requests, K]: a_i^j
                 extra = np.cumsum(powers.sum(axis=0)).tolist()
                 if behind:
                     self._amortised_catch_up(elig, powers, catch)
+            prior = sum(priors[r.params.greedy] for r in elig) / len(elig)
             for k in range(1, depth + 1):
                 tokens[k] += extra[k - 1]
         if top > self.num_draft_tokens:  # the tree: its gain over the full-depth chain
@@ -112,14 +116,14 @@ class GearScorer:
             out[k] = (t, ms, t / (ms + catch[k]))
         return out
 
-    def _chain_sums(self, elig: list, prior: float, depth: int) -> list[float]:
+    def _chain_sums(self, elig: list, priors: dict[bool, float], depth: int) -> list[float]:
         """sum_i sum_{j <= K} a_i^j for K = 1..depth, in plain Python: what the arrays compute,
         for the small batches where numpy's per-call cost dominates (`python_max`)."""
         w = self.prior_weight
-        pw = prior * w
+        pw = {greedy: p * w for greedy, p in priors.items()}
         sums = [0.0] * depth
         for r in elig:
-            a = min((r.spec_alpha_num + pw) / (r.spec_alpha_den + w), 0.999)
+            a = min((r.spec_alpha_num + pw[r.params.greedy]) / (r.spec_alpha_den + w), 0.999)
             p = 1.0
             for j in range(depth):
                 p *= a
@@ -157,9 +161,15 @@ class GearScorer:
         self.catch_up_ms_per_row += rate * (per_row - self.catch_up_ms_per_row)
         self._catch_up_obs += 1
 
-    def population_prior(self, view: PolicyView) -> float:
-        num, den = view.population or (0.0, 0.0)
+    def population_prior(self, view: PolicyView, greedy: bool = True) -> float:
+        """The acceptance prior of a request of this sampling class: its class's population
+        evidence with `prior` at `population_weight`."""
+        num, den = view.population[not greedy] if view.population else (0.0, 0.0)
         return (num + self.prior * self.population_weight) / (den + self.population_weight)
+
+    def priors(self, view: PolicyView) -> dict[bool, float]:
+        """request.params.greedy -> population_prior"""
+        return {True: self.population_prior(view, True), False: self.population_prior(view, False)}
 
     def tree_gain(self, view: PolicyView, chain_prior: float) -> float:
         """Extra tokens of a tree step over a full-depth chain step, from the population's tree

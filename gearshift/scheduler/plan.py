@@ -39,7 +39,7 @@ class Speculation:
     num_scratch: Callable[[int, int], int]  # (K, topk) -> draft scratch slots of one request
     # acceptance evidence over recent requests (accepted, accepted + rejections), and the
     # same from tree steps then their top-1 chains: the policy's priors
-    population: Callable[[], tuple[float, float] | None] = lambda: None
+    population: Callable[[], tuple | None] = lambda: None  # PolicyView.population
     tree_population: Callable[[], tuple | None] = lambda: None
     draft_catches_up: bool = False  # the draft keeps state that plain steps leave behind
     # a draft row t that consumes token t + 1 (EAGLE-3): at the end of a cached prefix the

@@ -1,6 +1,7 @@
 """Acceptance bookkeeping of VERIFY steps: the engine's speculation counters (spec_stats)
 and the acceptance evidence the policy prices drafts with, per request (Request.spec_alpha_*)
-and over all recent requests (the population: chains, trees, and the trees' top-1 chains).
+and over all recent requests (the population: chains per sampling class, trees, and the
+trees' top-1 chains).
 
 Data flow: SpecRunner.after_commit -> Acceptance.record (per request of a VERIFY step);
 SpecRunner.after_plain -> age(req), age_population(); Scheduler (PolicyView) <- population / tree_population.
@@ -32,9 +33,12 @@ class Acceptance:
         # steps_by_k.*, chain_steps, tree_steps, proposed, accepted, tree_accepted,
         # tree_top1_accepted, accept_len.*, catch_up_rows, catch_up_ms, mixed_k_steps
         self.stats: Counter = Counter()
-        # evidence over all requests (EMA): [chains, trees, the top-1 chains of those trees
-        # (same steps)], each [accepted, accepted + rejections]
-        self._pop = [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
+        # evidence over all requests (EMA): [chains of greedy requests, trees, the top-1
+        # chains of those trees (same steps), chains of sampled requests], each [accepted,
+        # accepted + rejections]. Greedy and sampled text are accepted at very different
+        # rates (a sampled token is a draw, not the draft's argmax): one population would
+        # price sampled newcomers by greedy evidence and keep them speculating at a loss
+        self._pop = [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
 
     def counters(self) -> tuple:
         """Everything a run counts here, for restore_counters: the start-up warm-up is not
@@ -46,22 +50,25 @@ class Acceptance:
         self.stats.update(saved[0])
         self._pop = [list(p) for p in saved[1]]
 
-    def population(self) -> tuple[float, float]:
-        """Acceptance evidence over the last ~100 request-steps of every request: (accepted
-        drafts, accepted + rejections). The policy's prior for a request with little
-        evidence of its own (new, or long at K = 0)."""
-        return self._pop[0][0], self._pop[0][1]
+    def population(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """Chain acceptance evidence over the last ~100 request-steps of each sampling class:
+        ((accepted drafts, accepted + rejections) of greedy requests, the same of sampled
+        ones). The policy's prior for a request with little evidence of its own (new, or
+        long at K = 0)."""
+        return (self._pop[0][0], self._pop[0][1]), (self._pop[3][0], self._pop[3][1])
 
     def tree_population(self) -> tuple[float, float, float, float] | None:
         """The same evidence from tree steps, then what their top-1 chains accepted on the
         same steps (None: the engine verifies chains only)."""
         return (*self._pop[1], *self._pop[2]) if self.tree else None
 
-    def age_population(self, request_steps: int) -> None:
-        """A plain step of `request_steps` decoding requests: the population's evidence
-        fades as much as that many VERIFY request-steps would age it (POPULATION_DECAY)."""
-        decay = POPULATION_DECAY ** request_steps
-        for pop in self._pop:
+    def age_population(self, greedy: int, sampled: int) -> None:
+        """A plain step of `greedy` + `sampled` decoding requests: each class's chain
+        evidence fades as much as that many VERIFY request-steps of the class would age it
+        (POPULATION_DECAY); the tree evidence (both classes) by all of them."""
+        for pop, steps in ((self._pop[0], greedy), (self._pop[1], greedy + sampled),
+                           (self._pop[2], greedy + sampled), (self._pop[3], sampled)):
+            decay = POPULATION_DECAY ** steps
             pop[0] *= decay
             pop[1] *= decay
 
@@ -83,7 +90,8 @@ class Acceptance:
             # shapes). That top-1 chain is also the request's chain evidence, so it stays
             # current on trees; without it (sampled rows) the chain evidence ages
             rejected = 1.0 if accepted < min(k, proposed) else 0.0
-            _decay_add(self._pop[topk > 1], accepted, rejected)
+            chains = self._pop[0 if req.params.greedy else 3]
+            _decay_add(self._pop[1] if topk > 1 else chains, accepted, rejected)
             chain_ev = (accepted, rejected) if topk == 1 else \
                 (chain, 1.0 if chain < k else 0.0) if chain >= 0 else None
             if chain_ev is None:
@@ -92,7 +100,7 @@ class Acceptance:
                 req.spec_alpha_num = ALPHA_DECAY * req.spec_alpha_num + chain_ev[0]
                 req.spec_alpha_den = ALPHA_DECAY * req.spec_alpha_den + sum(chain_ev)
                 if topk > 1:  # the chain population, and the paired evidence of trees
-                    _decay_add(self._pop[0], *chain_ev)
+                    _decay_add(chains, *chain_ev)
                     _decay_add(self._pop[2], *chain_ev)
         if k:
             self.stats["tree_steps" if topk > 1 else "chain_steps"] += 1

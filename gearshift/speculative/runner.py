@@ -136,11 +136,16 @@ class SpecRunner:
         """After an EXTEND / DECODE step: the draft keeps what it needs of the tokens just
         computed, and the acceptance evidence of requests that decoded plainly ages."""
         self.follow.after_plain(plan, aux)
+        greedy = sampled = 0
         for req, dec in zip(plan.reqs, plan.decoding):
             if dec:
                 age(req)
-        if any(plan.decoding):
-            self.acceptance.age_population(sum(plan.decoding))
+                if req.params.greedy:
+                    greedy += 1
+                else:
+                    sampled += 1
+        if greedy or sampled:
+            self.acceptance.age_population(greedy, sampled)
 
     def time_verify_steps(self) -> None:
         """Record CUDA events in every VERIFY step from now on (timing.py; --step-trace)."""

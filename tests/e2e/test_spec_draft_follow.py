@@ -192,7 +192,7 @@ def test_catch_up_is_timed_and_not_charged_to_the_verify_steps_k(
     assert pol.observed[-1] == (2, want)  # observed inside this VERIFY step
     while eng.has_unfinished_requests():
         eng.step()
-    assert eng.spec.acceptance.population()[1] > 0  # acceptance evidence over all requests
+    assert eng.spec.acceptance.population()[0][1] > 0  # evidence over all greedy requests
 
 
 def test_plain_steps_fade_the_population_towards_the_prior(make_llm, tiny_llama_dir, tmp_path):
@@ -219,13 +219,13 @@ def test_plain_steps_fade_the_population_towards_the_prior(make_llm, tiny_llama_
         eng.add_request(rid, PROMPTS[int(rid)], SamplingParams(max_tokens=40, temperature=0.0,
                                                                ignore_eos=True))
     aged, age = [], acc.age_population
-    acc.age_population = lambda n: aged.append(n) or age(n)
+    acc.age_population = lambda g, s: aged.append((g, s)) or age(g, s)
     while eng.has_unfinished_requests():
         eng.step()
-    num, den = acc.population()
-    # per request-step: two requests decoding age it twice a step
-    assert len(aged) >= 38 and set(aged) == {2}
-    assert den == pytest.approx(100.0 * 0.99 ** sum(aged))
+    (num, den), sampled = acc.population()
+    # per request-step: two greedy requests decoding age it twice a step
+    assert len(aged) >= 38 and set(aged) == {(2, 0)}
+    assert den == pytest.approx(100.0 * 0.99 ** (2 * len(aged))) and sampled == (0.0, 0.0)
     assert num / den == pytest.approx(0.05)  # faded, not changed
-    after = prior(PolicyView([], 0, 2, population=(num, den)))
+    after = prior(PolicyView([], 0, 2, population=((num, den), sampled)))
     assert before < 0.11 < after  # from 5% towards goodput's prior (0.6)

@@ -17,6 +17,8 @@ from gearshift.policy.scoring import expected_tokens
 from gearshift.policy.static import AlwaysPolicy, OffPolicy
 from gearshift.policy.threshold import SGLANG_LIKE, ThresholdPolicy
 
+NONE = (0.0, 0.0)  # no acceptance evidence of a sampling class
+
 
 def best_k_bruteforce(cost, alpha, bs, num_draft_tokens):
     return max(range(num_draft_tokens + 1),
@@ -218,12 +220,40 @@ def test_goodput_prior_is_the_population_acceptance_when_measured():
 
     assert settled(GoodputPolicy(cost, 4), PolicyView(rs, 0, 4)) == 0  # prior 0.6
     pol = GoodputPolicy(cost, 4)
-    assert pol.plan(PolicyView(rs, 0, 4, population=(800.0, 1000.0)))[0] == 3
-    assert pol.last_prediction["prior_acceptance"] == pytest.approx(806.0 / 1010.0)  # spec_stats
-    assert settled(GoodputPolicy(cost, 4), PolicyView(rs, 0, 4, population=(200.0, 1000.0))) == 0
+    assert pol.plan(PolicyView(rs, 0, 4, population=(NONE, (800.0, 1000.0))))[0] == 3
+    assert pol.last_prediction["prior_acceptance_sampled"] == pytest.approx(806.0 / 1010.0)  # spec_stats
+    assert settled(GoodputPolicy(cost, 4), PolicyView(rs, 0, 4, population=(NONE, (200.0, 1000.0)))) == 0
     # little evidence: mostly the fixed prior (one rejected first draft is not the norm)
-    assert GoodputPolicy(cost, 4).scorer.population_prior(PolicyView(rs, 0, 4, population=(0.0, 1.0))) \
-        == pytest.approx(6.0 / 11.0)
+    assert GoodputPolicy(cost, 4).scorer.population_prior(
+        PolicyView(rs, 0, 4, population=(NONE, (0.0, 1.0))), greedy=False) == pytest.approx(6.0 / 11.0)
+
+
+def test_each_sampling_class_is_priced_by_its_own_population():
+    """Greedy text is accepted far more often than sampled text: a sampled request with no
+    evidence of its own is priced by recent sampled requests, not by greedy ones, and the
+    other way round, in the same step."""
+    cost = CostModel()
+    for k, ms in {0: 5.1, 1: 8.6, 2: 10.8, 3: 12.0, 4: 14.5}.items():
+        cost.set_measured(k, [[64.0, ms]])
+        cost.attn_ms_per_token[k] = 0.0
+    greedy_high = ((800.0, 1000.0), (100.0, 1000.0))  # greedy 0.8, sampled 0.1
+    pol = GoodputPolicy(cost, 4)
+    scorer = pol.scorer
+    view = PolicyView(reqs(64), 0, 4, population=greedy_high)
+    assert scorer.population_prior(view) == pytest.approx(806.0 / 1010.0)
+    assert scorer.population_prior(view, greedy=False) == pytest.approx(106.0 / 1010.0)
+    sampled = reqs(64)  # temperature 1.0: the sampled class, priced at ~0.1
+    pol.plan(PolicyView(sampled, 0, 4, population=greedy_high))  # newcomers: tried once
+    assert pol.plan(PolicyView(sampled, 0, 4, population=greedy_high))[0] == 0
+    greedy = reqs(64)
+    for r in greedy:
+        r.params.temperature = 0.0
+    assert GoodputPolicy(cost, 4).plan(PolicyView(greedy, 0, 4, population=greedy_high))[0] == 3
+    # one batch of both: each request's expected tokens at its own class's prior
+    mixed = greedy[:32] + sampled[:32]
+    tokens = scorer.scores(PolicyView(mixed, 0, 4, population=greedy_high), 4)[2][0]
+    a, b = 806.0 / 1010.0, 106.0 / 1010.0
+    assert tokens == pytest.approx(64 + 32 * (a + a * a) + 32 * (b + b * b))
 
 
 def test_goodput_probes_back_off_while_they_confirm_the_estimate():

@@ -76,11 +76,11 @@ def test_new_requests_are_tried_once_at_k0_when_speculation_is_plausible():
         cost.set_measured(k, [[4.0, ms]])
     pol = GoodputPolicy(measured_online(cost), 2)
     known = reqs(4, alpha=0.05)  # evidence of near-zero acceptance: K = 0
-    view = PolicyView(known, 0, 2, population=(5.0, 100.0))
+    view = PolicyView(known, 0, 2, population=((0.0, 0.0), (5.0, 100.0)))
     assert [pol.plan(view)[0] for _ in range(5)] == [0] * 5
     newcomer = reqs(1, ctx=50)[0]
     newcomer.request_id = "new"
-    view = PolicyView([*known[:3], newcomer], 0, 2, population=(60.0, 100.0))
+    view = PolicyView([*known[:3], newcomer], 0, 2, population=((0.0, 0.0), (60.0, 100.0)))
     ks = [pol.plan(view)[0] for _ in range(12)]  # (after the quiet plans plain decode won)
     assert sum(k > 0 for k in ks) == 1 and ks[-1] == 0
     costly = CostModel()

@@ -75,7 +75,7 @@ def test_goodput_scores_small_batches_in_python_as_the_arrays_do(n):
         r.spec_alpha_den = r.spec_alpha_num + rng.uniform(0, 30)
         rs.append(r)
     cost = CostModel.roofline(16e9, 16e9, 131072, 4, [1, 8, 64], tree_nodes=16)
-    view = PolicyView(rs, 0, 4, population=(30.0, 50.0), topk=4,
+    view = PolicyView(rs, 0, 4, population=((0.0, 0.0), (30.0, 50.0)), topk=4,
                       tree_population=(12.0, 30.0, 10.0, 30.0), draft_catches_up=True)
     fast, arrays = GoodputPolicy(cost, 4), GoodputPolicy(cost, 4)
     arrays.scorer.python_max = 0

@@ -39,7 +39,7 @@ def reqs(n, chain=None):
 
 def view(rs, topk=WIDTH, chain_pop=None, tree_pop=None):
     """Population evidence (accepted, accepted + rejections) at the given acceptance."""
-    pop = (1000 * chain_pop, 1000.0) if chain_pop is not None else None
+    pop = ((0.0, 0.0), (1000 * chain_pop, 1000.0)) if chain_pop is not None else None  # sampled
     tree = (1000 * tree_pop, 1000.0) if tree_pop is not None else None
     return PolicyView(rs, 0, NUM_DRAFT_TOKENS, pop, topk, tree)
 
@@ -121,7 +121,7 @@ def simulate(cost: CostModel, actual: dict, true, steps: int, paired: bool = Fal
 
     for i in range(steps):
         tree_pop = (*pop[WIDTH], *pop["pair"]) if paired else tuple(pop[WIDTH])
-        v = PolicyView(rs, 0, NUM_DRAFT_TOKENS, tuple(pop[1]), WIDTH, tree_pop)
+        v = PolicyView(rs, 0, NUM_DRAFT_TOKENS, ((0.0, 0.0), tuple(pop[1])), WIDTH, tree_pop)
         k = pol.plan(v)[0]
         topk = pol.step_topk(v)
         gear = NUM_DRAFT_TOKENS + 1 if k and topk > 1 else k
