@@ -133,7 +133,7 @@ def test_drafts_never_run_past_the_context_limit(make_llm, tiny_llama_dir, tree)
 
 
 def test_random_policy_thousands_of_steps(make_llm, tiny_llama_dir, draft_dir):
-    """Issue-4 soak on CPU: >= 2000 engine steps with K changing every step (0 included),
+    """The random-K soak on the CPU: >= 2000 engine steps with K changing every step (0 included),
     a small KV pool (preemption) and opted-out requests: exact, and nothing leaks."""
     prompts = random_prompts([4 + (7 * i) % 37 for i in range(36)], seed=5)
     params = [SamplingParams(max_tokens=80 + (i % 5) * 20, temperature=0.0, ignore_eos=True,

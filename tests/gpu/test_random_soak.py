@@ -1,4 +1,4 @@
-"""Issue-4 soak on the GPU (skipped without CUDA): the default model with its EAGLE-3 head,
+"""The random-K soak on the GPU (skipped without CUDA): the default model with its EAGLE-3 head,
 fp32, Triton attention and CUDA graphs, `spec_policy="random"` over >= 2000 engine steps
 (K changes every step, 0 included; on the tree engine chains and trees change too), a KV
 pool small enough to preempt, and opted-out requests. Greedy output equals plain greedy
