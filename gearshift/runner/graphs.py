@@ -167,6 +167,7 @@ class GraphCache:
         graph.replay()
         return out
 
+    @torch.inference_mode()  # the static inputs are inference tensors (captured so)
     def time_ms(self, key: tuple, inputs: dict[str, torch.Tensor], repeats: int = 5) -> float:
         """Device ms of one replay of `key`'s graph on `inputs` (its capture layout: a
         plain step's writes KV to the dummy slot 0 only): one warm-up replay, then the mean
