@@ -187,7 +187,8 @@ class Scheduler(Committer):
         for j, (i, r, k) in enumerate(zip(decoding, dec, planned)):
             if chosen is not None:
                 names[i] = chosen[j]
-            cap = spec.suffix_draft_tokens if names[i] == "suffix" else spec.num_draft_tokens
+            cap = spec.suffix_draft_tokens if chosen is not None and names[i] == "suffix" \
+                else spec.num_draft_tokens
             ks[i] = max(min(k, cap, self.max_model_len - r.num_tokens - 1), 0)
         nodes = [spec.num_nodes(k, topk) if k else n for k, n in zip(ks, plan.extend_lens)]
         # a suffix draft needs no draft rows of its own
