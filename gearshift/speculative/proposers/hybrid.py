@@ -43,6 +43,7 @@ class HybridProposer(Proposer):
         self.keeps_state = model.keeps_state
         self.pricer = SuffixPricer(suffix.preview)
         self.stats = {p: {"drafts": 0, "proposed": 0, "accepted": 0} for p in (name, SUFFIX)}
+        self.mixed_steps = 0  # VERIFY steps that drafted with both proposers
 
     # ------------------------------------------------------------------ the model's state
     @property
@@ -120,6 +121,8 @@ class HybridProposer(Proposer):
         drafts' outcomes calibrate their price. The warm-up's steps are not counted."""
         if self.full_drafts:
             return
+        used = {p for p, k in zip(plan.proposers, plan.draft_lens) if k}
+        self.mixed_steps += len(used) > 1
         for i, (p, k) in enumerate(zip(plan.proposers, plan.draft_lens)):
             if not k or not plan.decoding[i]:
                 continue
