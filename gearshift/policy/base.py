@@ -39,6 +39,8 @@ class PolicyView:
 
 class Policy(ABC):
     drafts = True  # whether it ever plans K > 0; if not, the draft need not follow tokens
+    # it reads PolicyView.suffix_values (a hybrid's): only then are they computed (host work)
+    prices_suffix = False
     topk: int | None = None  # tree width of its speculative steps; None = the engine's
     # the step-time model it prices gears with (goodput): the start-up warm-up's measured
     # steps go there; None: the policy prices nothing

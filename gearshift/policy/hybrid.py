@@ -51,6 +51,8 @@ class HybridPolicy(Policy):
         self._topk = 1
         self.picks = {model: 0, SUFFIX: 0}  # request-steps planned per proposer (K > 0)
 
+    prices_suffix = property(lambda self: self.mode != "model")
+
     # ------------------------------------------------------------------ the inner policy's
     drafts = property(lambda self: self.inner.drafts)
     cost = property(lambda self: self.inner.cost)

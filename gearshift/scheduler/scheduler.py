@@ -176,7 +176,7 @@ class Scheduler(Committer):
                 for r, p, n in zip(plan.reqs, plan.prefix_lens, plan.extend_lens)):
             return  # a chunk scoring its prompt tokens runs as a plain EXTEND step
         dec = [plan.reqs[i] for i in decoding]
-        view = self._view(dec, priced=True)
+        view = self._view(dec, priced=self.policy.prices_suffix)
         ks = [0] * plan.batch_size
         planned = self.policy.plan(view)
         topk = self.policy.step_topk(view)

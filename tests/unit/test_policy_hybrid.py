@@ -133,3 +133,35 @@ def test_deeper_steps_than_the_models_gears_are_not_observed():
     policy.observe(3, 2, 100, 5.0, ks=[2, 14])
     policy.observe(3, 2, 100, 5.0, ks=[2, 4])
     assert len(seen) == 1
+
+
+def test_only_a_policy_that_prices_suffix_drafts_gets_their_values():
+    """The suffix matches are host work at planning: EAGLE-3 alone (model-only, or any
+    other policy set on a hybrid engine) plans without them."""
+    from test_scheduler import step_once
+
+    from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
+    from gearshift.scheduler.plan import Speculation
+    from gearshift.scheduler.scheduler import Scheduler
+
+    priced = []
+
+    def values(reqs, k):
+        priced.append(len(reqs))
+        return [[0.9] * k for _ in reqs]
+
+    spec = Speculation(4, 1, lambda k, t: k + 1, lambda k, t: 0, proposer="eagle3",
+                       suffix_draft_tokens=8, suffix_values=values)
+    for policy, calls in ((HybridPolicy(AlwaysPolicy(4), "eagle3"), 1),
+                          (HybridPolicy(AlwaysPolicy(4), "eagle3", mode="model"), 0),
+                          (AlwaysPolicy(4), 0)):
+        priced.clear()
+        slots, rows = SlotPool(256), ReqRowPool(4)
+        s = Scheduler(slots, rows, max_num_seqs=4, max_num_batched_tokens=64,
+                      max_model_len=200, speculation=spec, policy=policy, overlap=False)
+        s.add(Request("r", [1, 2, 3], SamplingParams(max_tokens=8), 0))
+        step_once(s, slots, rows, lambda plan: [5])  # the prefill
+        plan = s.schedule()
+        assert len(priced) == calls
+        assert plan.proposers == (["suffix"] if calls else ["eagle3"])
+        assert plan.draft_lens == ([8] if calls else [4])
