@@ -272,6 +272,9 @@ class EngineConfig:
                               f"{', '.join(SPEC_ALGORITHMS)}, not {algo!r}")
         if self.model_algorithm == "draft" and not self.draft_model:
             raise ConfigError(f"speculative_algorithm={algo!r} needs draft_model=DIR")
+        if self.hybrid and self.tensor_parallel_size > 1:  # rank 0 alone prices suffix matches
+            raise ConfigError(f"speculative_algorithm={algo!r} runs on one rank for now: "
+                              "tensor_parallel_size must be 1")
         if self.hybrid and not 1 <= self.suffix_draft_tokens <= MAX_SUFFIX_DRAFT:
             raise ConfigError(f"suffix_draft_tokens (--suffix-draft-tokens) must be in "
                               f"[1, {MAX_SUFFIX_DRAFT}]")

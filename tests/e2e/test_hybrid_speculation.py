@@ -127,6 +127,28 @@ def test_unknown_combinations_are_refused_naming_the_flag():
         EngineConfig(model="-", speculative_algorithm="eagle3+suffix", suffix_draft_tokens=33)
     with pytest.raises(ConfigError, match="needs draft_model"):
         EngineConfig(model="-", speculative_algorithm="draft+suffix")
+    with pytest.raises(ConfigError, match="tensor_parallel_size must be 1"):
+        EngineConfig(model="-", speculative_algorithm="eagle3+suffix", tensor_parallel_size=2)
     cfg = EngineConfig(model="-", speculative_algorithm="eagle3+suffix", num_draft_tokens=4,
                        suffix_draft_tokens=24)
     assert cfg.hybrid and cfg.model_algorithm == "eagle3" and cfg.max_draft_len == 24
+
+
+def test_the_model_draft_stays_current_for_requests_drafted_from_their_suffix(make_llm, model):
+    """After a VERIFY step, a request that drafted from suffix decoding has EAGLE-3's draft
+    caught up over every token it committed (its catch-up was planned with the step and
+    the draft followed the accepted tokens), as one that drafted from EAGLE-3 has."""
+    llm = make_llm(model, speculative_algorithm="eagle3+suffix", spec_policy="always")
+    spec = llm.engine.spec
+    real, checked = spec.after_commit, []
+
+    def after_commit(plan, result):
+        real(plan, result)
+        for i, (req, p, k) in enumerate(zip(plan.reqs, plan.proposers, plan.draft_lens)):
+            if k and not req.is_finished:
+                assert req.draft_rows == plan.prefix_lens[i] + len(result.kept[i]), p
+                checked.append(p)
+    spec.after_commit = after_commit
+    ps = prompts(llm.tokenizer)
+    llm.generate(ps, GREEDY, use_tqdm=False)
+    assert checked.count("suffix") > 3 and checked.count("eagle3") > 3
