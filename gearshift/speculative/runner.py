@@ -336,7 +336,8 @@ class SpecRunner:
         self.acceptance.record_step(plan.draft_lens)
         # a suffix draft's outcome is no evidence of the model's acceptance (its own
         # calibration takes it: proposers/suffix_price.py)
-        suffix = [p == "suffix" for p in plan.proposers] or [False] * len(reqs)
+        suffix = [p == "suffix" and self.suffix_draft_tokens > 0 for p in plan.proposers] \
+            or [False] * len(reqs)
         for i, d in enumerate(plan.decoding):
             if d:
                 self.acceptance.record(reqs[i], plan.draft_lens[i], plan.draft_topk,

@@ -152,3 +152,13 @@ def test_the_model_draft_stays_current_for_requests_drafted_from_their_suffix(ma
     ps = prompts(llm.tokenizer)
     llm.generate(ps, GREEDY, use_tqdm=False)
     assert checked.count("suffix") > 3 and checked.count("eagle3") > 3
+
+
+def test_a_suffix_engine_alone_keeps_its_drafts_as_acceptance_evidence(make_llm, model):
+    """Only a hybrid keeps suffix outcomes out of the acceptance evidence (EAGLE-3's): an
+    engine whose one proposer is suffix decoding prices its K from them."""
+    llm = make_llm(model, speculative_algorithm="suffix", num_draft_tokens=8,
+                   spec_policy="always")
+    outs = llm.generate(prompts(llm.tokenizer), GREEDY, use_tqdm=False)
+    assert llm.engine.spec.acceptance.population()[1] > 0
+    assert all(set(o.spec.proposer_hist) == {"suffix"} for o in outs)
