@@ -20,6 +20,9 @@ SUPPORTED_ARCHITECTURES = {
 
 MAX_DRAFT = 16  # the deepest draft K a model proposer may be configured with
 MAX_SUFFIX_DRAFT = 32  # suffix decoding: long copied spans are worth deeper drafts
+# speculative_algorithm values: one proposer, or a model proposer beside suffix decoding
+# (a proposer per request and step, chosen by the policy: policy/hybrid.py)
+SPEC_ALGORITHMS = ("eagle3", "draft", "ngram", "suffix", "eagle3+suffix", "draft+suffix")
 
 
 class ConfigError(ValueError):
@@ -199,7 +202,8 @@ class EngineConfig:
     chat_template: str | None = None  # Jinja template, or a file holding one; None: the tokenizer's
     served_model_name: str | None = None  # the name clients see; None: the directory's
     # speculative decoding (None = off; see gearshift/speculative/)
-    speculative_algorithm: str | None = None  # "eagle3" | "draft" | "ngram" | "suffix"
+    # "eagle3" | "draft" | "ngram" | "suffix" | "eagle3+suffix" | "draft+suffix"
+    speculative_algorithm: str | None = None
     draft_model: str | None = None  # EAGLE-3 head or draft model directory
     num_draft_tokens: int = 4  # K: the deepest draft a step may verify (the configured maximum)
     tree_width: int = 1  # 1 = chains only; > 1 = draft trees expanding the top tree_width per step
@@ -215,6 +219,9 @@ class EngineConfig:
     ngram_max: int = 4  # longest suffix to match
     # suffix decoding: recent outputs kept to draft from, in tokens (0 = a request's own only)
     suffix_cache_tokens: int = 1 << 16
+    # beside a model proposer ("eagle3+suffix"): the deepest suffix draft a step may verify
+    # (num_draft_tokens stays the model's)
+    suffix_draft_tokens: int = 16
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -260,11 +267,17 @@ class EngineConfig:
         algo = self.speculative_algorithm
         if algo is None:
             return
-        if algo not in ("eagle3", "draft", "ngram", "suffix"):
-            raise ConfigError("speculative_algorithm must be eagle3, draft, ngram or suffix, "
-                              f"not {algo!r}")
-        if algo == "draft" and not self.draft_model:
-            raise ConfigError("speculative_algorithm='draft' needs draft_model=DIR")
+        if algo not in SPEC_ALGORITHMS:
+            raise ConfigError(f"speculative_algorithm (--speculative-algorithm) must be one of "
+                              f"{', '.join(SPEC_ALGORITHMS)}, not {algo!r}")
+        if self.model_algorithm == "draft" and not self.draft_model:
+            raise ConfigError(f"speculative_algorithm={algo!r} needs draft_model=DIR")
+        if self.hybrid and self.tensor_parallel_size > 1:  # rank 0 alone prices suffix matches
+            raise ConfigError(f"speculative_algorithm={algo!r} runs on one rank for now: "
+                              "tensor_parallel_size must be 1")
+        if self.hybrid and not 1 <= self.suffix_draft_tokens <= MAX_SUFFIX_DRAFT:
+            raise ConfigError(f"suffix_draft_tokens (--suffix-draft-tokens) must be in "
+                              f"[1, {MAX_SUFFIX_DRAFT}]")
         k_max = MAX_SUFFIX_DRAFT if algo == "suffix" else MAX_DRAFT
         if not 1 <= self.num_draft_tokens <= k_max:
             raise ConfigError(f"num_draft_tokens must be in [1, {k_max}]"
@@ -287,6 +300,23 @@ class EngineConfig:
     @property
     def speculative(self) -> bool:
         return self.speculative_algorithm is not None
+
+    @property
+    def hybrid(self) -> bool:
+        """A model proposer and suffix decoding, one chosen per request and step."""
+        return self.speculative_algorithm in ("eagle3+suffix", "draft+suffix")
+
+    @property
+    def model_algorithm(self) -> str | None:
+        """The proposer a hybrid's model part is (eagle3, draft), else the algorithm."""
+        algo = self.speculative_algorithm
+        return algo.split("+")[0] if algo is not None else None
+
+    @property
+    def max_draft_len(self) -> int:
+        """The deepest draft any proposer of the engine may send to one step."""
+        return max(self.num_draft_tokens, self.suffix_draft_tokens) if self.hybrid \
+            else self.num_draft_tokens
 
     @property
     def verify_nodes(self) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gearshift.config import EngineConfig
+from gearshift.config import SPEC_ALGORITHMS, EngineConfig
 
 GPU_MEMORY_UTILIZATION = EngineConfig.__dataclass_fields__["gpu_memory_utilization"].default
 
@@ -83,9 +83,11 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
                         "with TMA: inside the GEMMs where they can be, else the norm alone)")
     g.add_argument("--seed", type=int, default=0)
     s = p.add_argument_group("speculative decoding")
-    s.add_argument("--speculative-algorithm", choices=["eagle3", "draft", "ngram", "suffix", "none"],
+    s.add_argument("--speculative-algorithm", choices=[*SPEC_ALGORITHMS, "none"],
                    help="default: eagle3 with the embedded head for the embedded default model, "
-                        "else off unless --draft-model is given; none = off")
+                        "else off unless --draft-model is given; none = off; eagle3+suffix / "
+                        "draft+suffix: suffix decoding beside the model's drafts, a proposer "
+                        "per request and step chosen by the policy")
     s.add_argument("--no-speculation", dest="speculative_algorithm", action="store_const",
                    const="none", help="the same as --speculative-algorithm none")
     s.add_argument("--draft-model", help="EAGLE-3 head or draft model directory")
@@ -109,6 +111,9 @@ def add_engine_args(p: argparse.ArgumentParser, *, model_required: bool = False)
     s.add_argument("--suffix-cache-tokens", type=int,
                    help="suffix decoding: recent outputs kept to draft from, in tokens "
                         "(default 65536; 0 = each request's own tokens only)")
+    s.add_argument("--suffix-draft-tokens", type=int,
+                   help="beside a model proposer (eagle3+suffix): the deepest suffix draft "
+                        "(default 16, at most 32; --num-draft-tokens stays the model's)")
     s.add_argument("--no-spec-warmup", action="store_true",
                    help="skip the start-up run of every (batch, K) step shape (graphs + costs)")
 
@@ -143,7 +148,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
     for name in ("speculative_algorithm", "draft_model", "num_draft_tokens", "tree_width",
-                 "tree_budget", "spec_policy", "spec_sampling", "suffix_cache_tokens"):
+                 "tree_budget", "spec_policy", "spec_sampling", "suffix_cache_tokens",
+                 "suffix_draft_tokens"):
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
     if kw.get("draft_model") and "speculative_algorithm" not in kw:

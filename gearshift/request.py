@@ -160,6 +160,7 @@ class Request:
     # scheduler (planning): decode steps planned with K > 0, and how many at each K (0 too)
     spec_verify_steps: int = 0
     spec_k_hist: dict[int, int] = field(default_factory=dict)
+    spec_proposer_hist: dict[str, int] = field(default_factory=dict)  # ... by proposer (K > 0)
     spec_alpha_num: float = 0.0  # speculative runner: EMA of accepted drafts
     spec_alpha_den: float = 0.0  # speculative runner: EMA of accepted drafts + rejections
     draft_rows: int = 0  # speculative runner: rows the draft has computed (scheduler resets)
@@ -255,3 +256,5 @@ class SpecCounts:
     accepted: int  # draft tokens the target accepted
     verify_steps: int = 0  # decode steps that verified drafts for it (K > 0)
     k_hist: dict[int, int] = field(default_factory=dict)  # decode steps by the K it was given
+    # VERIFY steps by the proposer that drafted for it (eagle3, suffix, ...)
+    proposer_hist: dict[str, int] = field(default_factory=dict)

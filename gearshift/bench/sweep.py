@@ -18,8 +18,10 @@ shows their spread. Prompts are held-out corpus windows (real acceptance) or syn
 differs per request); `agentic` prompts are multi-turn edit loops whose answers copy their
 input, `mixed-agentic` half of those and half corpus windows (agentic.py).
 `--num-draft-tokens` raises the engine's max K above 4, and `always-N` policies ask for any
-N, raising it to N (suffix decoding drafts long copied spans). Prints a table, the markdown
-table with the criteria verdicts (sweep_report.py), writes JSON and a PNG plot.
+N, raising it to N (suffix decoding drafts long copied spans). `hybrid`, `model-only` and
+`suffix-only` compare eagle3+suffix with each proposer alone on one engine (hybrid.py).
+Prints a table, the markdown table with the criteria verdicts (sweep_report.py), writes
+JSON and a PNG plot.
 
 Data flow: args -> LLM engine -> per (c, pass, policy): Engine.set_policy, run_point
 (sweep_point.py) -> merge_passes -> JSON/PNG, verdicts.
@@ -35,6 +37,7 @@ import time
 from tqdm.auto import tqdm
 
 from gearshift.bench import require_extras
+from gearshift.bench.hybrid import HYBRID_POLICIES, hybrid_policy, ratio_lines
 from gearshift.bench.sweep_point import merge_passes, mixed_temperatures, run_point
 from gearshift.bench.sweep_report import markdown_table, plot, print_table, verdict_lines, verdicts
 from gearshift.engine.gc_control import freeze_heap
@@ -95,6 +98,8 @@ def policy_object(name: str, engine, k_max: int):
                            per_request=name == "goodput-request",
                            verify_tokens=engine.spec.verified_tokens)
     apply_measured(policy, engine.measured_costs)
+    if name in HYBRID_POLICIES:  # a proposer per request, or one of them alone (hybrid.py)
+        return hybrid_policy(name, engine, policy)
     return policy
 
 
@@ -124,11 +129,20 @@ def sweep(engine, policies: dict, prompts: list[list[int]], args, bar, done=None
             order = first if i % 2 == 0 else first[::-1]
             for name in order:
                 engine.set_policy(policies[name])
-                parts[name].append(run_point(engine, prompts[i * n:(i + 1) * n], c,
-                                             args.output_len, temperatures(args)))
+                before = dict(getattr(policies[name], "picks", {}))
+                part = run_point(engine, prompts[i * n:(i + 1) * n], c, args.output_len,
+                                 temperatures(args))
+                if before:  # a hybrid's request-steps per proposer (the proposer mix)
+                    part["proposer_steps"] = {p: v - before[p]
+                                              for p, v in policies[name].picks.items()}
+                parts[name].append(part)
                 bar.update(1 / args.passes)
         for name in names:
-            results[name].append(merge_passes(parts[name]))
+            point = merge_passes(parts[name])
+            if "proposer_steps" in parts[name][0]:
+                point["proposer_steps"] = {p: sum(x["proposer_steps"][p] for x in parts[name])
+                                           for p in parts[name][0]["proposer_steps"]}
+            results[name].append(point)
         if done is not None:
             done(results)  # partial results survive a time limit
     return results
@@ -164,7 +178,8 @@ def run(args) -> int:
     from gearshift.bench.environment import environment
 
     kw.update(max_num_seqs=max(args.concurrency), spec_policy="off")
-    kw.setdefault("speculative_algorithm", "eagle3")
+    hybrid = any(n in HYBRID_POLICIES for n in args.policies)
+    kw.setdefault("speculative_algorithm", "eagle3+suffix" if hybrid else "eagle3")
     k_max = max(4, kw.pop("num_draft_tokens", None) or 4,
                 *(int(n.split("-")[1]) for n in args.policies if n.startswith("always-")))
     llm = LLM(**kw, num_draft_tokens=k_max)
@@ -214,6 +229,7 @@ def run(args) -> int:
         v = verdicts(results)
         lines = verdict_lines(v, judged)
         failed = judged and False in (v["goodput_within_best"], v["goodput_beats_off_c1"])
+        lines += ratio_lines(results)
     for line in lines:
         print(line)
     if failed and args.criteria != "off":
@@ -257,14 +273,14 @@ def _save(args, results: dict, env: dict) -> None:
 
 def _policy_list(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in (*CHAIN_POLICIES, *OPTIONAL_POLICIES, "tree")
-               and not re.fullmatch(r"always-[1-9][0-9]?", n)]
+    known = (*CHAIN_POLICIES, *OPTIONAL_POLICIES, "tree", *HYBRID_POLICIES)
+    unknown = [n for n in names if n not in known and not re.fullmatch(r"always-[1-9][0-9]?", n)]
     if unknown or not names:
         import argparse
 
         raise argparse.ArgumentTypeError(
             f"unknown policy {', '.join(unknown) or '(none)'}; choose from "
-            + ", ".join([*CHAIN_POLICIES, *OPTIONAL_POLICIES, "tree"]) + ", always-N")
+            + ", ".join(known) + ", always-N")
     return names
 
 
@@ -341,7 +357,9 @@ def add_args(p) -> None:
     p.add_argument("--policies", type=_policy_list, default=[*CHAIN_POLICIES, "tree"],
                    help="comma-separated, of: " + ", ".join([*CHAIN_POLICIES, "tree"])
                    + " (the default), " + ", ".join(OPTIONAL_POLICIES)
-                   + ", always-N (K = N; the engine's max K follows)")
+                   + ", always-N (K = N; the engine's max K follows); on a hybrid engine "
+                   "(eagle3+suffix, the default when one is named): "
+                   + ", ".join(HYBRID_POLICIES) + " (gearshift/bench/hybrid.py)")
     # the engine's tree (--tree-width, --tree-budget): 4 wide, 16 nodes (depth 4) unless given
     p.set_defaults(tree_width=4, tree_budget=16)
     p.add_argument("--tree-topk", action=RenamedFlag, new="--tree-width", type=int)

@@ -84,6 +84,7 @@ class RecordingPolicy(Policy):
     reused = property(attrgetter("policy.reused"))
     last_prediction = property(attrgetter("policy.last_prediction"))
     prediction_log = property(attrgetter("policy.prediction_log"))
+    prices_suffix = property(attrgetter("policy.prices_suffix"))
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -98,6 +99,11 @@ class RecordingPolicy(Policy):
         topk = int(self.policy.step_topk(view))
         self.answers.append(topk)
         return topk
+
+    def step_proposers(self, view) -> list[str] | None:
+        props = self.policy.step_proposers(view)
+        self.answers.append(None if props is None else list(props))
+        return props
 
     def prepare(self, view) -> None:
         self.policy.prepare(view)
@@ -140,6 +146,13 @@ class ReplayPolicy(Policy):
         if not isinstance(topk, int):
             raise PlanMismatch(f"asked for the tree width; rank 0's policy answered {topk!r}")
         return topk
+
+    def step_proposers(self, view) -> list[str] | None:
+        props = self._next("proposers")
+        if props is not None and (not isinstance(props, list) or len(props) != len(view.requests)):
+            raise PlanMismatch(f"asked for the proposers of {len(view.requests)} request(s); "
+                               f"rank 0's policy answered {props!r}")
+        return props
 
     def prepare(self, view) -> None:
         return None

@@ -69,8 +69,15 @@ def spec_stats(engine) -> dict:
         "accept_len_hist": {int(k.split(".")[1]): v for k, v in s.items()
                             if k.startswith("accept_len.")},
         # the proposer's own counters by its name (suffix decoding: drafts by source)
-        "proposers": {engine.config.speculative_algorithm:
-                      dict(getattr(engine.spec.proposer, "stats", None) or {})},
+        # (a hybrid, "eagle3+suffix": per proposer its drafts, proposed and accepted tokens)
+        "proposers": _proposer_counters(engine),
         "controller": dict(engine.policy.last_prediction,
                            **({"measured_ms": last.get("time_s", 0) * 1e3} if last else {})),
     }
+
+
+def _proposer_counters(engine) -> dict:
+    proposer = engine.spec.proposer
+    if engine.config.hybrid:
+        return proposer.counters()
+    return {engine.config.speculative_algorithm: dict(getattr(proposer, "stats", None) or {})}

@@ -11,7 +11,18 @@ __all__ = ["Policy", "PolicyView", "create_policy"]
 def create_policy(config: EngineConfig, cost_model=None, pad=lambda bs: bs,
                   verify_tokens=None) -> Policy:
     """`cost_model` is a zero-argument callable (profiling runs only for `goodput`);
-    `verify_tokens(requests, tokens)`: what a VERIFY pass mixing K runs over."""
+    `verify_tokens(requests, tokens)`: what a VERIFY pass mixing K runs over. A hybrid
+    engine ("eagle3+suffix") plans with the named policy for its model proposer inside
+    the HybridPolicy that chooses a proposer per request (policy/hybrid.py)."""
+    policy = _single(config, cost_model, pad, verify_tokens)
+    if config.hybrid and policy.drafts:  # a proposer per request: priced beside the model
+        from gearshift.policy.hybrid import HybridPolicy
+
+        return HybridPolicy(policy, config.model_algorithm)
+    return policy
+
+
+def _single(config: EngineConfig, cost_model, pad, verify_tokens) -> Policy:
     from gearshift.policy.goodput import GoodputPolicy
     from gearshift.policy.randomized import RandomPolicy
     from gearshift.policy.static import AlwaysPolicy, OffPolicy

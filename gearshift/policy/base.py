@@ -32,10 +32,16 @@ class PolicyView:
     # the draft keeps per-request state (KV) that plain steps leave behind: a request's
     # next VERIFY step first catches it up over num_computed_tokens - draft_rows rows
     draft_catches_up: bool = False
+    # a hybrid engine (Speculation.suffix_values): per request, the expected acceptance of
+    # each node of its suffix draft as it stands now (empty: no match); None: no suffix
+    suffix_values: list[list[float]] | None = None
+    suffix_draft_tokens: int = 0  # the deepest suffix draft a step may verify
 
 
 class Policy(ABC):
     drafts = True  # whether it ever plans K > 0; if not, the draft need not follow tokens
+    # it reads PolicyView.suffix_values (a hybrid's): only then are they computed (host work)
+    prices_suffix = False
     topk: int | None = None  # tree width of its speculative steps; None = the engine's
     # the step-time model it prices gears with (goodput): the start-up warm-up's measured
     # steps go there; None: the policy prices nothing
@@ -51,6 +57,11 @@ class Policy(ABC):
         """Tree width of the step just planned for `view` (asked right after plan(); 1 =
         chains). A step verifies either chains or trees, never both."""
         return view.topk if self.topk is None else min(self.topk, view.topk)
+
+    def step_proposers(self, view: PolicyView) -> list[str] | None:
+        """The proposer of each request of the step just planned (asked right after plan()
+        and step_topk(); "model" | "suffix"); None: the engine's one proposer."""
+        return None
 
     def prepare(self, view: PolicyView) -> None:
         """Called while the device runs a VERIFY step, before the host waits for it, with

@@ -47,6 +47,12 @@ class Speculation:
     draft_row_shift: int = 0
     # prefill chunks may ride along in a chain VERIFY step's causal pass (eager engines)
     mixed: bool = False
+    proposer: str = ""  # the engine's proposer (a hybrid's model part): eagle3 | draft | ...
+    # a second proposer beside the model's (suffix decoding, "eagle3+suffix"): its deepest
+    # draft, and per request the expected acceptance of each node of the draft it would
+    # propose now (host work at planning time: the policy prices it); 0 / None: none
+    suffix_draft_tokens: int = 0
+    suffix_values: Callable[[list[Request], int], list[list[float]]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +110,8 @@ class StepPlan:
     num_nodes: list[int] = field(default_factory=list)  # tokens verified: root + drafts
     num_scratch: list[int] = field(default_factory=list)  # the draft's own rows
     draft_topk: int = 1  # tree width of a VERIFY step: 1 = chains, > 1 = one draft tree each
+    # a hybrid engine's proposer per request ("model" | "suffix"; empty: the engine's one)
+    proposers: list[str] = field(default_factory=list)
     # the next step prefills too (a chunk stops short of its prompt's end, or the token
     # budget left requests waiting): the draft's pass over these chunks can wait for it
     prefill_continues: bool = False

@@ -176,20 +176,30 @@ class Scheduler(Committer):
                 for r, p, n in zip(plan.reqs, plan.prefix_lens, plan.extend_lens)):
             return  # a chunk scoring its prompt tokens runs as a plain EXTEND step
         dec = [plan.reqs[i] for i in decoding]
-        view = self._view(dec)
+        view = self._view(dec, priced=self.policy.prices_suffix)
         ks = [0] * plan.batch_size
+        planned = self.policy.plan(view)
+        topk = self.policy.step_topk(view)
+        chosen = self.policy.step_proposers(view)  # None: the engine's one proposer
+        names = [spec.proposer] * plan.batch_size
         # K is not cut to a request's remaining max_tokens: commit stops at the limit, and a
         # uniform K keeps the step on its captured graphs; drafts stop at the context limit
-        for i, r, k in zip(decoding, dec, self.policy.plan(view)):
-            ks[i] = max(min(k, spec.num_draft_tokens, self.max_model_len - r.num_tokens - 1), 0)
-        topk = self.policy.step_topk(view)
+        for j, (i, r, k) in enumerate(zip(decoding, dec, planned)):
+            if chosen is not None:
+                names[i] = chosen[j]
+            cap = spec.suffix_draft_tokens if chosen is not None and names[i] == "suffix" \
+                else spec.num_draft_tokens
+            ks[i] = max(min(k, cap, self.max_model_len - r.num_tokens - 1), 0)
         nodes = [spec.num_nodes(k, topk) if k else n for k, n in zip(ks, plan.extend_lens)]
-        scratch = [spec.num_scratch(k, topk) if k else 0 for k in ks]
+        # a suffix draft needs no draft rows of its own
+        scratch = [spec.num_scratch(k, topk) if k and p != "suffix" else 0
+                   for k, p in zip(ks, names)]
         extra = sum(nodes) + sum(scratch) - sum(plan.extend_lens)
         if not any(ks) or extra > free:
             return
         plan.draft_lens, plan.num_nodes, plan.num_scratch = ks, nodes, scratch
         plan.draft_topk = topk
+        plan.proposers = [p if k else "" for p, k in zip(names, ks)]
         plan.mode = ForwardMode.VERIFY
         if spec.draft_catches_up:  # the rows the draft is behind on, before it proposes
             plan.draft_catch_up = [max(p - r.draft_rows, 0) if k else 0
@@ -203,6 +213,9 @@ class Scheduler(Committer):
             req, k = plan.reqs[i], ks[i] if ks else 0
             req.spec_k_hist[k] = req.spec_k_hist.get(k, 0) + 1
             req.spec_verify_steps += k > 0
+            if k:
+                name = plan.proposers[i]
+                req.spec_proposer_hist[name] = req.spec_proposer_hist.get(name, 0) + 1
 
     # ------------------------------------------------------------------ prefix cache
     def _lookup(self, req: Request) -> CacheHit | None:
@@ -231,10 +244,15 @@ class Scheduler(Committer):
         req.draft_rows = max(0, min(m.draft_rows, m.length - shift))
         return self.slots.cache.hold(m.node)
 
-    def _view(self, decoding: list[Request]) -> PolicyView:
+    def _view(self, decoding: list[Request], priced: bool = False) -> PolicyView:
+        """`priced`: with the suffix drafts' values (a hybrid engine's host work, done when
+        the step is planned: the suffix matches of these very tokens)."""
         spec = self.speculation
+        values = spec.suffix_values(decoding, spec.suffix_draft_tokens) \
+            if priced and spec.suffix_values is not None else None
         return PolicyView(decoding, len(self.waiting), spec.num_draft_tokens, spec.population(),
-                          spec.draft_topk, spec.tree_population(), spec.draft_catches_up)
+                          spec.draft_topk, spec.tree_population(), spec.draft_catches_up,
+                          values, spec.suffix_draft_tokens)
 
     def prepare_next(self, plan: StepPlan) -> None:
         """While the device runs `plan` (a VERIFY step) and before the host waits for it: the
@@ -303,7 +321,7 @@ class Scheduler(Committer):
         if self.policy is None:
             return None
         return (req.spec_proposed, req.spec_accepted, req.spec_verify_steps,
-                dict(req.spec_k_hist))
+                dict(req.spec_k_hist), dict(req.spec_proposer_hist))
 
     def _length_reached(self, req: Request) -> bool:
         """After appending its latest token: the request may produce no more."""

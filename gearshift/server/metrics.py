@@ -92,6 +92,15 @@ class ServerMetrics:
             "gearshift_spec_request_steps", "Request-steps of VERIFY steps by the draft length "
             "K each request was given (0: it decoded plainly in that step)", ["k"], registry=r,
         )
+        # per proposer (a hybrid, eagle3+suffix, has two): drafts, proposed / accepted tokens
+        self.proposer_tokens = Gauge(
+            "gearshift_spec_proposer_tokens", "Draft tokens by proposer: proposed (sent to "
+            "verification) and accepted", ["proposer", "kind"], registry=r,
+        )
+        self.proposer_drafts = Gauge(
+            "gearshift_spec_proposer_drafts", "Request-steps each proposer drafted for",
+            ["proposer"], registry=r,
+        )
         self.router_gauges = RouterGauges(r)  # the names outside routers read
 
     def observe_request(self, endpoint: str, status: int) -> None:
@@ -127,8 +136,15 @@ class ServerMetrics:
             self.cache_hits.inc(max(0, h - self._cache_seen[1]))
             self._cache_seen = (q, h)
             self.cache_hit_rate.set(cache["hit_rate"])
-        for k, n in (snapshot.stats.get("spec") or {}).get("steps_by_k", {}).items():
+        spec = snapshot.stats.get("spec") or {}
+        for k, n in spec.get("steps_by_k", {}).items():
             self.request_steps_by_k.labels(k=str(k)).set(n)
+        for name, own in spec.get("proposers", {}).items():
+            for kind in ("proposed", "accepted"):
+                if kind in own:
+                    self.proposer_tokens.labels(proposer=name, kind=kind).set(own[kind])
+            if "drafts" in own:
+                self.proposer_drafts.labels(proposer=name).set(own["drafts"])
         for name, value in _flatten(snapshot.stats):
             self.engine_stats.labels(name=name).set(value)
         return generate_latest(self.registry)

@@ -78,12 +78,16 @@ class Acceptance:
             self.stats["mixed_k_steps"] += 1
 
     def record(self, req: Request, k: int, topk: int, proposed: int, accepted: int,
-               chain: int = -1) -> None:
+               chain: int = -1, evidence: bool = True) -> None:
         """One request's VERIFY outcome (its own proposed / accepted counters are the
         caller's). `chain`: on a tree step, what the tree's top-1 chain alone accepted
-        (-1: unknown)."""
+        (-1: unknown). `evidence`: False where another proposer than the one priced by
+        this evidence drafted (suffix decoding beside EAGLE-3): counted, and the
+        request's evidence ages as on a plain step."""
         self.stats[f"steps_by_k.{k}"] += 1
-        if proposed:  # per-token acceptance estimate for the goodput policy (EMA), per shape
+        if not evidence:
+            age(req)
+        elif proposed:  # per-token acceptance estimate for the goodput policy (EMA), per shape
             # a tree reaches depth k with fewer rejections than a chain: tree steps are the
             # population's tree evidence, and what their top-1 chains accepted is the
             # paired chain evidence of the same steps (goodput's tree gain: same text, both

@@ -52,6 +52,9 @@ class SpecRunner:
         self.proposer = create_proposer(config, runner)
         self.topk = config.tree_width  # the widest tree a step may verify (1: chains only)
         self.num_draft_tokens = config.num_draft_tokens
+        # a hybrid ("eagle3+suffix"): suffix drafts beside the model's, up to their own depth
+        self.proposer_name = config.model_algorithm
+        self.suffix_draft_tokens = config.suffix_draft_tokens if config.hybrid else 0
         self.tree_nodes = config.verify_nodes if self.topk > 1 else 0
         self.capture = self.proposer.aux_layers if self.proposer.needs_features else ()
         self.draft_frac = self.proposer.cost_fraction(runner.model)  # a draft step / target step
@@ -102,7 +105,9 @@ class SpecRunner:
             tree_population=self.acceptance.tree_population,
             draft_catches_up=self.proposer.keeps_state,
             draft_row_shift=int(self.proposer.shifted_inputs),
-            mixed=riders)
+            mixed=riders, proposer=self.proposer_name,
+            suffix_draft_tokens=self.suffix_draft_tokens,
+            suffix_values=self.proposer.price if self.suffix_draft_tokens else None)
 
     def gear(self, plan: StepPlan) -> int:
         """The cost model's key of a planned step: K for chains (0 = plain decode), the
@@ -204,7 +209,8 @@ class SpecRunner:
         ctx = ProposeContext(plan.reqs, plan.draft_lens, max(plan.draft_lens), plan.draft_topk,
                              max(x for x, dec in zip(plan.num_nodes, plan.decoding) if dec),
                              d["roots"], d["prefix"], plan.prefix_lens, d["rows"],
-                             d["scratch"].view(b, max(plan.num_scratch)), batch.sampling, counts)
+                             d["scratch"].view(b, max(plan.num_scratch)), batch.sampling, counts,
+                             plan.proposers if self.suffix_draft_tokens else None)
         tree, found = self.proposer.propose(ctx)
         if found is None:
             return tree, batch.verify.n_nodes, batch.verify.k
@@ -309,8 +315,8 @@ class SpecRunner:
         runs while the host commits. Requests this step finishes are followed too (their
         slots are freed after, in stream order). Graphed steps only, which carry no prefill
         chunk (speculation()). -> the rows extended, or None."""
-        if not self.follow.follows_early(plan):
-            return None
+        if not self.follow.follows_early(plan) or max(plan.draft_lens) > self.num_draft_tokens:
+            return None  # (suffix drafts deeper than the graphed follow-up's width: eager)
         extend, store = self._groups(plan)
         self.follow.follow_accepted(plan, extend, store, packed, staged, offsets, aux)
         return extend
@@ -333,7 +339,14 @@ class SpecRunner:
                       [len(result.kept[i]) for i in group], aux,
                       [offsets[i] + j for i in group for j in result.kept[i]])
         self.acceptance.record_step(plan.draft_lens)
+        # a suffix draft's outcome is no evidence of the model's acceptance (its own
+        # calibration takes it: proposers/suffix_price.py)
+        suffix = [p == "suffix" and self.suffix_draft_tokens > 0 for p in plan.proposers] \
+            or [False] * len(reqs)
         for i, d in enumerate(plan.decoding):
             if d:
                 self.acceptance.record(reqs[i], plan.draft_lens[i], plan.draft_topk,
-                                       n_nodes[i] - 1, packed[i][0], packed[i][2 * depth + 3])
+                                       n_nodes[i] - 1, packed[i][0], packed[i][2 * depth + 3],
+                                       evidence=not suffix[i])
+        if self.suffix_draft_tokens:
+            self.proposer.observe(plan, n_nodes, [row[0] for row in packed])

@@ -48,3 +48,23 @@ def test_metrics_after_traffic():
     assert m['gearshift_engine_stat{name="steps_by_k.1"}'] == m['gearshift_engine_stat{name="steps"}']
     # request-steps by the K each request was given
     assert m['gearshift_spec_request_steps{k="1"}'] == m['gearshift_engine_stat{name="steps"}']
+
+
+def test_speculation_counters_by_proposer():
+    """A hybrid engine's spec_stats()["proposers"]: one series per proposer."""
+    from gearshift.frontend.engine_loop import EngineSnapshot
+    from gearshift.server.metrics import ServerMetrics
+
+    spec = {"steps_by_k": {0: 3, 16: 2}, "proposers": {
+        "eagle3": {"drafts": 5, "proposed": 20, "accepted": 11},
+        "suffix": {"drafts": 2, "proposed": 30, "accepted": 27, "from_request": 2,
+                   "calibration": [0.5] * 10}}}
+    text = ServerMetrics().render(EngineSnapshot(stats={"spec": spec}), 0).decode()
+    m = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            m[name] = float(value)
+    assert m['gearshift_spec_proposer_tokens{kind="accepted",proposer="suffix"}'] == 27
+    assert m['gearshift_spec_proposer_tokens{kind="proposed",proposer="eagle3"}'] == 20
+    assert m['gearshift_spec_proposer_drafts{proposer="suffix"}'] == 2

@@ -245,6 +245,44 @@ def test_chain_rejection_sampling_is_exact(temp, top_p):
     assert chi2_pvalue(seq_counts(seq, V), joint(p)) > ALPHA
 
 
+@pytest.mark.parametrize("temp,top_p", CASES)
+def test_mixed_proposers_in_one_chain_step_are_exact(temp, top_p):
+    """One step, two proposers (eagle3+suffix): even rows drafted by sampling from q (the
+    model), odd rows deterministic drafts (suffix decoding, point masses), merged into one
+    tree whose suffix rows carry a one-hot q (proposers/hybrid.py merge). Both halves keep
+    the target's joint law."""
+    from gearshift.speculative.proposers.hybrid import merge
+
+    target, draft = _lm(6, temp, top_p)
+    sb = sampling_batch(N, temp, top_p)
+    p = [processed(t, temp, top_p) for t in target]
+    drafts = torch.empty(N, 0, dtype=torch.int64)
+    qs = []
+    for j in range(DEPTH):
+        q = lookup(processed(draft[j], temp, top_p), drafts).float()  # [N, V]
+        e = -torch.log(seeded_uniform(sb.seeds ^ SALT_DRAFT, sb.steps + j, V))
+        drafts = torch.cat([drafts, (q / e).argmax(-1, keepdim=True)], 1)
+        qs.append(q)
+    root = torch.zeros(N, dtype=torch.int64)
+    model = chain_tree(root, drafts, torch.stack(qs, 1))
+    fixed = torch.zeros(N, 0, dtype=torch.int64)  # a copied span: the draft's 2nd choice
+    for j in range(DEPTH):
+        nxt = lookup(draft[j], fixed).argsort(-1, descending=True)[:, 1:2]
+        fixed = torch.cat([fixed, nxt], 1)
+    is_suffix = torch.arange(N) % 2 == 1
+    tree = merge(model, chain_tree(root, fixed), is_suffix)
+    assert tree.draft_probs[is_suffix, 1:].amax(-1).eq(1.0).all()
+    seq_drafts = tree.tokens[:, 1:]
+    logits = torch.stack([lookup(target[j], seq_drafts[:, :j]) for j in range(DEPTH + 1)], 1)
+    res = verify(tree, torch.ones(N, DEPTH + 1, dtype=torch.bool), logits, sb, DEPTH, 1)
+
+    seq = complete(res.tokens, res.num_accepted, p, torch.Generator().manual_seed(7))
+    for rows in (~is_suffix, is_suffix):
+        assert (res.num_accepted[rows] > 0).any()
+        assert chi2_pvalue(torch.bincount(seq[rows, 0], minlength=V), p[0]) > ALPHA
+        assert chi2_pvalue(seq_counts(seq[rows], V), joint(p)) > ALPHA
+
+
 def _tree_shapes(p: list[torch.Tensor]) -> list[tuple[list[int], list[int], list[bool]]]:
     """Three 7-node trees (tokens, parents, valid) built from the target's own ranking:
     high-probability children, low-probability children (one of target probability 0 under

@@ -89,8 +89,8 @@ def test_a_changed_answer_changes_the_fingerprint_or_is_refused():
         run_step(sched, sched.schedule(), random.Random(0))
     plan = leader.schedule()
     answers = leader.policy.take()
-    assert answers == [[3, 3], 1] and plan.mode is ForwardMode.VERIFY
-    replay.load([[1, 3], 1], True)  # K = 1 for the first request
+    assert answers == [[3, 3], 1, None] and plan.mode is ForwardMode.VERIFY
+    replay.load([[1, 3], 1, None], True)  # K = 1 for the first request
     assert fingerprint(follower.schedule()) != fingerprint(plan)
     follower = scheduler(ReplayPolicy())
     add_requests([follower], 2, random.Random(1), prompt_len=5)

@@ -1,7 +1,8 @@
 """Proposers: who drafts the tokens a VERIFY step checks. `eagle3` (a one-layer head fed
 with target features), `draft` (a separate small model), `ngram` (prompt lookup, no model),
-`suffix` (suffix decoding, no model: suffix*.py); `expand.py` grows chains and trees for
-the model-based two. The contract is base.py.
+`suffix` (suffix decoding, no model: suffix*.py), and a model proposer beside suffix
+decoding (`eagle3+suffix`, `draft+suffix`: hybrid.py, a proposer per request); `expand.py`
+grows chains and trees for the model-based two. The contract is base.py.
 
 Data flow: EngineConfig.speculative_algorithm -> create_proposer -> SpecRunner.
 """
@@ -13,7 +14,19 @@ from gearshift.speculative.proposers.base import Proposer
 
 
 def create_proposer(config: EngineConfig, runner) -> Proposer:
-    algo = config.speculative_algorithm
+    if config.hybrid:
+        from gearshift.speculative.proposers.hybrid import HybridProposer
+        from gearshift.speculative.proposers.suffix import SuffixProposer
+
+        model = _single(config, runner, config.model_algorithm)
+        proposer = HybridProposer(model, config.model_algorithm,
+                                  SuffixProposer(config.suffix_cache_tokens))
+        proposer.runner = runner
+        return proposer
+    return _single(config, runner, config.speculative_algorithm)
+
+
+def _single(config: EngineConfig, runner, algo: str) -> Proposer:
     if algo == "ngram":
         from gearshift.speculative.proposers.ngram import NgramProposer
 

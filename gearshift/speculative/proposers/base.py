@@ -33,6 +33,7 @@ class ProposeContext:
     scratch: torch.Tensor  # [B, S] scratch slots (device; 0 = dummy for idle requests)
     sampling: SamplingBatch
     counts: TokenCounts | None = None  # the penalties' token counts (sampling.penalties)
+    proposers: list[str] | None = None  # a hybrid's proposer per request (plan.proposers)
 
 
 class Proposer(ABC):

@@ -58,6 +58,9 @@ class SuffixProposer(Proposer):
         self.cache = OutputCache(cache_tokens)
         self.min_prob, self.spec_factor, self.window = min_prob, spec_factor, window
         self._indexes: dict[str, tuple[Request, RequestIndex]] = {}
+        # request id -> (its tokens, the chain preview() priced): propose() drafts it again
+        # only where the tokens moved on since
+        self._planned: dict[str, tuple[int, SuffixDraft]] = {}
         # drafts by source and their tokens (spec_stats()["proposers"]["suffix"], /metrics)
         self.stats = {"drafts": 0, "draft_tokens": 0, "from_request": 0, "from_cache": 0,
                       "empty": 0}
@@ -74,7 +77,35 @@ class SuffixProposer(Proposer):
     def draft(self, req: Request, k: int, topk: int = 1, nodes: int | None = None) -> SuffixDraft:
         """The request's draft of at most k deep (`nodes` tokens, `topk` children a node):
         from its own tokens or from the output cache, whichever expects more."""
-        tokens = committed(req)
+        planned = self._planned.pop(req.request_id, None)
+        if planned is not None and topk == 1 and planned[0] == req.num_tokens \
+                and req.num_pending == 0:  # the chain priced when the step was planned
+            d = planned[1]
+            n = min(k, len(d.tokens))
+            return SuffixDraft(d.tokens[:n], d.parents[:n], d.scores[:n], d.match_len,
+                               d.source)
+        return self._draft(req, committed(req), k, topk, nodes)
+
+    def preview(self, req: Request, k: int) -> SuffixDraft:
+        """The chain of at most k drafts the request would get now, on the host before its
+        step is planned (what a policy prices). A token still being sampled (an overlapped
+        step's) is not known yet: the chain is drafted one token further from the tokens
+        known, its first node (the guess for that token) dropped, and the others' scores
+        stay unconditional on it."""
+        tokens, pending = req.all_token_ids, req.num_pending
+        if pending:
+            tokens = tokens[:len(tokens) - pending]
+            if min(tokens[-1:], default=0) < 0:
+                return SuffixDraft()
+        d = self._draft(req, tokens, k + pending, 1, k + pending)
+        if not pending:
+            self._planned[req.request_id] = (req.num_tokens, d)  # proposed as priced
+            return d
+        return SuffixDraft(d.tokens[pending:], [max(p - pending, 0) for p in d.parents[pending:]],
+                           d.scores[pending:], d.match_len, d.source)
+
+    def _draft(self, req: Request, tokens: list[int] | None, k: int, topk: int,
+               nodes: int | None) -> SuffixDraft:
         if not tokens or k <= 0:
             return SuffixDraft()
         nodes = k if nodes is None else nodes
@@ -113,6 +144,7 @@ class SuffixProposer(Proposer):
         n = min(ctx.num_nodes - 1, ctx.topk + (k - 1) * ctx.topk ** 2) if tree else k
         drafts = [self.draft(req, kr, ctx.topk if tree else 1, n) if kr else SuffixDraft()
                   for req, kr in zip(ctx.reqs, ctx.draft_lens)]
+        self._planned.clear()  # previews of requests that did not draft: stale next step
         if self.full_drafts:  # the warm-up's steps: not counted
             drafts = [filled(d, n if tree else kr, tree) if kr else d
                       for d, kr in zip(drafts, ctx.draft_lens)]

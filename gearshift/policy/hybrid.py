@@ -1,0 +1,191 @@
+"""`eagle3+suffix` (and `draft+suffix`): a proposer and a draft length per request, priced.
+
+The engine's policy (goodput by default: `inner`) plans the model proposer's K as it does
+alone. Then each request with a suffix match may take suffix decoding instead, at the
+length its match pays for:
+
+    model      E_m(i) = (1 - a_i^(K_i + 1)) / (1 - a_i)    a_i: the request's acceptance
+    suffix     E_s(i, K) = 1 + sum_{j <= K} v_ij           v_ij: P(node j accepted), its
+                                                           match score calibrated online
+                                                           (speculative/proposers/
+                                                           suffix_price.py)
+    step       G = sum_i E_i / t(verified tokens, the model's deepest K)
+
+With a step-time model (goodput), requests switch to suffix best gain first, each at the K
+that maximises G, while G grows by more than `margin`; a tree step keeps its shape (one
+tree per request: a switch adds no verified tokens, suffix wins where it expects more).
+Without one (always, random, threshold), suffix takes a request where its drafts valued at
+least `min_value` expect more accepted tokens than the model's K. The model's own K and
+acceptance evidence are the inner policy's (suffix outcomes feed only the calibration).
+
+`mode`: both (the hybrid), model (EAGLE-3 alone) or suffix (suffix decoding alone, at the
+lengths priced as above): one engine compares the three (bench sweep's policies).
+
+Data flow: Scheduler -> plan(view: suffix_values per request) -> K per request, then
+step_topk(view), step_proposers(view) -> StepPlan.draft_lens / proposers.
+"""
+
+from __future__ import annotations
+
+from gearshift.policy.base import Policy, PolicyView
+from gearshift.policy.scoring import expected_tokens
+
+SUFFIX = "suffix"
+MODES = ("both", "model", "suffix")
+
+
+class HybridPolicy(Policy):
+    def __init__(self, inner: Policy, model: str, mode: str = "both", margin: float = 0.02,
+                 min_value: float = 0.5, prior: float = 0.6, prior_weight: float = 4.0) -> None:
+        if mode not in MODES:
+            raise ValueError(f"hybrid mode must be one of {', '.join(MODES)}, not {mode!r}")
+        self.inner, self.model, self.mode = inner, model, mode
+        self.margin, self.min_value = margin, min_value
+        # a request's acceptance: its evidence around the population's (goodput's scorer
+        # where the inner policy has one)
+        scorer = getattr(inner, "scorer", None)
+        self._prior = scorer.population_prior if scorer is not None else \
+            lambda view: _population(view, prior)
+        self.prior_weight = scorer.prior_weight if scorer is not None else prior_weight
+        self._proposers: list[str] | None = None
+        self._topk = 1
+        self.picks = {model: 0, SUFFIX: 0}  # request-steps planned per proposer (K > 0)
+
+    prices_suffix = property(lambda self: self.mode != "model")
+
+    # ------------------------------------------------------------------ the inner policy's
+    drafts = property(lambda self: self.inner.drafts)
+    cost = property(lambda self: self.inner.cost)
+    switches = property(lambda self: self.inner.switches)
+    reused = property(lambda self: self.inner.reused)
+    last_prediction = property(lambda self: self.inner.last_prediction)
+    prediction_log = property(lambda self: self.inner.prediction_log)
+
+    def prepare(self, view: PolicyView) -> None:
+        if self.mode != SUFFIX:
+            self.inner.prepare(view)
+
+    def observe(self, k: int, bs: int, ctx_tokens: int, ms: float,
+                ks: list[int] | None = None) -> None:
+        """Steps the model's gears price (suffix drafts deeper than its K are no gear)."""
+        kmax = getattr(self.inner, "num_draft_tokens", k)
+        if k <= kmax and (not ks or max(ks) <= kmax):
+            self.inner.observe(k, bs, ctx_tokens, ms, ks)
+
+    def observe_catch_up(self, rows: int, ms: float) -> None:
+        self.inner.observe_catch_up(rows, ms)
+
+    def step_topk(self, view: PolicyView) -> int:
+        return self._topk
+
+    def step_proposers(self, view: PolicyView) -> list[str] | None:
+        return self._proposers
+
+    # ------------------------------------------------------------------ planning
+    def plan(self, view: PolicyView) -> list[int]:
+        n = len(view.requests)
+        if self.mode == SUFFIX:
+            ks, self._topk = [0] * n, 1
+        else:
+            ks = list(self.inner.plan(view))
+            self._topk = self.inner.step_topk(view)
+        props = [self.model] * n
+        values = view.suffix_values
+        if self.mode != "model" and values is not None and any(values):
+            alphas = self._alphas(view)
+            if self._topk > 1:
+                self._trees(ks, props, alphas, values)
+            elif self.cost is not None:
+                self._priced(view, ks, props, alphas, values)
+            else:
+                self._unpriced(view, ks, props, alphas, values)
+        self._proposers = props
+        for p, k in zip(props, ks):
+            if k:
+                self.picks[p] += 1
+        return ks
+
+    def _alphas(self, view: PolicyView) -> list[float]:
+        prior, w = self._prior(view), self.prior_weight
+        return [min((r.spec_alpha_num + prior * w) / (r.spec_alpha_den + w), 0.999)
+                for r in view.requests]
+
+    def _model_tokens(self, a: float, k: int) -> float:
+        return expected_tokens(a, k) if self.mode != SUFFIX else 1.0
+
+    def _unpriced(self, view, ks, props, alphas, values) -> None:
+        """No step-time model: suffix where its confident drafts expect more."""
+        cap = view.suffix_draft_tokens
+        for i, v in enumerate(values):
+            k = next((j for j, x in enumerate(v[:cap]) if x < self.min_value), len(v[:cap]))
+            if k and 1.0 + sum(v[:k]) > self._model_tokens(alphas[i], ks[i]):
+                ks[i], props[i] = k, SUFFIX
+
+    def _trees(self, ks, props, alphas, values) -> None:
+        """A tree step: the same nodes either way; suffix where its chain expects more."""
+        for i, v in enumerate(values):
+            if v and ks[i] and 1.0 + sum(v[:ks[i]]) > self._model_tokens(alphas[i], ks[i]):
+                props[i] = SUFFIX
+
+    def _priced(self, view, ks, props, alphas, values) -> None:
+        """Switch requests to suffix, best gain first, at the K maximising tokens per ms."""
+        n, cap = len(ks), view.suffix_draft_tokens
+        price = self._pricer(view)
+        tok = [self._model_tokens(a, k) for a, k in zip(alphas, ks)]
+        if self.mode == SUFFIX:
+            ks[:] = [0] * n
+        ver = [k + 1 for k in ks]
+        depth = [k for k in ks]  # the model's drafts per request (suffix rows: 0)
+        cum = [_cumulative(v[:cap]) for v in values]
+        gain = sorted((i for i in range(n) if cum[i]),
+                      key=lambda i: tok[i] - cum[i][-1])
+        best = sum(tok) / price(sum(ver), max(depth))
+        for i in gain:
+            t_rest, v_rest = sum(tok) - tok[i], sum(ver) - ver[i]
+            d_rest = max(depth[:i] + depth[i + 1:], default=0)
+            pick = None
+            for k, e in enumerate(cum[i], start=1):
+                g = (t_rest + e) / price(v_rest + k + 1, d_rest)
+                if g > best * (1.0 + self.margin) and (pick is None or g > pick[0]):
+                    pick = (g, k, e)
+            if pick is not None:
+                best, k, e = pick
+                tok[i], ver[i], depth[i], ks[i], props[i] = e, k + 1, 0, k, SUFFIX
+
+    def _pricer(self, view: PolicyView):
+        """(verified tokens, the model's deepest K) -> predicted step ms: the gears' prices
+        at the mean K verified (CostModel.verified_pricer), past the deepest gear on the
+        last gears' slope (long suffix chains)."""
+        n, cost = len(view.requests), self.cost
+        kmax = getattr(self.inner, "num_draft_tokens", view.num_draft_tokens)
+        pad = getattr(self.inner, "pad", lambda bs: bs)
+        ctx = sum(r.num_tokens for r in view.requests)
+        vt = getattr(self.inner, "verify_tokens", None)
+        bucket = None if vt is None else (lambda t: vt(n, t))
+        pricer = cost.verified_pricer(n, ctx, kmax, padded_bs=pad(n), bucket=bucket)
+        top = cost.predict(kmax, pad(n), ctx)
+        slope = max(top - cost.predict(max(kmax - 1, 0), pad(n), ctx), 0.0)
+        per_depth = getattr(cost, "draft_ms_per_depth", 0.0)
+
+        def price(tokens: int, depth: int) -> float:
+            if tokens == n and depth == 0:
+                return pricer(tokens, 0)
+            mean = tokens / n - 1.0
+            if mean <= kmax:
+                return pricer(tokens, depth)
+            return top + (mean - kmax) * slope + per_depth * max(depth - kmax, 0)
+        return price
+
+
+def _cumulative(values: list[float]) -> list[float]:
+    """E_s(K) = 1 + sum of the first K values, for K = 1..len."""
+    out, acc = [], 1.0
+    for v in values:
+        acc += v
+        out.append(acc)
+    return out
+
+
+def _population(view: PolicyView, prior: float, weight: float = 10.0) -> float:
+    num, den = view.population or (0.0, 0.0)
+    return (num + prior * weight) / (den + weight)

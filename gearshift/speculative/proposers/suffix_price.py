@@ -1,0 +1,85 @@
+"""What a suffix draft is worth before it is proposed: its nodes' match scores, calibrated
+online against what verification accepted of the suffix drafts that ran.
+
+A node's score (suffix_draft.py) is the chance, were the text to continue as it did
+before, that the node is accepted. Text does not always continue as before, so the
+policy prices a node by the acceptance measured at its score:
+
+    planning (host)    values(reqs, K): per request, the chain it would draft now, each
+                       node j priced P(accepted | score, depth j) from the map; the scores
+                       are kept
+    after verify       record(req, K, a): for a request that drafted from suffix decoding,
+                       each priced node j <= K: cell(score_j, j) += (1, j <= a)
+
+    score  0   .1   .2   .3   .4   .5   .6   .7   .8   .9   1
+    bin    |  0 |  1 |  2 |  3 |  4 |  5 |  6 |  7 |  8 |  9 |   x depth 1, 2, 3-4, 5-8,
+                                                                 9-16, 17-32
+    P(cell) = (accepted + mid * w) / (proposed + w)
+
+By depth too: a copied span scores 1.0 at every node (each continuation was seen once),
+yet text leaves a copy sooner or later, so deep nodes are accepted less often. Each cell
+starts at its score (prior weight `PRIOR`) and follows the verify outcomes by decaying
+counts, so the map tracks the traffic. A tree step's outcome is its accepted depth, the
+same reading as a chain's.
+
+Data flow: Scheduler._view (planning) -> Speculation.suffix_values -> values() ->
+PolicyView.suffix_values -> HybridPolicy; SpecRunner.after_commit -> HybridProposer
+.observe -> record().
+"""
+
+from __future__ import annotations
+
+BINS = 10
+DEPTHS = 6  # depth buckets: 1, 2, 3-4, 5-8, 9-16, 17-32
+PRIOR = 4.0  # node-outcomes of prior weight per bin: its own score
+DECAY = 0.995  # per recorded outcome of the bin: recent text weighs most
+
+
+class ScoreMap:
+    """P(accepted | score, depth) by score bin and depth bucket, from decayed outcomes."""
+
+    def __init__(self, bins: int = BINS, prior: float = PRIOR, decay: float = DECAY) -> None:
+        self.bins, self.prior, self.decay = bins, prior, decay
+        self.accepted = [[0.0] * DEPTHS for _ in range(bins)]
+        self.proposed = [[0.0] * DEPTHS for _ in range(bins)]
+
+    def _cell(self, score: float, depth: int) -> tuple[int, int]:
+        b = min(max(int(score * self.bins), 0), self.bins - 1)
+        return b, min(max(depth - 1, 0).bit_length(), DEPTHS - 1)  # 1, 2, 3-4, 5-8, ...
+
+    def __call__(self, score: float, depth: int = 1) -> float:
+        b, d = self._cell(score, depth)
+        mid = (b + 0.5) / self.bins
+        return (self.accepted[b][d] + mid * self.prior) / (self.proposed[b][d] + self.prior)
+
+    def record(self, score: float, depth: int, accepted: bool) -> None:
+        b, d = self._cell(score, depth)
+        self.accepted[b][d] = self.decay * self.accepted[b][d] + accepted
+        self.proposed[b][d] = self.decay * self.proposed[b][d] + 1.0
+
+    def table(self) -> list[float]:
+        """P(accepted) per score bin at depth 1, low scores first (spec_stats)."""
+        return [round(self((b + 0.5) / self.bins), 3) for b in range(self.bins)]
+
+
+class SuffixPricer:
+    def __init__(self, preview) -> None:
+        # preview(req, K) -> SuffixDraft: the chain the proposer would draft for req now
+        self.preview = preview
+        self.map = ScoreMap()
+        self._priced: dict[str, list[float]] = {}  # request id -> scores of the last plan
+
+    def values(self, reqs: list, k: int) -> list[list[float]]:
+        """Per request, P(accepted) of each node of its suffix chain of at most k drafts."""
+        out, self._priced = [], {}
+        for req in reqs:
+            scores = self.preview(req, k).scores if req.params.speculative and k else []
+            self._priced[req.request_id] = scores
+            out.append([self.map(s, j) for j, s in enumerate(scores, start=1)])
+        return out
+
+    def record(self, req, k: int, accepted: int) -> None:
+        """A VERIFY outcome of a suffix draft of K = k: `accepted` drafts."""
+        scores = self._priced.pop(req.request_id, None)
+        for j, s in enumerate((scores or [])[:k], start=1):
+            self.map.record(s, j, j <= accepted)

@@ -1,0 +1,167 @@
+"""The hybrid policy (eagle3+suffix) at toy size, on the CPU: per request and in one step it
+gives suffix decoding to a request copying its prompt (a long draft) and EAGLE-3 to one
+writing novel text; it prices suffix drafts by their calibrated match scores; it leaves
+the model's cost model alone on steps deeper than its gears.
+
+Data flow (tests only): Requests with token histories -> SuffixProposer.preview /
+SuffixPricer.values -> PolicyView.suffix_values -> HybridPolicy.plan -> K, proposers.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from policy_helpers import measured_online, memory_bound_costs
+
+from gearshift.policy.base import PolicyView
+from gearshift.policy.goodput import GoodputPolicy
+from gearshift.policy.hybrid import HybridPolicy
+from gearshift.policy.static import AlwaysPolicy
+from gearshift.request import Request, SamplingParams
+from gearshift.speculative.proposers.suffix import SuffixProposer
+from gearshift.speculative.proposers.suffix_price import ScoreMap, SuffixPricer
+
+SPAN = list(range(100, 160))  # a 60-token span the copying request re-emits
+
+
+def copying(rid: str) -> Request:
+    """Prompt: the span, then an instruction; output so far: the span's first 20 tokens."""
+    r = Request(rid, SPAN + [7, 8, 9], SamplingParams(max_tokens=200), 0)
+    r.output_token_ids = SPAN[:20]
+    return r
+
+
+def novel(rid: str, seed: int = 0) -> Request:
+    rng = random.Random(seed)
+    r = Request(rid, [rng.randrange(1000, 9000) for _ in range(60)],
+                SamplingParams(max_tokens=200), 0)
+    r.output_token_ids = [rng.randrange(1000, 9000) for _ in range(20)]
+    return r
+
+
+def view_of(reqs, pricer: SuffixPricer, k_model: int = 4, k_suffix: int = 16) -> PolicyView:
+    for r in reqs:  # EAGLE-3's own evidence: acceptance 0.7 per token
+        r.spec_alpha_num, r.spec_alpha_den = 700.0, 1000.0
+    return PolicyView(reqs, 0, k_model, (7.0, 10.0), suffix_values=pricer.values(reqs, k_suffix),
+                      suffix_draft_tokens=k_suffix)
+
+
+def goodput(k: int = 4) -> GoodputPolicy:
+    return GoodputPolicy(measured_online(memory_bound_costs(k)), k, explore_every=10 ** 6)
+
+
+@pytest.mark.parametrize("inner", ["goodput", "always"])
+def test_suffix_for_the_copying_request_eagle3_for_the_novel_one_in_one_step(inner):
+    pricer = SuffixPricer(SuffixProposer(0).preview)
+    reqs = [copying("copy"), novel("new"), copying("copy2"), novel("new2", 1)]
+    view = view_of(reqs, pricer)
+    policy = HybridPolicy(goodput() if inner == "goodput" else AlwaysPolicy(4), "eagle3")
+    ks = policy.plan(view)
+    props = policy.step_proposers(view)
+    assert props == ["suffix", "eagle3", "suffix", "eagle3"]
+    assert ks[0] > 4 and ks[2] > 4, "a strong match earns a draft longer than the model's K"
+    assert ks[1] == ks[3] == 4
+    assert view.suffix_values[1] == [], "random text has no match"
+    assert policy.picks == {"eagle3": 2, "suffix": 2}
+
+
+def test_the_modes_compare_one_proposer_against_the_other():
+    pricer = SuffixPricer(SuffixProposer(0).preview)
+    reqs = [copying("copy"), novel("new")]
+    model = HybridPolicy(goodput(), "eagle3", mode="model")
+    assert model.plan(view_of(reqs, pricer)) == [4, 4]
+    assert model.step_proposers(None) == ["eagle3", "eagle3"]
+    alone = HybridPolicy(goodput(), "eagle3", mode="suffix")
+    ks = alone.plan(view_of(reqs, pricer))
+    assert ks[0] > 4 and ks[1] == 0
+    assert alone.step_proposers(None)[0] == "suffix"
+
+
+def test_a_weak_match_stays_with_the_model():
+    """The same copying request, after its suffix drafts were mostly rejected: the
+    calibrated values fall, and EAGLE-3 expects more."""
+    pricer = SuffixPricer(SuffixProposer(0).preview)
+    for depth in range(1, 17):  # drafts scored >= 0.9 were rejected at every depth
+        for _ in range(200):
+            pricer.map.record(0.95, depth, False)
+    reqs = [copying("copy"), novel("new")]
+    policy = HybridPolicy(goodput(), "eagle3")
+    policy.plan(view_of(reqs, pricer))
+    assert policy.step_proposers(None) == ["eagle3", "eagle3"]
+
+
+def test_the_score_map_starts_at_the_score_and_follows_outcomes():
+    m = ScoreMap()
+    assert m(0.95) == pytest.approx(0.95) and m(0.33) == pytest.approx(0.35)
+    for _ in range(200):
+        m.record(0.95, 1, False)
+    assert m(0.95) < 0.1 and m(0.95, 2) == pytest.approx(0.95)
+    assert m(0.33) == pytest.approx(0.35)
+
+
+def test_a_suffix_outcome_calibrates_what_was_priced():
+    pricer = SuffixPricer(SuffixProposer(0).preview)
+    req = copying("copy")
+    values = pricer.values([req], 8)[0]
+    assert len(values) == 8 and min(values) > 0.5
+    for _ in range(50):
+        pricer.values([req], 8)
+        pricer.record(req, 8, 2)  # two accepted of eight
+    after = pricer.values([req], 8)[0]
+    assert after[0] > 0.8 and after[-1] < 0.3
+
+
+def test_a_pending_token_is_priced_from_the_tokens_known():
+    """Planned while the step before samples its token: the chain from one token back, its
+    guess for that token dropped."""
+    proposer = SuffixProposer(0)
+    req = copying("copy")
+    req.output_token_ids = SPAN[:20] + [-1]
+    req.num_pending = 1
+    d = proposer.preview(req, 8)
+    assert d.tokens == SPAN[21:29]
+    assert d.parents == list(range(8))
+
+
+def test_deeper_steps_than_the_models_gears_are_not_observed():
+    inner = goodput()
+    policy = HybridPolicy(inner, "eagle3")
+    seen = []
+    inner.observe = lambda *a, **kw: seen.append(a)
+    policy.observe(12, 1, 100, 5.0)
+    policy.observe(3, 2, 100, 5.0, ks=[2, 14])
+    policy.observe(3, 2, 100, 5.0, ks=[2, 4])
+    assert len(seen) == 1
+
+
+def test_only_a_policy_that_prices_suffix_drafts_gets_their_values():
+    """The suffix matches are host work at planning: EAGLE-3 alone (model-only, or any
+    other policy set on a hybrid engine) plans without them."""
+    from test_scheduler import step_once
+
+    from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
+    from gearshift.scheduler.plan import Speculation
+    from gearshift.scheduler.scheduler import Scheduler
+
+    priced = []
+
+    def values(reqs, k):
+        priced.append(len(reqs))
+        return [[0.9] * k for _ in reqs]
+
+    spec = Speculation(4, 1, lambda k, t: k + 1, lambda k, t: 0, proposer="eagle3",
+                       suffix_draft_tokens=8, suffix_values=values)
+    for policy, calls in ((HybridPolicy(AlwaysPolicy(4), "eagle3"), 1),
+                          (HybridPolicy(AlwaysPolicy(4), "eagle3", mode="model"), 0),
+                          (AlwaysPolicy(4), 0)):
+        priced.clear()
+        slots, rows = SlotPool(256), ReqRowPool(4)
+        s = Scheduler(slots, rows, max_num_seqs=4, max_num_batched_tokens=64,
+                      max_model_len=200, speculation=spec, policy=policy, overlap=False)
+        s.add(Request("r", [1, 2, 3], SamplingParams(max_tokens=8), 0))
+        step_once(s, slots, rows, lambda plan: [5])  # the prefill
+        plan = s.schedule()
+        assert len(priced) == calls
+        assert plan.proposers == (["suffix"] if calls else ["eagle3"])
+        assert plan.draft_lens == ([8] if calls else [4])
