@@ -45,7 +45,7 @@ class HybridPolicy(Policy):
         # where the inner policy has one)
         scorer = getattr(inner, "scorer", None)
         self._prior = scorer.population_prior if scorer is not None else \
-            lambda view: _population(view, prior)
+            lambda view, greedy=True: _population(view, prior, greedy)
         self.prior_weight = scorer.prior_weight if scorer is not None else prior_weight
         self._proposers: list[str] | None = None
         self._topk = 1
@@ -106,9 +106,10 @@ class HybridPolicy(Policy):
         return ks
 
     def _alphas(self, view: PolicyView) -> list[float]:
-        prior, w = self._prior(view), self.prior_weight
-        return [min((r.spec_alpha_num + prior * w) / (r.spec_alpha_den + w), 0.999)
-                for r in view.requests]
+        priors = {g: self._prior(view, g) for g in (True, False)}  # per sampling class
+        w = self.prior_weight
+        return [min((r.spec_alpha_num + priors[r.params.greedy] * w) / (r.spec_alpha_den + w),
+                    0.999) for r in view.requests]
 
     def _model_tokens(self, a: float, k: int) -> float:
         return expected_tokens(a, k) if self.mode != SUFFIX else 1.0
@@ -186,6 +187,6 @@ def _cumulative(values: list[float]) -> list[float]:
     return out
 
 
-def _population(view: PolicyView, prior: float, weight: float = 10.0) -> float:
-    num, den = view.population or (0.0, 0.0)
+def _population(view: PolicyView, prior: float, greedy: bool, weight: float = 10.0) -> float:
+    num, den = view.population[not greedy] if view.population else (0.0, 0.0)
     return (num + prior * weight) / (den + weight)

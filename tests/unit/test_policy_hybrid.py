@@ -43,8 +43,8 @@ def novel(rid: str, seed: int = 0) -> Request:
 def view_of(reqs, pricer: SuffixPricer, k_model: int = 4, k_suffix: int = 16) -> PolicyView:
     for r in reqs:  # EAGLE-3's own evidence: acceptance 0.7 per token
         r.spec_alpha_num, r.spec_alpha_den = 700.0, 1000.0
-    return PolicyView(reqs, 0, k_model, (7.0, 10.0), suffix_values=pricer.values(reqs, k_suffix),
-                      suffix_draft_tokens=k_suffix)
+    return PolicyView(reqs, 0, k_model, ((7.0, 10.0), (7.0, 10.0)),
+                      suffix_values=pricer.values(reqs, k_suffix), suffix_draft_tokens=k_suffix)
 
 
 def goodput(k: int = 4) -> GoodputPolicy:
