@@ -9,8 +9,9 @@ when the step is planned, from the plan and the graphs the runner captured.
              batch size; chains of different K: one extend padded to a token bucket
              (`mixed_verify_tokens`); trees, and chains on too few (request, kv head)
              pairs to fill the GPU (split-K tree attention): one query per node. Eager
-             (unpadded) without graphs, past the largest verify graph, or where chunks
-             ride along (eager engines only)
+             (unpadded) without graphs, past the largest verify graph, where chunks
+             ride along (eager engines only), or for chains deeper than the warm-up's K
+             (a hybrid's suffix drafts)
 
 Data flow: Engine._schedule -> ModelRunner.layout(plan) -> plan.layout ->
 BatchBuilder.prepare(plan) -> ModelRunner.forward(batch).
@@ -63,6 +64,8 @@ def verify_nodes(plan: StepPlan, tree_nodes: int) -> list[int]:
 def verify_layout(runner, plan: StepPlan, tree_nodes: int) -> Layout:
     """`tree_nodes`: nodes of the step's draft tree per request (chains: K_max + 1)."""
     b, graphed = plan.batch_size, runner.shape_graphs is not None
+    if plan.draft_topk == 1 and max(plan.draft_lens) > runner.graph_draft_depth:
+        graphed = False  # no graph of this depth: the start-up captured none
     nodes = verify_nodes(plan, tree_nodes)
     ride = not all(plan.decoding)
     limit = runner.max_verify_graph_tokens

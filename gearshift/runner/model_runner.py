@@ -164,6 +164,13 @@ class ModelRunner:
         return lambda static: self._forward_logits(rebuild_batch(fb, static))
 
     @property
+    def graph_draft_depth(self) -> int:
+        """The deepest chain the start-up captures VERIFY graphs for (the warm-up's K):
+        deeper chains (a hybrid's suffix drafts, up to suffix_draft_tokens) run eagerly
+        rather than capture graphs mid-run into memory the KV cache was sized without."""
+        return self.config.num_draft_tokens
+
+    @property
     def max_verify_graph_tokens(self) -> int:
         """VERIFY passes over more tokens than a prefill chunk run eagerly (as EXTEND steps
         past the largest bucket do): each captured shape keeps its activations, and such

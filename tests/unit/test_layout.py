@@ -21,7 +21,7 @@ def runner(graphs: bool = True, kv_heads: int = 32, max_verify: int = 512):
         decode_pad=pad, decode_sizes=[1, 2, 4, 8] if graphs else [], extend_rows=9,
         extend_pad=lambda t: (64 if t <= 64 else None) if graphs else None,
         shape_graphs=object() if graphs else None, max_verify_graph_tokens=max_verify,
-        model=SimpleNamespace(num_kv_heads=kv_heads), split_k_below=64)
+        model=SimpleNamespace(num_kv_heads=kv_heads), split_k_below=64, graph_draft_depth=4)
 
 
 def request(i: int, computed: int, prompt: int = 6, **params) -> Request:
@@ -74,6 +74,15 @@ def test_chains_of_one_k_pad_to_a_decode_graph_size() -> None:
     assert verify_layout(runner(graphs=False), verify([2, 2, 2]), 3) == Layout("chain", 3, 9, 3)
     # past the largest verify graph: eager, unpadded
     assert verify_layout(runner(max_verify=8), verify([2, 2, 2]), 3) == Layout("chain", 3, 9, 3)
+
+
+def test_chains_deeper_than_the_captured_k_run_eagerly() -> None:
+    """A hybrid's suffix drafts go deeper than the K the warm-up captured graphs for: such a
+    step runs unpadded and eagerly, never capturing a graph while serving."""
+    assert verify_layout(runner(), verify([4, 4]), 5) == Layout("chain", 2, 10, 5, ("verify", 2, 5))
+    assert verify_layout(runner(), verify([16, 16]), 17) == Layout("chain", 2, 34, 17)
+    # mixed with the model's chains: eager too, each chain its own length
+    assert verify_layout(runner(), verify([16, 2, 0]), 17) == Layout("chain", 3, 21, 17)
 
 
 def test_chains_of_mixed_k_run_on_a_token_bucket() -> None:
