@@ -53,6 +53,10 @@ class Speculation:
     # propose now (host work at planning time: the policy prices it); 0 / None: none
     suffix_draft_tokens: int = 0
     suffix_values: Callable[[list[Request], int], list[list[float]]] | None = None
+    # the most tokens one VERIFY step may send (0: no cap): what the start-up profiled and
+    # sized the KV cache beside (max_num_seqs requests at the model's depth); deeper suffix
+    # drafts are cut to fit
+    max_verify_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

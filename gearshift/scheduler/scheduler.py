@@ -190,6 +190,8 @@ class Scheduler(Committer):
             cap = spec.suffix_draft_tokens if chosen is not None and names[i] == "suffix" \
                 else spec.num_draft_tokens
             ks[i] = max(min(k, cap, self.max_model_len - r.num_tokens - 1), 0)
+        if spec.max_verify_tokens and topk == 1:
+            _fit_deep_drafts(ks, plan.extend_lens, spec)
         nodes = [spec.num_nodes(k, topk) if k else n for k, n in zip(ks, plan.extend_lens)]
         # a suffix draft needs no draft rows of its own
         scratch = [spec.num_scratch(k, topk) if k and p != "suffix" else 0
@@ -372,3 +374,15 @@ class Scheduler(Committer):
         held, self.held = self.held or [], None
         for req in held:
             self._release(req)
+
+
+def _fit_deep_drafts(ks: list[int], extend_lens: list[int], spec: Speculation) -> None:
+    """Cut chains deeper than the model's K (suffix drafts), deepest first, until the step
+    verifies at most spec.max_verify_tokens: past that its activations were never profiled."""
+    total = sum(spec.num_nodes(k, 1) if k else n for k, n in zip(ks, extend_lens))
+    for i in sorted(range(len(ks)), key=lambda j: -ks[j]):
+        if total <= spec.max_verify_tokens or ks[i] <= spec.num_draft_tokens:
+            return
+        cut = min(total - spec.max_verify_tokens, ks[i] - spec.num_draft_tokens)
+        ks[i] -= cut
+        total -= cut

@@ -107,7 +107,16 @@ class SpecRunner:
             draft_row_shift=int(self.proposer.shifted_inputs),
             mixed=riders, proposer=self.proposer_name,
             suffix_draft_tokens=self.suffix_draft_tokens,
-            suffix_values=self.proposer.price if self.suffix_draft_tokens else None)
+            suffix_values=self.proposer.price if self.suffix_draft_tokens else None,
+            max_verify_tokens=self.max_verify_tokens())
+
+    def max_verify_tokens(self) -> int:
+        """A hybrid's cap on one VERIFY step's tokens: max_num_seqs requests at the model's
+        widest shape (the memory profile's largest VERIFY); 0 where no draft goes deeper."""
+        if self.suffix_draft_tokens <= self.num_draft_tokens:
+            return 0
+        k = self.num_draft_tokens
+        return self.runner.config.max_num_seqs * max(self.nodes(k, 1), self.nodes(k, self.topk))
 
     def gear(self, plan: StepPlan) -> int:
         """The cost model's key of a planned step: K for chains (0 = plain decode), the

@@ -165,3 +165,31 @@ def test_only_a_policy_that_prices_suffix_drafts_gets_their_values():
         assert len(priced) == calls
         assert plan.proposers == (["suffix"] if calls else ["eagle3"])
         assert plan.draft_lens == ([8] if calls else [4])
+
+
+def test_deep_suffix_drafts_are_cut_to_the_profiled_verify_size():
+    """A VERIFY step sends at most the tokens the start-up profiled (max_num_seqs chains of
+    the model's depth): suffix drafts deeper than that are cut, deepest first."""
+    from test_scheduler import step_once
+
+    from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
+    from gearshift.scheduler.plan import Speculation
+    from gearshift.scheduler.scheduler import Scheduler
+
+    def values(reqs, k):
+        return [[0.95] * k for _ in reqs]
+
+    for cap, want in ((0, [8, 8]), (12, [2, 8])):
+        spec = Speculation(2, 1, lambda k, t: k + 1, lambda k, t: 0, proposer="eagle3",
+                           suffix_draft_tokens=8, suffix_values=values, max_verify_tokens=cap)
+        slots, rows = SlotPool(256), ReqRowPool(2)
+        s = Scheduler(slots, rows, max_num_seqs=2, max_num_batched_tokens=64, max_model_len=200,
+                      speculation=spec, policy=HybridPolicy(AlwaysPolicy(2), "eagle3"),
+                      overlap=False)
+        s.add(Request("a", [1, 2, 3], SamplingParams(max_tokens=20), 0))
+        s.add(Request("b", [1, 2, 3], SamplingParams(max_tokens=20), 0))
+        step_once(s, slots, rows, lambda plan: [5, 5])  # the prefills
+        plan = s.schedule()
+        assert plan.proposers == ["suffix", "suffix"]
+        assert sorted(plan.draft_lens) == want
+        assert not cap or sum(plan.num_nodes) <= cap
