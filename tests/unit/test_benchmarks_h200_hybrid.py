@@ -1,0 +1,33 @@
+"""benchmarks/h200_hybrid.sh end to end in its CPU smoke mode (H200_SMOKE=1: h200.sh's widened
+copy of the embedded default model, toy sizes): each workload's step compares the hybrid
+with each proposer alone and writes its JSON, so the script behind the hybrid's GPU figures
+cannot rot between GPU runs.
+
+Data flow (tests only): bash benchmarks/h200_hybrid.sh (subprocess) -> OUT/* -> assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_smoke_run_compares_the_hybrid_on_every_workload(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "H200_SMOKE": "1", "OUT": str(out), "OMP_NUM_THREADS": "1",
+           "COMMIT": "smoketest"}
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "h200_hybrid.sh")], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == ["pair", "agentic", "novel", "mixed_agentic"]
+    for name, workload in (("agentic", "agentic"), ("novel", "uniform"),
+                           ("mixed_agentic", "mixed-agentic")):
+        data = json.loads((out / f"{name}.json").read_text())
+        assert set(data["results"]) == {"hybrid", "model-only", "suffix-only"}
+        assert data["args"]["workload"] == workload
+        assert "eagle3+suffix" in next(s["command"] for s in steps if s["step"] == name)
