@@ -15,6 +15,7 @@ import pytest
 from policy_helpers import measured_online, memory_bound_costs
 
 from gearshift.policy.base import PolicyView
+from gearshift.policy.cost import CostModel
 from gearshift.policy.goodput import GoodputPolicy
 from gearshift.policy.hybrid import HybridPolicy
 from gearshift.policy.static import AlwaysPolicy
@@ -165,3 +166,46 @@ def test_only_a_policy_that_prices_suffix_drafts_gets_their_values():
         assert len(priced) == calls
         assert plan.proposers == (["suffix"] if calls else ["eagle3"])
         assert plan.draft_lens == ([8] if calls else [4])
+
+
+def draft_heavy_costs(kmax: int = 4) -> CostModel:
+    """A step: 10 ms, 1 ms per verified draft, 2 ms per draft step of the model."""
+    m = CostModel(draft_ms_per_depth=2.0)
+    for k in range(kmax + 1):
+        m.base[k] = [[1.0, 10.0 + 3.0 * k], [8.0, 12.0 + 3.0 * k]]
+        m.attn_ms_per_token[k] = 0.0
+    return measured_online(m)
+
+
+def test_a_step_without_model_drafts_is_priced_without_the_draft_pass():
+    """EAGLE-3 at 0.9 expects 4.1 tokens from K = 4 (22 ms with its draft); the suffix chain
+    expects 4.0 from K = 4, and runs no draft pass (14 ms): suffix wins by far."""
+    pricer = SuffixPricer(SuffixProposer(0).preview)
+    req = copying("copy")
+    inner = GoodputPolicy(draft_heavy_costs(), 4, explore_every=10 ** 6)
+    policy = HybridPolicy(inner, "eagle3")
+    view = view_of([req], pricer, k_suffix=8)
+    req.spec_alpha_num, req.spec_alpha_den = 900.0, 1000.0
+    view.suffix_values = [[0.75] * 4]
+    assert policy.plan(view) == [4]
+    assert policy.step_proposers(view) == ["suffix"]
+    free = policy.free_cost
+    assert free.predict(4, 1, 0) == pytest.approx(14.0)  # 22 ms less 4 draft steps
+    assert free.predict(8, 1, 0) == pytest.approx(18.0)  # past K = 4: 1 ms per draft
+
+
+def test_steps_without_model_drafts_price_themselves_not_the_models_gears():
+    inner = GoodputPolicy(draft_heavy_costs(), 4, explore_every=10 ** 6)
+    policy = HybridPolicy(inner, "eagle3")
+    pricer = SuffixPricer(SuffixProposer(0).preview)
+    policy.plan(view_of([copying("copy")], pricer))  # builds the suffix steps' table
+    before = [list(p) for p in inner.cost.base[2]]
+    policy.observe_model_free(2, 1, 100, 8.0)
+    assert inner.cost.base[2] == before, "no draft pass ran: not a price of gear 2"
+    assert policy.free_cost.predict(2, 1, 0) == pytest.approx(8.0)
+    alone = HybridPolicy(GoodputPolicy(draft_heavy_costs(), 4, explore_every=10 ** 6),
+                         "eagle3", mode="suffix")
+    seen = []
+    alone.inner.observe = lambda *a, **kw: seen.append(a)
+    alone.observe_model_free(2, 1, 100, 8.0)
+    assert seen == [(2, 1, 100, 8.0, None)], "suffix decoding alone prices its gears as before"
