@@ -12,11 +12,13 @@ length its match pays for:
     step       G = sum_i E_i / t(verified tokens, the model's deepest K)
 
 With a step-time model (goodput), requests switch to suffix best gain first, each at the K
-that maximises G, while G grows by more than `margin`. A step where no request drafts with
-the model runs no draft pass: the hybrid prices it by its own table (`free_cost`: the
-model's gears less their draft steps, then learned from those steps alone), and the
-model's gears learn only from steps that ran its draft. A tree step keeps its shape (one
-tree per request: a switch adds no verified tokens, suffix wins where it expects more).
+that maximises G, while G grows by more than `margin`; then the model's remaining requests
+decode plainly, least accepting first, where that grows G by more than `margin`. A step
+where no request drafts with the model runs no draft pass: the hybrid prices it by its own
+table (`free_cost`: the model's gears less their draft steps, then learned from those steps
+alone), and the model's gears learn only from steps that ran its draft. A tree step keeps
+its shape (one tree per request: a switch adds no verified tokens, suffix wins where it
+expects more).
 Without one (always, random, threshold), suffix takes a request where its drafts valued at
 least `min_value` expect more accepted tokens than the model's K. The model's own K and
 acceptance evidence are the inner policy's (suffix outcomes feed only the calibration).
@@ -180,6 +182,25 @@ class HybridPolicy(Policy):
             if pick is not None:
                 best, k, e = pick
                 tok[i], ver[i], depth[i], ks[i], props[i] = e, k + 1, 0, k, SUFFIX
+        if self.mode == "both":
+            self._plain_model_rows(ks, props, tok, ver, depth, price, best)
+
+    def _plain_model_rows(self, ks, props, tok, ver, depth, price, best: float) -> None:
+        """The model's K was planned for every request; with some drafting from their
+        suffix, the rest may no longer pay for the draft pass (saved only once no request
+        drafts with the model): its requests go to K = 0, least accepting first, where a
+        number of them does better by more than `margin`."""
+        rows = sorted((i for i, k in enumerate(ks) if k and props[i] == self.model),
+                      key=lambda i: (tok[i] - 1.0) / ks[i])
+        t, v, pick = sum(tok), sum(ver), None
+        for j, i in enumerate(rows, start=1):
+            t, v = t - tok[i] + 1.0, v - ver[i] + 1
+            d = max((depth[x] for x in range(len(ks)) if x not in rows[:j]), default=0)
+            g = t / price(v, d)
+            if g > best * (1.0 + self.margin) and (pick is None or g > pick[0]):
+                pick = (g, j)
+        for i in rows[:pick[1]] if pick is not None else []:
+            ks[i] = 0
 
     def _pricer(self, view: PolicyView):
         """(verified tokens, the model's deepest K) -> predicted step ms: the gears' prices

@@ -209,3 +209,20 @@ def test_steps_without_model_drafts_price_themselves_not_the_models_gears():
     alone.inner.observe = lambda *a, **kw: seen.append(a)
     alone.observe_model_free(2, 1, 100, 8.0)
     assert seen == [(2, 1, 100, 8.0, None)], "suffix decoding alone prices its gears as before"
+
+
+def test_the_models_last_rows_decode_plainly_where_its_draft_pass_no_longer_pays():
+    """Goodput plans K = 4 for both requests (at 0.9 acceptance); the copying one then
+    drafts from its suffix. The novel one's 3.1 extra tokens would need the draft pass
+    (8 ms): without it the step is 4 + 14 ms shorter, so it decodes plainly."""
+    pricer = SuffixPricer(SuffixProposer(0).preview)
+    reqs = [copying("copy"), novel("new")]
+    inner = GoodputPolicy(draft_heavy_costs(), 4, explore_every=10 ** 6)
+    policy = HybridPolicy(inner, "eagle3")
+    view = view_of(reqs, pricer, k_suffix=8)
+    for r in reqs:
+        r.spec_alpha_num, r.spec_alpha_den = 900.0, 1000.0
+    view.suffix_values = [[0.95] * 8, []]
+    assert inner.plan(view) == [4, 4]
+    assert policy.plan(view) == [8, 0]
+    assert policy.step_proposers(view) == ["suffix", "eagle3"]
