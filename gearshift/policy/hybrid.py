@@ -97,7 +97,9 @@ class HybridPolicy(Policy):
         if ks and len(set(ks)) > 1:  # mixed K: its error, carried to its gear's price
             ms *= self.free_cost.predict(gear, pbs, ctx_tokens) / self._free_price(
                 n, pbs, ctx_tokens)(n + sum(ks))
-        self.free_cost.observe(gear, pbs, ctx_tokens, ms, share=True)
+        # each gear its own: a cliff at one K (a shape slow on this machine) must not move
+        # every other K's price with it
+        self.free_cost.observe(gear, pbs, ctx_tokens, ms)
 
     def observe_catch_up(self, rows: int, ms: float) -> None:
         self.inner.observe_catch_up(rows, ms)

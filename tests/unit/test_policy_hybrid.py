@@ -226,3 +226,14 @@ def test_the_models_last_rows_decode_plainly_where_its_draft_pass_no_longer_pays
     assert inner.plan(view) == [4, 4]
     assert policy.plan(view) == [8, 0]
     assert policy.step_proposers(view) == ["suffix", "eagle3"]
+
+
+def test_a_slow_suffix_gear_does_not_move_the_others():
+    inner = GoodputPolicy(draft_heavy_costs(), 4, explore_every=10 ** 6)
+    policy = HybridPolicy(inner, "eagle3")
+    policy.plan(view_of([copying("copy")], SuffixPricer(SuffixProposer(0).preview)))
+    deep = policy.free_cost.predict(8, 1, 0)
+    for _ in range(20):
+        policy.observe_model_free(4, 1, 0, 200.0)
+    assert policy.free_cost.predict(4, 1, 0) > 100.0
+    assert policy.free_cost.predict(8, 1, 0) == pytest.approx(deep)
