@@ -112,6 +112,10 @@ class RecordingPolicy(Policy):
                 ks: list[int] | None = None) -> None:
         self.policy.observe(k, bs, ctx_tokens, ms, ks)
 
+    def observe_model_free(self, k: int, bs: int, ctx_tokens: int, ms: float,
+                           ks: list[int] | None = None) -> None:
+        self.policy.observe_model_free(k, bs, ctx_tokens, ms, ks)
+
     def observe_catch_up(self, rows: int, ms: float) -> None:
         self.policy.observe_catch_up(rows, ms)
 

@@ -11,6 +11,9 @@
                     the wait for the step before it); synchronous: its wall time
     EXTEND step     not observed (goodput prices decode gears only)
 
+A VERIFY step whose drafts all came from suffix decoding (a hybrid's) ran no draft pass:
+it goes to policy.observe_model_free.
+
 A step that captured a CUDA graph is not observed: a one-off capture would teach the
 policy that its gear costs seconds.
 
@@ -21,6 +24,7 @@ context, ms[, ks=K per request of a chain step mixing K]) and policy.observe_cat
 from __future__ import annotations
 
 from gearshift.forward_batch import ForwardMode
+from gearshift.policy.hybrid import SUFFIX
 from gearshift.scheduler.plan import StepPlan
 
 
@@ -64,7 +68,11 @@ class CostFeedback:
     @staticmethod
     def _observe(policy, plan: StepPlan, gear: int, ms: float) -> None:
         ctx = sum(r.num_tokens for r in plan.reqs)
-        if gear and plan.draft_topk == 1 and len(set(plan.draft_lens)) > 1:
-            policy.observe(gear, plan.batch_size, ctx, ms, ks=plan.draft_lens)  # mixed K
+        mixed = gear and plan.draft_topk == 1 and len(set(plan.draft_lens)) > 1
+        ks = plan.draft_lens if mixed else None
+        if gear and plan.proposers and all(p in ("", SUFFIX) for p in plan.proposers):
+            policy.observe_model_free(gear, plan.batch_size, ctx, ms, ks)  # no draft pass
+        elif mixed:
+            policy.observe(gear, plan.batch_size, ctx, ms, ks=ks)  # mixed K
         else:
             policy.observe(gear, plan.batch_size, ctx, ms)

@@ -76,6 +76,12 @@ class Policy(ABC):
         nothing)."""
         return None
 
+    def observe_model_free(self, k: int, bs: int, ctx_tokens: int, ms: float,
+                           ks: list[int] | None = None) -> None:
+        """A VERIFY step at gear k whose drafts all came from a proposer with no model (a
+        hybrid's suffix decoding: no draft pass ran) took `ms`. Default: as any step."""
+        self.observe(k, bs, ctx_tokens, ms, ks)
+
     def observe_catch_up(self, rows: int, ms: float) -> None:
         """A VERIFY step's draft caught up over `rows` rows in `ms`. Default: nothing."""
         return None

@@ -12,8 +12,13 @@ length its match pays for:
     step       G = sum_i E_i / t(verified tokens, the model's deepest K)
 
 With a step-time model (goodput), requests switch to suffix best gain first, each at the K
-that maximises G, while G grows by more than `margin`; a tree step keeps its shape (one
-tree per request: a switch adds no verified tokens, suffix wins where it expects more).
+that maximises G, while G grows by more than `margin`; then the model's remaining requests
+decode plainly, least accepting first, where that grows G by more than `margin`. A step
+where no request drafts with the model runs no draft pass: the hybrid prices it by its own
+table (`free_cost`: the model's gears less their draft steps, then learned from those steps
+alone), and the model's gears learn only from steps that ran its draft. A tree step keeps
+its shape (one tree per request: a switch adds no verified tokens, suffix wins where it
+expects more).
 Without one (always, random, threshold), suffix takes a request where its drafts valued at
 least `min_value` expect more accepted tokens than the model's K. The model's own K and
 acceptance evidence are the inner policy's (suffix outcomes feed only the calibration).
@@ -28,6 +33,7 @@ step_topk(view), step_proposers(view) -> StepPlan.draft_lens / proposers.
 from __future__ import annotations
 
 from gearshift.policy.base import Policy, PolicyView
+from gearshift.policy.cost import CostModel
 from gearshift.policy.scoring import expected_tokens
 
 SUFFIX = "suffix"
@@ -48,6 +54,9 @@ class HybridPolicy(Policy):
             lambda view, greedy=True: _population(view, prior, greedy)
         self.prior_weight = scorer.prior_weight if scorer is not None else prior_weight
         self._proposers: list[str] | None = None
+        # mode both: the price of a step no request drafts with the model (the target's
+        # pass alone) at K = mean suffix K; built at the first priced plan (model_free_costs)
+        self.free_cost: CostModel | None = None
         self._topk = 1
         self.picks = {model: 0, SUFFIX: 0}  # request-steps planned per proposer (K > 0)
 
@@ -71,6 +80,26 @@ class HybridPolicy(Policy):
         kmax = getattr(self.inner, "num_draft_tokens", k)
         if k <= kmax and (not ks or max(ks) <= kmax):
             self.inner.observe(k, bs, ctx_tokens, ms, ks)
+
+    def observe_model_free(self, k: int, bs: int, ctx_tokens: int, ms: float,
+                           ks: list[int] | None = None) -> None:
+        """A VERIFY step no request drafted with the model: the hybrid's own table of such
+        steps (no draft pass: the model's gears would read it as a cheap gear k). Alone,
+        suffix decoding's steps are the only VERIFY steps: they price its gears as before."""
+        if self.mode != "both":
+            self.observe(k, bs, ctx_tokens, ms, ks)
+            return
+        if self.free_cost is None or not k:
+            return
+        n, pbs = bs, getattr(self.inner, "pad", lambda b: b)(bs)
+        top = max(self.free_cost.base)
+        gear = min(k, top)
+        if ks and len(set(ks)) > 1:  # mixed K: its error, carried to its gear's price
+            ms *= self.free_cost.predict(gear, pbs, ctx_tokens) / self._free_price(
+                n, pbs, ctx_tokens)(n + sum(ks))
+        # each gear its own: a cliff at one K (a shape slow on this machine) must not move
+        # every other K's price with it
+        self.free_cost.observe(gear, pbs, ctx_tokens, ms)
 
     def observe_catch_up(self, rows: int, ms: float) -> None:
         self.inner.observe_catch_up(rows, ms)
@@ -131,6 +160,9 @@ class HybridPolicy(Policy):
     def _priced(self, view, ks, props, alphas, values) -> None:
         """Switch requests to suffix, best gain first, at the K maximising tokens per ms."""
         n, cap = len(ks), view.suffix_draft_tokens
+        if self.mode == "both" and self.free_cost is None:
+            self.free_cost = model_free_costs(self.cost, getattr(self.inner, "num_draft_tokens",
+                                                                 view.num_draft_tokens), cap)
         price = self._pricer(view)
         tok = [self._model_tokens(a, k) for a, k in zip(alphas, ks)]
         if self.mode == SUFFIX:
@@ -152,6 +184,25 @@ class HybridPolicy(Policy):
             if pick is not None:
                 best, k, e = pick
                 tok[i], ver[i], depth[i], ks[i], props[i] = e, k + 1, 0, k, SUFFIX
+        if self.mode == "both":
+            self._plain_model_rows(ks, props, tok, ver, depth, price, best)
+
+    def _plain_model_rows(self, ks, props, tok, ver, depth, price, best: float) -> None:
+        """The model's K was planned for every request; with some drafting from their
+        suffix, the rest may no longer pay for the draft pass (saved only once no request
+        drafts with the model): its requests go to K = 0, least accepting first, where a
+        number of them does better by more than `margin`."""
+        rows = sorted((i for i, k in enumerate(ks) if k and props[i] == self.model),
+                      key=lambda i: (tok[i] - 1.0) / ks[i])
+        t, v, pick = sum(tok), sum(ver), None
+        for j, i in enumerate(rows, start=1):
+            t, v = t - tok[i] + 1.0, v - ver[i] + 1
+            d = max((depth[x] for x in range(len(ks)) if x not in rows[:j]), default=0)
+            g = t / price(v, d)
+            if g > best * (1.0 + self.margin) and (pick is None or g > pick[0]):
+                pick = (g, j)
+        for i in rows[:pick[1]] if pick is not None else []:
+            ks[i] = 0
 
     def _pricer(self, view: PolicyView):
         """(verified tokens, the model's deepest K) -> predicted step ms: the gears' prices
@@ -167,15 +218,60 @@ class HybridPolicy(Policy):
         top = cost.predict(kmax, pad(n), ctx)
         slope = max(top - cost.predict(max(kmax - 1, 0), pad(n), ctx), 0.0)
         per_depth = getattr(cost, "draft_ms_per_depth", 0.0)
+        free = None if self.free_cost is None else self._free_price(n, pad(n), ctx, bucket)
 
         def price(tokens: int, depth: int) -> float:
             if tokens == n and depth == 0:
                 return pricer(tokens, 0)
+            if depth == 0 and free is not None:  # no draft pass: the target's alone
+                return free(tokens)
             mean = tokens / n - 1.0
             if mean <= kmax:
                 return pricer(tokens, depth)
             return top + (mean - kmax) * slope + per_depth * max(depth - kmax, 0)
         return price
+
+
+    def _free_price(self, n: int, pbs: int, ctx: int, bucket=None):
+        """verified tokens -> ms of a step of n requests none drafting with the model: its
+        table's prices at the mean K, linear between gears (below K = 1: gear 1's)."""
+        cost = self.free_cost
+        top = max(cost.base)
+        prices = [cost.predict(k, pbs, ctx) for k in range(top + 1)]
+
+        def price(tokens: int) -> float:
+            if bucket is not None:
+                tokens = bucket(tokens) * n / pbs
+            mean = min(max(tokens / n - 1.0, 1.0), float(top))
+            lo = min(int(mean), top - 1) if top > 1 else 1
+            hi = min(lo + 1, top)
+            return prices[lo] + (mean - lo) * (prices[hi] - prices[lo])
+        return price
+
+
+def model_free_costs(model: CostModel, kmax: int, depth: int) -> CostModel:
+    """Gears 1..depth of steps that verify chains of K drafts the model did not propose: the
+    model's gears less its K draft steps (draft_ms_per_depth each), past its deepest gear
+    on its last gears' slope less a draft step; never below its plain step. A prior: the
+    steps observed replace it (CostModel.observe)."""
+    per_depth = model.draft_ms_per_depth
+    free = CostModel(draft_ms_per_depth=0.0)
+    sizes = [bs for bs, _ in model.base[kmax]]
+    for k in range(depth + 1):
+        g = min(k, kmax)
+        pts = []
+        for bs in sizes:
+            ms, plain = model.predict(g, bs, 0), model.predict(0, bs, 0)
+            if k:
+                ms -= per_depth * g
+            if k > kmax > 1:
+                slope = model.predict(kmax, bs, 0) - model.predict(kmax - 1, bs, 0)
+                ms += (k - kmax) * max(slope - per_depth, 0.0)
+            pts.append([bs, max(ms, plain)])
+        free.base[k] = pts
+        free.counts[k] = [0] * len(pts)
+        free.attn_ms_per_token[k] = model.attn_ms_per_token.get(g, 0.0)
+    return free
 
 
 def _cumulative(values: list[float]) -> list[float]:

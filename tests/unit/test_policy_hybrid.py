@@ -15,6 +15,7 @@ import pytest
 from policy_helpers import measured_online, memory_bound_costs
 
 from gearshift.policy.base import PolicyView
+from gearshift.policy.cost import CostModel
 from gearshift.policy.goodput import GoodputPolicy
 from gearshift.policy.hybrid import HybridPolicy
 from gearshift.policy.static import AlwaysPolicy
@@ -193,3 +194,74 @@ def test_deep_suffix_drafts_are_cut_to_the_profiled_verify_size():
         assert plan.proposers == ["suffix", "suffix"]
         assert sorted(plan.draft_lens) == want
         assert not cap or sum(plan.num_nodes) <= cap
+
+
+def draft_heavy_costs(kmax: int = 4) -> CostModel:
+    """A step: 10 ms, 1 ms per verified draft, 2 ms per draft step of the model."""
+    m = CostModel(draft_ms_per_depth=2.0)
+    for k in range(kmax + 1):
+        m.base[k] = [[1.0, 10.0 + 3.0 * k], [8.0, 12.0 + 3.0 * k]]
+        m.attn_ms_per_token[k] = 0.0
+    return measured_online(m)
+
+
+def test_a_step_without_model_drafts_is_priced_without_the_draft_pass():
+    """EAGLE-3 at 0.9 expects 4.1 tokens from K = 4 (22 ms with its draft); the suffix chain
+    expects 4.0 from K = 4, and runs no draft pass (14 ms): suffix wins by far."""
+    pricer = SuffixPricer(SuffixProposer(0).preview)
+    req = copying("copy")
+    inner = GoodputPolicy(draft_heavy_costs(), 4, explore_every=10 ** 6)
+    policy = HybridPolicy(inner, "eagle3")
+    view = view_of([req], pricer, k_suffix=8)
+    req.spec_alpha_num, req.spec_alpha_den = 900.0, 1000.0
+    view.suffix_values = [[0.75] * 4]
+    assert policy.plan(view) == [4]
+    assert policy.step_proposers(view) == ["suffix"]
+    free = policy.free_cost
+    assert free.predict(4, 1, 0) == pytest.approx(14.0)  # 22 ms less 4 draft steps
+    assert free.predict(8, 1, 0) == pytest.approx(18.0)  # past K = 4: 1 ms per draft
+
+
+def test_steps_without_model_drafts_price_themselves_not_the_models_gears():
+    inner = GoodputPolicy(draft_heavy_costs(), 4, explore_every=10 ** 6)
+    policy = HybridPolicy(inner, "eagle3")
+    pricer = SuffixPricer(SuffixProposer(0).preview)
+    policy.plan(view_of([copying("copy")], pricer))  # builds the suffix steps' table
+    before = [list(p) for p in inner.cost.base[2]]
+    policy.observe_model_free(2, 1, 100, 8.0)
+    assert inner.cost.base[2] == before, "no draft pass ran: not a price of gear 2"
+    assert policy.free_cost.predict(2, 1, 0) == pytest.approx(8.0)
+    alone = HybridPolicy(GoodputPolicy(draft_heavy_costs(), 4, explore_every=10 ** 6),
+                         "eagle3", mode="suffix")
+    seen = []
+    alone.inner.observe = lambda *a, **kw: seen.append(a)
+    alone.observe_model_free(2, 1, 100, 8.0)
+    assert seen == [(2, 1, 100, 8.0, None)], "suffix decoding alone prices its gears as before"
+
+
+def test_the_models_last_rows_decode_plainly_where_its_draft_pass_no_longer_pays():
+    """Goodput plans K = 4 for both requests (at 0.9 acceptance); the copying one then
+    drafts from its suffix. The novel one's 3.1 extra tokens would need the draft pass
+    (8 ms): without it the step is 4 + 14 ms shorter, so it decodes plainly."""
+    pricer = SuffixPricer(SuffixProposer(0).preview)
+    reqs = [copying("copy"), novel("new")]
+    inner = GoodputPolicy(draft_heavy_costs(), 4, explore_every=10 ** 6)
+    policy = HybridPolicy(inner, "eagle3")
+    view = view_of(reqs, pricer, k_suffix=8)
+    for r in reqs:
+        r.spec_alpha_num, r.spec_alpha_den = 900.0, 1000.0
+    view.suffix_values = [[0.95] * 8, []]
+    assert inner.plan(view) == [4, 4]
+    assert policy.plan(view) == [8, 0]
+    assert policy.step_proposers(view) == ["suffix", "eagle3"]
+
+
+def test_a_slow_suffix_gear_does_not_move_the_others():
+    inner = GoodputPolicy(draft_heavy_costs(), 4, explore_every=10 ** 6)
+    policy = HybridPolicy(inner, "eagle3")
+    policy.plan(view_of([copying("copy")], SuffixPricer(SuffixProposer(0).preview)))
+    deep = policy.free_cost.predict(8, 1, 0)
+    for _ in range(20):
+        policy.observe_model_free(4, 1, 0, 200.0)
+    assert policy.free_cost.predict(4, 1, 0) > 100.0
+    assert policy.free_cost.predict(8, 1, 0) == pytest.approx(deep)
