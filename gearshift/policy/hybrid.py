@@ -76,9 +76,11 @@ class HybridPolicy(Policy):
 
     def observe(self, k: int, bs: int, ctx_tokens: int, ms: float,
                 ks: list[int] | None = None) -> None:
-        """Steps the model's gears price (suffix drafts deeper than its K are no gear)."""
+        """Steps the model's gears price: its chains and its tree (gear K + 1, while the
+        inner policy plans trees); suffix drafts deeper than its K are no gear."""
         kmax = getattr(self.inner, "num_draft_tokens", k)
-        if k <= kmax and (not ks or max(ks) <= kmax):
+        gear = k <= kmax or (k == kmax + 1 and self._topk > 1)  # the tree
+        if gear and (not ks or max(ks) <= kmax):
             self.inner.observe(k, bs, ctx_tokens, ms, ks)
 
     def observe_model_free(self, k: int, bs: int, ctx_tokens: int, ms: float,

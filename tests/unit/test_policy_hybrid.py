@@ -265,3 +265,30 @@ def test_a_slow_suffix_gear_does_not_move_the_others():
         policy.observe_model_free(4, 1, 0, 200.0)
     assert policy.free_cost.predict(4, 1, 0) > 100.0
     assert policy.free_cost.predict(8, 1, 0) == pytest.approx(deep)
+
+
+def test_the_models_tree_steps_price_its_tree_gear():
+    """A tree step is gear K + 1 of the model's cost model: the hybrid passes its time on
+    (dropped, the tree's price stays at its start-up figure however slow real tree steps
+    run, and goodput keeps choosing it); a mixed chain step deeper than K is no gear."""
+    class Inner(GoodputPolicy):
+        def __init__(self):
+            super().__init__(measured_online(memory_bound_costs(4)), 4)
+            self.seen = []
+
+        def step_topk(self, view):
+            return 4  # trees
+
+        def observe(self, k, bs, ctx_tokens, ms, ks=None):
+            self.seen.append((k, ks))
+
+    inner = Inner()
+    policy = HybridPolicy(inner, "eagle3", mode="model")
+    reqs = [novel("a"), novel("b")]
+    policy.plan(PolicyView(reqs, 0, 4))
+    assert policy.step_topk(PolicyView(reqs, 0, 4)) == 4
+    policy.observe(5, 2, 100, 90.0)  # the tree
+    policy.observe(4, 2, 100, 20.0, ks=[9, 4])  # a suffix chain deeper than K beside the model's
+    policy.observe(3, 2, 100, 15.0)
+    assert inner.seen == [(5, None), (3, None)]
+
