@@ -45,7 +45,7 @@ class FakeMemory:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def settle(self) -> None:
-        pass
+        """Nothing to wait for: the fake's counters are exact at once."""
 
     def allocated(self) -> int:
         return (self.engine.runner.weights_bytes + memory_profile._draft_bytes(self.engine)
