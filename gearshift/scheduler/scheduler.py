@@ -379,6 +379,8 @@ class Scheduler(Committer):
 def _fit_deep_drafts(ks: list[int], extend_lens: list[int], spec: Speculation) -> None:
     """Cut chains deeper than the model's K (suffix drafts), deepest first, until the step
     verifies at most spec.max_verify_tokens: past that its activations were never profiled."""
+    if max(ks, default=0) <= spec.num_draft_tokens:
+        return  # nothing to cut (most steps): no pass over the batch
     total = sum(spec.num_nodes(k, 1) if k else n for k, n in zip(ks, extend_lens))
     for i in sorted(range(len(ks)), key=lambda j: -ks[j]):
         if total <= spec.max_verify_tokens or ks[i] <= spec.num_draft_tokens:
