@@ -3,7 +3,8 @@ copy of the embedded default model, toy sizes): each workload's step compares th
 with each proposer alone and writes its JSON, so the script behind the hybrid's GPU figures
 cannot rot between GPU runs.
 
-Data flow (tests only): bash benchmarks/h200_hybrid.sh (subprocess) -> OUT/* -> assertions.
+Data flow (tests only): bash benchmarks/h200_hybrid.sh (subprocess) -> OUT/* -> assertions
+and benchmarks/hybrid_report.py (the page's section) over the same folder.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import hybrid_report  # noqa: E402
 
 
 def test_smoke_run_compares_the_hybrid_on_every_workload(tmp_path):
@@ -31,3 +36,10 @@ def test_smoke_run_compares_the_hybrid_on_every_workload(tmp_path):
         assert set(data["results"]) == {"hybrid", "model-only", "suffix-only"}
         assert data["args"]["workload"] == workload
         assert "eagle3+suffix" in next(s["command"] for s in steps if s["step"] == name)
+
+    # the page's section from the same folder: every workload's table, no verdict off a GPU
+    page = hybrid_report.section(out)
+    assert "did not run" not in page
+    for label, *_ in hybrid_report.CRITERIA.values():
+        assert f"**{label}**" in page
+    assert page.count("not judged off the GPU") == 2  # agentic and novel at c = 1

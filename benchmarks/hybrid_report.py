@@ -1,0 +1,107 @@
+"""The "A proposer per request" section of docs/benchmarks.md, from the folder
+benchmarks/h200_hybrid.sh wrote: per workload and concurrency, the hybrid (eagle3+suffix,
+goodput picks the proposer and K per request) against EAGLE-3 alone and suffix decoding
+alone, tok/s of each policy's better pass, the proposer mix, and the criteria (judged on a
+GPU run only; a smoke or CPU run prints the ratios).
+
+    python benchmarks/hybrid_report.py OUT     # prints the section (markdown)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from gearshift.bench.hybrid import HYBRID_POLICIES
+
+# workload file -> (label, the ratio the criterion reads, its bar, the c it is judged at)
+CRITERIA = {
+    "agentic": ("agentic (edit loops that copy their input)", "over_model", 1.5, (1, 8)),
+    "novel": ("novel text (corpus windows)", "over_model", 0.97, (1, 8, 64)),
+    "mixed_agentic": ("mixed-agentic (half each)", "over_best", 1.15, (8, 32)),
+}
+LABEL = {"over_model": "hybrid / model-only", "over_best": "hybrid / best single"}
+
+
+def best_of(point: dict) -> float:
+    return max(point.get("pass_tok_per_s") or [point["output_tok_per_s"]])
+
+
+def rows(results: dict) -> list[dict]:
+    """Per concurrency: each policy's better pass, the two ratios and the proposer mix."""
+    at = {q: {p["concurrency"]: p for p in pts} for q, pts in results.items()}
+    out = []
+    for c, h in sorted(at["hybrid"].items()):
+        tps = {q: best_of(at[q][c]) for q in HYBRID_POLICIES if c in at.get(q, {})}
+        acc = {q: at[q][c].get("acceptance_rate") for q in tps}
+        picks = h.get("proposer_steps") or {}
+        singles = [v for q, v in tps.items() if q != "hybrid"]
+        out.append({"c": c, "tps": tps, "acc": acc,
+                    "over_model": tps["hybrid"] / tps["model-only"],
+                    "over_best": tps["hybrid"] / max(singles),
+                    "suffix_share": picks.get("suffix", 0) / max(sum(picks.values()), 1)})
+    return out
+
+
+def _cell(tps: float, acc: float | None) -> str:
+    return f"{tps:,.0f}" + (f" ({acc:.2f})" if acc is not None else "")
+
+
+def section(out: Path) -> str:
+    meta = json.loads((out / "meta.json").read_text())
+    steps = {}
+    if (out / "steps.jsonl").is_file():
+        for line in (out / "steps.jsonl").read_text().splitlines():
+            s = json.loads(line)
+            steps[s["step"]] = s
+    judged = bool(meta.get("gpu")) and not meta.get("smoke")
+    lines = ["## A proposer per request (hybrid)", "",
+             "`--speculative-algorithm eagle3+suffix`: each step goodput prices, per request, "
+             "EAGLE-3's chain or tree against a suffix-decoding draft (the request's prompt and "
+             "output plus recent outputs, no model) and picks the proposer and K. One engine "
+             "compares three policies, interleaved, 2 passes (better pass shown): `hybrid`, "
+             "`model-only` (EAGLE-3 alone, goodput) and `suffix-only`. In brackets: accepted / "
+             "proposed drafts; suffix share: request-steps the hybrid drafted by suffix "
+             "decoding.", "",
+             f"- device: {meta.get('gpu') or 'CPU'}; date: {meta['started'][:10]}; "
+             f"commit: `{str(meta['commit'])[:7]}`",
+             "- command: `OUT=out bash benchmarks/h200_hybrid.sh && "
+             "python benchmarks/hybrid_report.py out`", ""]
+    verdicts = []
+    for name, (label, key, bar, judged_at) in CRITERIA.items():
+        path = out / f"{name}.json"
+        if not path.is_file():
+            lines += [f"{label}: did not run.", ""]
+            continue
+        data = json.loads(path.read_text())
+        cmd = steps.get(name, {}).get("command")
+        lines += [f"**{label}**" + (f": `{cmd}`" if cmd else ""), "",
+                  "| c | " + " | ".join(HYBRID_POLICIES)
+                  + " | hybrid / model-only | hybrid / best single | suffix share |",
+                  "|---:|" + "---:|" * (len(HYBRID_POLICIES) + 3)]
+        for r in rows(data["results"]):
+            lines.append(f"| {r['c']} | " + " | ".join(
+                _cell(r["tps"][q], r["acc"][q]) if q in r["tps"] else "-"
+                for q in HYBRID_POLICIES)
+                + f" | {r['over_model']:.3f} | {r['over_best']:.3f} | {r['suffix_share']:.2f} |")
+            if r["c"] in judged_at:
+                verdicts.append((label, r["c"], key, bar, r[key]))
+        lines.append("")
+    for label, c, key, bar, v in verdicts:
+        verdict = ("PASS" if v >= bar else "FAIL") if judged else "not judged off the GPU"
+        lines.append(f"- {label}, c = {c}: {LABEL[key]} >= {bar}: {verdict} ({v:.3f})")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(__doc__)
+        return 2
+    print(section(Path(args[0])), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
