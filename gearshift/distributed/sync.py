@@ -85,6 +85,12 @@ class RecordingPolicy(Policy):
     last_prediction = property(attrgetter("policy.last_prediction"))
     prediction_log = property(attrgetter("policy.prediction_log"))
     prices_suffix = property(attrgetter("policy.prices_suffix"))
+    num_draft_tokens = property(attrgetter("policy.num_draft_tokens"))
+    scorer = property(attrgetter("policy.scorer"))
+    verify_tokens = property(attrgetter("policy.verify_tokens"))
+
+    def pad(self, bs: int) -> int:
+        return self.policy.pad(bs)
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy

@@ -52,6 +52,15 @@ class Policy(ABC):
     last_prediction: Mapping[str, object] = MappingProxyType({})  # the last scored plan's
     # "verify" / "plain" -> [measured ms, predicted ms, steps], summed over observed steps
     prediction_log: Mapping[str, list] = MappingProxyType({})
+    # what a policy wrapping this one (the hybrid) prices with: its deepest gear (None: the
+    # view's), its per-request acceptance prior (goodput's GearScorer) and its step shapes
+    num_draft_tokens: int | None = None
+    scorer = None
+    verify_tokens = None  # (rows, verified tokens) -> the graph's tokens; None: unpadded
+
+    def pad(self, bs: int) -> int:
+        """Batch size -> the batch size its step runs at (a graph's). Default: as is."""
+        return bs
 
     def step_topk(self, view: PolicyView) -> int:
         """Tree width of the step just planned for `view` (asked right after plan(); 1 =

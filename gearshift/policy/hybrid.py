@@ -49,7 +49,7 @@ class HybridPolicy(Policy):
         self.margin, self.min_value = margin, min_value
         # a request's acceptance: its evidence around the population's (goodput's scorer
         # where the inner policy has one)
-        scorer = getattr(inner, "scorer", None)
+        scorer = inner.scorer
         self._prior = scorer.population_prior if scorer is not None else \
             lambda view, greedy=True: _population(view, prior, greedy)
         self.prior_weight = scorer.prior_weight if scorer is not None else prior_weight
@@ -69,6 +69,12 @@ class HybridPolicy(Policy):
     reused = property(lambda self: self.inner.reused)
     last_prediction = property(lambda self: self.inner.last_prediction)
     prediction_log = property(lambda self: self.inner.prediction_log)
+    num_draft_tokens = property(lambda self: self.inner.num_draft_tokens)
+    scorer = property(lambda self: self.inner.scorer)
+    verify_tokens = property(lambda self: self.inner.verify_tokens)
+
+    def pad(self, bs: int) -> int:
+        return self.inner.pad(bs)
 
     def prepare(self, view: PolicyView) -> None:
         if self.mode != SUFFIX:
@@ -78,7 +84,7 @@ class HybridPolicy(Policy):
                 ks: list[int] | None = None) -> None:
         """Steps the model's gears price: its chains and its tree (gear K + 1, while the
         inner policy plans trees); suffix drafts deeper than its K are no gear."""
-        kmax = getattr(self.inner, "num_draft_tokens", k)
+        kmax = self.inner.num_draft_tokens or k
         gear = k <= kmax or (k == kmax + 1 and self._topk > 1)  # the tree
         if gear and (not ks or max(ks) <= kmax):
             self.inner.observe(k, bs, ctx_tokens, ms, ks)
@@ -93,7 +99,7 @@ class HybridPolicy(Policy):
             return
         if self.free_cost is None or not k:
             return
-        n, pbs = bs, getattr(self.inner, "pad", lambda b: b)(bs)
+        n, pbs = bs, self.inner.pad(bs)
         top = max(self.free_cost.base)
         gear = min(k, top)
         if ks and len(set(ks)) > 1:  # mixed K: its error, carried to its gear's price
@@ -163,8 +169,8 @@ class HybridPolicy(Policy):
         """Switch requests to suffix, best gain first, at the K maximising tokens per ms."""
         n, cap = len(ks), view.suffix_draft_tokens
         if self.mode == "both" and self.free_cost is None:
-            self.free_cost = model_free_costs(self.cost, getattr(self.inner, "num_draft_tokens",
-                                                                 view.num_draft_tokens), cap)
+            self.free_cost = model_free_costs(
+                self.cost, self.inner.num_draft_tokens or view.num_draft_tokens, cap)
         price = self._pricer(view)
         tok = [self._model_tokens(a, k) for a, k in zip(alphas, ks)]
         if self.mode == SUFFIX:
@@ -211,15 +217,15 @@ class HybridPolicy(Policy):
         at the mean K verified (CostModel.verified_pricer), past the deepest gear on the
         last gears' slope (long suffix chains)."""
         n, cost = len(view.requests), self.cost
-        kmax = getattr(self.inner, "num_draft_tokens", view.num_draft_tokens)
-        pad = getattr(self.inner, "pad", lambda bs: bs)
+        kmax = self.inner.num_draft_tokens or view.num_draft_tokens
+        pad = self.inner.pad
         ctx = sum(r.num_tokens for r in view.requests)
-        vt = getattr(self.inner, "verify_tokens", None)
+        vt = self.inner.verify_tokens
         bucket = None if vt is None else (lambda t: vt(n, t))
         pricer = cost.verified_pricer(n, ctx, kmax, padded_bs=pad(n), bucket=bucket)
         top = cost.predict(kmax, pad(n), ctx)
         slope = max(top - cost.predict(max(kmax - 1, 0), pad(n), ctx), 0.0)
-        per_depth = getattr(cost, "draft_ms_per_depth", 0.0)
+        per_depth = cost.draft_ms_per_depth
         free = None if self.free_cost is None else self._free_price(n, pad(n), ctx, bucket)
 
         def price(tokens: int, depth: int) -> float:
