@@ -173,7 +173,7 @@ def run_largest_steps(engine, sched: Scheduler, mem: CudaMemory, num_reqs: int |
 
 def _draft_bytes(engine) -> int:
     spec = engine.spec
-    own = spec and (getattr(spec.proposer, "model", None) or getattr(spec.proposer, "head", None))
+    own = spec.proposer.weights() if spec else None
     if own is None:
         return 0
     target = {p.data_ptr() for p in engine.runner.model.parameters()}

@@ -172,6 +172,18 @@ def test_a_configuration_that_cannot_fit_fails_at_start_up(make_llm, profiled, t
     assert "--max-num-seqs" in msg
 
 
+def test_a_hybrid_engine_counts_its_model_drafts_weights(make_llm, profiled, tiny_llama_dir,
+                                                          head_dir):
+    """eagle3+suffix: the draft's weights are EAGLE-3's, as alone (suffix decoding has none)."""
+    alone, _ = profiled(make_llm, tiny_llama_dir, total=GIB, activations=2**20,
+                        **_tree(head_dir))
+    hybrid, _ = profiled(make_llm, tiny_llama_dir, total=GIB, activations=2**20,
+                         **{**_tree(head_dir), "speculative_algorithm": "eagle3+suffix"})
+    draft = alone.engine.runner.memory_plan.budget.draft
+    assert draft > 0 and hybrid.engine.runner.memory_plan.budget.draft == draft
+    assert hybrid.engine.slots.total == alone.engine.slots.total
+
+
 def test_plain_engines_profile_too(make_llm, profiled, tiny_llama_dir):
     first, mem = profiled(make_llm, tiny_llama_dir, total=GIB, activations=2**20)
     assert first.engine.spec is None and mem.verify == []  # no VERIFY steps: one peak overall

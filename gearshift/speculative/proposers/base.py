@@ -47,9 +47,13 @@ class Proposer(ABC):
     # captured and timed at its real size (model proposers always do)
     full_drafts = False
 
+    def weights(self) -> torch.nn.Module | None:
+        """The draft's own model (its weights count in the memory profile); None: no model."""
+        return None
+
     def cost_fraction(self, target: torch.nn.Module) -> float:
         """Cost of one draft step relative to one target step (a prior for the policy)."""
-        own = getattr(self, "model", None) or getattr(self, "head", None)
+        own = self.weights()
         if own is None:
             return 0.0
         return sum(p.numel() for p in own.parameters()) / sum(p.numel() for p in target.parameters())

@@ -37,6 +37,9 @@ class DraftModelProposer(Proposer):
         self.attn = create_backend(config.attention_backend, kv, cfg.head_dim ** -0.5)
         self.vocab = cfg.vocab_size
 
+    def weights(self) -> torch.nn.Module:
+        return self.model
+
     def scratch_slots(self, k: int, topk: int) -> int:
         return 1 + (k - 1) * topk  # the pending token's row, then the beams of depths 1..K-1
 

@@ -62,6 +62,9 @@ class Eagle3Proposer(Proposer):
                                       self.target_vocab, device=self.features.device)
         return q[:rows, :nodes]
 
+    def weights(self) -> torch.nn.Module:
+        return self.head
+
     def scratch_slots(self, k: int, topk: int) -> int:
         return (k - 1) * topk
 

@@ -62,6 +62,9 @@ class HybridProposer(Proposer):
     def full_drafts(self, value: bool) -> None:
         self.suffix.full_drafts = self.model.full_drafts = value
 
+    def weights(self):
+        return self.model.weights()
+
     def cost_fraction(self, target: torch.nn.Module) -> float:
         return self.model.cost_fraction(target)
 
