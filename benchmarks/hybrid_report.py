@@ -5,6 +5,8 @@ alone, tok/s of each policy's better pass, the proposer mix, and the criteria (j
 GPU run only; a smoke or CPU run prints the ratios).
 
     python benchmarks/hybrid_report.py OUT     # prints the section (markdown)
+
+OUT may also be benchmarks/cpu.sh's folder: the same section for the CPU default pair.
 """
 
 from __future__ import annotations
@@ -56,7 +58,13 @@ def section(out: Path) -> str:
             s = json.loads(line)
             steps[s["step"]] = s
     judged = bool(meta.get("gpu")) and not meta.get("smoke")
-    lines = ["## A proposer per request (hybrid)", "",
+    on_cpu = "cpu" in meta  # benchmarks/cpu.sh's folder: the embedded default pair, toy size
+    command = ("OUT=cpu bash benchmarks/cpu.sh && python benchmarks/hybrid_report.py cpu"
+               if on_cpu else "OUT=out bash benchmarks/h200_hybrid.sh && "
+               "python benchmarks/hybrid_report.py out")
+    device = (f"{meta['cpu']}, torch {meta['torch']}" if on_cpu else meta.get("gpu") or "CPU")
+    title = "## A proposer per request (hybrid" + (", CPU)" if on_cpu else ")")
+    lines = [title, "",
              "`--speculative-algorithm eagle3+suffix`: each step goodput prices, per request, "
              "EAGLE-3's chain or tree against a suffix-decoding draft (the request's prompt and "
              "output plus recent outputs, no model) and picks the proposer and K. One engine "
@@ -64,10 +72,8 @@ def section(out: Path) -> str:
              "`model-only` (EAGLE-3 alone, goodput) and `suffix-only`. In brackets: accepted / "
              "proposed drafts; suffix share: request-steps the hybrid drafted by suffix "
              "decoding.", "",
-             f"- device: {meta.get('gpu') or 'CPU'}; date: {meta['started'][:10]}; "
-             f"commit: `{str(meta['commit'])[:7]}`",
-             "- command: `OUT=out bash benchmarks/h200_hybrid.sh && "
-             "python benchmarks/hybrid_report.py out`", ""]
+             f"- device: {device}; date: {meta['started'][:10]}; "
+             f"commit: `{str(meta['commit'])[:7]}`", f"- command: `{command}`", ""]
     verdicts = []
     for name, (label, key, bar, judged_at) in CRITERIA.items():
         path = out / f"{name}.json"
