@@ -24,7 +24,6 @@ context, ms[, ks=K per request of a chain step mixing K]) and policy.observe_cat
 from __future__ import annotations
 
 from gearshift.forward_batch import ForwardMode
-from gearshift.policy.hybrid import SUFFIX
 from gearshift.scheduler.plan import StepPlan
 
 
@@ -70,7 +69,7 @@ class CostFeedback:
         ctx = sum(r.num_tokens for r in plan.reqs)
         mixed = gear and plan.draft_topk == 1 and len(set(plan.draft_lens)) > 1
         ks = plan.draft_lens if mixed else None
-        if gear and plan.proposers and all(p in ("", SUFFIX) for p in plan.proposers):
+        if gear and plan.model_free:
             policy.observe_model_free(gear, plan.batch_size, ctx, ms, ks)  # no draft pass
         elif mixed:
             policy.observe(gear, plan.batch_size, ctx, ms, ks=ks)  # mixed K

@@ -136,6 +136,11 @@ class StepPlan:
         return len(self.reqs)
 
     @property
+    def model_free(self) -> bool:
+        """A hybrid's step whose drafts all came from suffix decoding: no draft pass ran."""
+        return bool(self.proposers) and all(p in ("", "suffix") for p in self.proposers)
+
+    @property
     def num_tokens(self) -> int:
         """Tokens the plan moves forward (a VERIFY step's drafts are extra: num_nodes)."""
         return sum(self.extend_lens)
