@@ -34,7 +34,7 @@ def uniform_rows(results: dict) -> list[dict]:
     return rows
 
 
-def _cell(tps: float, acc: float | None) -> str:
+def cell(tps: float, acc: float | None) -> str:
     return f"{tps:,.0f}" + (f" ({acc:.2f})" if acc is not None else "")
 
 
@@ -57,7 +57,7 @@ def section(out: Path) -> str:
              "| c | " + " | ".join(pols) + " | best other | goodput / best | goodput / off |",
              "|---:|" + "---:|" * len(pols) + "---|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['c']} | " + " | ".join(_cell(r["tps"][q], r["acc"][q]) for q in pols)
+        lines.append(f"| {r['c']} | " + " | ".join(cell(r["tps"][q], r["acc"][q]) for q in pols)
                      + f" | {r['best']} | **{r['ratio']:.3f}** | {r['over_off']:.2f} |")
     lines.append("")
     worst = min(r["ratio"] for r in rows)
@@ -86,15 +86,16 @@ def section(out: Path) -> str:
                 fixed = {q: v for q, v in tps.items() if q != "goodput"}
                 best = max(fixed, key=fixed.get)
                 lines.append(f"| {row['concurrency']} | {p + 1}: {name} | "
-                             + " | ".join(_cell(tps[q], acc[q]) for q in pols)
+                             + " | ".join(cell(tps[q], acc[q]) for q in pols)
                              + f" | {best} | **{tps['goodput'] / fixed[best]:.3f}** |")
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, section=section, doc: str = __doc__) -> int:
+    """`python <report>.py OUT`: prints `section(OUT)` (hybrid_report.py's main too)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print(__doc__)
+        print(doc)
         return 2
     print(section(Path(args[0])), end="")
     return 0

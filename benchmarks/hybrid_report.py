@@ -12,8 +12,10 @@ OUT may also be benchmarks/cpu.sh's folder: the same section for the CPU default
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
+
+import cpu_report
+from cpu_report import best_of, cell
 
 from gearshift.bench.hybrid import HYBRID_POLICIES
 
@@ -24,10 +26,6 @@ CRITERIA = {
     "mixed_agentic": ("mixed-agentic (half each)", "over_best", 1.15, (8, 32)),
 }
 LABEL = {"over_model": "hybrid / model-only", "over_best": "hybrid / best single"}
-
-
-def best_of(point: dict) -> float:
-    return max(point.get("pass_tok_per_s") or [point["output_tok_per_s"]])
 
 
 def rows(results: dict) -> list[dict]:
@@ -44,10 +42,6 @@ def rows(results: dict) -> list[dict]:
                     "over_best": tps["hybrid"] / max(singles),
                     "suffix_share": picks.get("suffix", 0) / max(sum(picks.values()), 1)})
     return out
-
-
-def _cell(tps: float, acc: float | None) -> str:
-    return f"{tps:,.0f}" + (f" ({acc:.2f})" if acc is not None else "")
 
 
 def section(out: Path) -> str:
@@ -88,7 +82,7 @@ def section(out: Path) -> str:
                   "|---:|" + "---:|" * (len(HYBRID_POLICIES) + 3)]
         for r in rows(data["results"]):
             lines.append(f"| {r['c']} | " + " | ".join(
-                _cell(r["tps"][q], r["acc"][q]) if q in r["tps"] else "-"
+                cell(r["tps"][q], r["acc"][q]) if q in r["tps"] else "-"
                 for q in HYBRID_POLICIES)
                 + f" | {r['over_model']:.3f} | {r['over_best']:.3f} | {r['suffix_share']:.2f} |")
             if r["c"] in judged_at:
@@ -101,12 +95,7 @@ def section(out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print(__doc__)
-        return 2
-    print(section(Path(args[0])), end="")
-    return 0
+    return cpu_report.main(argv, section, __doc__)
 
 
 if __name__ == "__main__":
