@@ -69,7 +69,8 @@ class Policy(ABC):
 
     def step_proposers(self, view: PolicyView) -> list[str] | None:
         """The proposer of each request of the step just planned (asked right after plan()
-        and step_topk(); "model" | "suffix"); None: the engine's one proposer."""
+        and step_topk(); the model's name, e.g. "eagle3", or "suffix"); None: the engine's
+        one proposer."""
         return None
 
     def prepare(self, view: PolicyView) -> None:

@@ -114,7 +114,8 @@ class StepPlan:
     num_nodes: list[int] = field(default_factory=list)  # tokens verified: root + drafts
     num_scratch: list[int] = field(default_factory=list)  # the draft's own rows
     draft_topk: int = 1  # tree width of a VERIFY step: 1 = chains, > 1 = one draft tree each
-    # a hybrid engine's proposer per request ("model" | "suffix"; empty: the engine's one)
+    # a hybrid engine's proposer per request (its model's name, e.g. "eagle3", or "suffix";
+    # "" where K = 0); empty: the engine's one proposer
     proposers: list[str] = field(default_factory=list)
     # the next step prefills too (a chunk stops short of its prompt's end, or the token
     # budget left requests waiting): the draft's pass over these chunks can wait for it
