@@ -8,12 +8,9 @@ Data flow (tests only): bash benchmarks/ab.sh (subprocess) -> OUT/* -> assertion
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_smoke import ROOT, ok, smoke
 
 
 def test_smoke_ab_runs_each_side_with_its_own_code(tmp_path):
@@ -26,11 +23,7 @@ def test_smoke_ab_runs_each_side_with_its_own_code(tmp_path):
     sweep.write_text(text.replace('"args": vars(args) | {"func": None}',
                                   '"args": vars(args) | {"func": None, "side": "old"}'))
     out = tmp_path / "out"
-    env = {**os.environ, "H200_SMOKE": "1", "OUT": str(out), "OLD": str(old),
-           "OMP_NUM_THREADS": "1", "COMMIT": "smoketest", "POLICIES": "goodput,always-2"}
-    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "ab.sh")], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ok(smoke("ab.sh", out, timeout=240, OLD=str(old), POLICIES="goodput,always-2"))
     steps = [json.loads(line)["step"] for line in (out / "steps.jsonl").read_text().splitlines()]
     assert steps == ["pair", "ab_new", "ab_old"]
     assert json.loads((out / "ab_old.json").read_text())["args"].get("side") == "old"
@@ -49,7 +42,5 @@ def test_smoke_ab_runs_each_side_with_its_own_code(tmp_path):
 
 
 def test_ab_refuses_a_tree_without_the_package(tmp_path):
-    env = {**os.environ, "H200_SMOKE": "1", "OUT": str(tmp_path / "out"), "OLD": str(tmp_path)}
-    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "ab.sh")], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=60)
+    run = smoke("ab.sh", tmp_path / "out", timeout=60, OLD=str(tmp_path))
     assert run.returncode == 2 and "has no gearshift/ package" in run.stdout

@@ -9,20 +9,16 @@ Data flow (tests only): bash benchmarks/h200.sh (subprocess) -> OUT/* -> asserti
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_smoke import ROOT, ok, smoke
+
 STEPS = ["pair", "decode_plain", "decode_draft", "offline", "sweep"]
 
 
 def _smoke(out: Path, **env) -> subprocess.CompletedProcess:
-    env = {**os.environ, "H200_SMOKE": "1", "OUT": str(out), "OMP_NUM_THREADS": "1", **env}
-    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "h200.sh")], cwd=out.parent,
-                         env=env, capture_output=True, text=True, timeout=170)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return run
+    return ok(smoke("h200.sh", out, timeout=170, **env))
 
 
 def test_smoke_run_writes_every_figure(tmp_path):

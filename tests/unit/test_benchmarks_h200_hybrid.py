@@ -10,12 +10,10 @@ and benchmarks/hybrid_report.py (the page's section) over the same folder.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_smoke import ROOT, ok, smoke
+
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import hybrid_report  # noqa: E402
@@ -23,11 +21,7 @@ import hybrid_report  # noqa: E402
 
 def test_smoke_run_compares_the_hybrid_on_every_workload(tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "H200_SMOKE": "1", "OUT": str(out), "OMP_NUM_THREADS": "1",
-           "COMMIT": "smoketest"}
-    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "h200_hybrid.sh")], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=400)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ok(smoke("h200_hybrid.sh", out))
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == ["pair", "agentic", "novel", "mixed_agentic"]
     for name, workload in (("agentic", "agentic"), ("novel", "uniform"),

@@ -11,12 +11,12 @@ report (subprocess) on a copy of docs/benchmarks.md -> assertions.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_smoke import ROOT, smoke
+
 SCRIPT = ROOT / "benchmarks" / "h200_serve.sh"
 BEGIN, END = "<!-- serve: begin -->", "<!-- serve: end -->"
 TITLE = "## Serving: prefix cache and speculation through the server (H200)"
@@ -28,10 +28,7 @@ STEPS = ["pair", "engine", *SAMPLING, "serve_off", "mt_off_r2", "mt_off_inf", "s
 
 
 def _run(out: Path, cwd: Path, **env) -> subprocess.CompletedProcess:
-    env = {**os.environ, "H200_SMOKE": "1", "OUT": str(out), "OMP_NUM_THREADS": "1",
-           "COMMIT": "smoketest", **env}
-    return subprocess.run(["bash", str(SCRIPT)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=240)
+    return smoke(SCRIPT.name, out, cwd=cwd, timeout=240, **env)
 
 
 def _py(*args: str) -> None:

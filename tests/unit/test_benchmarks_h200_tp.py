@@ -9,22 +9,16 @@ Data flow (tests only): bash benchmarks/h200_tp.sh (subprocess) -> OUT/* -> asse
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_smoke import ok, smoke
+
 STEPS = ["pair", "decode_tp1", "decode_tp", "offline_tp", "load_70b", "sweep_tp", "greedy_tp",
          "fault_tp"]
 
 
 def test_smoke_run_writes_every_figure(tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "H200_SMOKE": "1", "OUT": str(out), "OMP_NUM_THREADS": "1",
-           "COMMIT": "smoketest"}
-    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "h200_tp.sh")], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=400)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ok(smoke("h200_tp.sh", out))
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == STEPS and all(s["exit"] == 0 for s in steps)
     assert all("--tensor-parallel-size 2" in s["command"] or "--tp 2" in s["command"]
