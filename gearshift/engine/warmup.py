@@ -107,6 +107,22 @@ def _admit(engine, bs: int, name: str, params: SamplingParams) -> list[str]:
     return ids
 
 
+def _keep_room(engine, ids: list[str], bs: int, name: str, params: SamplingParams,
+               need: int) -> list[str]:
+    """The dummy batch, admitted afresh when a request has fewer than `need` tokens left to
+    generate: a deep draft's warm-up outgrows a short context (max_model_len), and a request
+    near its end would make the scheduler plan a shorter K than the shape being warmed."""
+    sched = engine.scheduler
+    if len(sched.running) == bs and all(
+            r.params.max_tokens - len(r.output_token_ids) >= need for r in sched.running):
+        return ids
+    policy = sched.policy
+    _drop(engine, ids)
+    ids = _admit(engine, bs, name, params)
+    engine.set_policy(policy)
+    return ids
+
+
 def _drop(engine, ids: list[str]) -> None:
     """Abort the dummy requests: their slots and rows back to the pool."""
     for rid in ids:
@@ -174,7 +190,9 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
         sizes = list(engine.runner.decode_sizes)  # the decode graphs' batch sizes
     # tokens a request commits (with graphs, the untimed steps' too), plus one VERIFY
     # step's node and scratch slots
-    generated = warmup_generated(num_draft, tree, repeats, capture)
+    # at most what the context holds: past it, the batch is admitted again (_keep_room)
+    generated = min(warmup_generated(num_draft, tree, repeats, capture),
+                    engine.max_model_len - PROMPT_LEN - 1)
     per_request = PROMPT_LEN + generated + spec.slots_needed(num_draft, spec.topk)
     sizes = [s for s in sizes if s <= engine.config.max_num_seqs
              and s * per_request <= engine.slots.num_free]
@@ -197,6 +215,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     saved_policy, saved_counters = sched.policy, engine.counters()
     measured: dict[int, list[list[float]]] = {k: [] for k in range(num_draft + 1 + tree)}
     params = SamplingParams(max_tokens=generated + 1, temperature=0.0, ignore_eos=True)
+    need = num_draft + 2  # a step's tokens at most (K + 1) and the one that ends a request
     watch = getattr(engine, "watch", None)  # set: a warm-up after the engine's own (a bench's)
     # a collection inside a timed step is not that gear's cost, nor its captures late ones
     with gc_paused(), watch.paused() if watch is not None else nullcontext():
@@ -211,6 +230,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                     engine.set_policy(gear(k))
                     times = []
                     for i in range(n):
+                        ids = _keep_room(engine, ids, bs, "greedy", params, need)
                         seen = engine._num_graphs()
                         engine.step()
                         if engine._num_graphs() == seen and len(sched.running) == bs and i:
@@ -222,16 +242,19 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                 for ks in mixed_plans(bs, num_draft) if mixed else []:
                     phase = "greedy, a K per request"
                     engine.set_policy(_Planned(ks))
+                    ids = _keep_room(engine, ids, bs, "greedy", params, need)
                     engine.step()
                 _drop(engine, ids)
                 for name, sampled in SAMPLED.items() if capture else ():  # their draft
                     # expansions' graphs, one step a gear
                     phase = f"{name}, the prefill"
-                    ids = _admit(engine, bs, name, SamplingParams(
-                        max_tokens=generated + 1, ignore_eos=True, seed=0, **sampled))
+                    sampled_params = SamplingParams(max_tokens=generated + 1, ignore_eos=True,
+                                                    seed=0, **sampled)
+                    ids = _admit(engine, bs, name, sampled_params)
                     for k in range(num_draft + tree, 0, -1):
                         phase = f"{name}, K = {k}" if k <= num_draft else f"{name}, the tree"
                         engine.set_policy(gear(k))
+                        ids = _keep_room(engine, ids, bs, name, sampled_params, need)
                         engine.step()
                     _drop(engine, ids)
         except torch.OutOfMemoryError as e:  # a start-up error the user can act on

@@ -279,3 +279,20 @@ def test_running_out_of_gpu_memory_in_the_warm_up_is_a_clear_error(make_llm, tin
         eng.abort_request(req.request_id)
     while eng.has_unfinished_requests():
         eng.step()
+
+
+def test_a_deep_draft_warms_up_inside_a_short_context(make_llm, tiny_llama_dir):
+    """K = 12 (suffix decoding): the warm-up's steps commit more tokens than the context
+    holds (max_model_len 512), so it admits its batch afresh instead of asking for a
+    request longer than the context; every mixed-K shape still runs."""
+    llm = make_llm(tiny_llama_dir, speculative_algorithm="suffix", num_draft_tokens=12,
+                   kv_cache_tokens=8192)
+    eng = llm.engine
+    assert eng.max_model_len == 512
+    graphs = install(llm)
+    eng.runner.split_k_below = 0  # chains verify as causal extends: the mixed-K shapes
+    measured = warm_up_speculation(eng, sizes=[1, 2])
+    assert sorted(measured) == list(range(13))
+    buckets = {key[3] for key in graphs.keys if key[:3] == ("target", "verify-mixed", 3)}
+    assert buckets == {2 * j for j in range(2, 14)}  # every token bucket of 2 rows, K <= 12
+    assert not eng.has_unfinished_requests() and eng.slots.num_free == eng.slots.total
