@@ -20,7 +20,7 @@ from bench_smoke import ROOT, smoke
 SCRIPT = ROOT / "benchmarks" / "h200_serve.sh"
 BEGIN, END = "<!-- serve: begin -->", "<!-- serve: end -->"
 TITLE = "## Serving: prefix cache and speculation through the server (H200)"
-KEPT = "<!-- Figures below are measured on CPU"
+KEPT = "<!-- Figures below are not measured by benchmarks/h200.sh"
 SAMPLING = [f"samp_{t}_{m}" for t in ("0.7", "1.0") for m in ("coupled", "rejection")]
 STEPS = ["pair", "engine", *SAMPLING, "serve_off", "mt_off_r2", "mt_off_inf", "serve_on", "mt_on_r2",
          "mt_on_inf", "warm_burst_spec", "warm_burst_nospec", "srv_c1_spec", "srv_c1_nospec",
