@@ -41,8 +41,10 @@ from gearshift.bench.sweep_report import (  # noqa: E402
 
 TAX_LIMIT = 1.03  # decode step with an idle draft / without one
 PNG_NAME = "spec_sweep.png"
-# the page's figures from other machines (CPU runs) follow this line; a new page keeps them
-KEPT = "<!-- Figures below are not measured by benchmarks/h200.sh (the CPU, benchmarks/h200_hybrid.sh): report.py keeps them. -->"
+# the page's figures from other scripts (CPU runs, h200_hybrid.sh) follow this line; a new
+# page keeps them
+KEPT = ("<!-- Figures below are not measured by benchmarks/h200.sh (the CPU, "
+        "benchmarks/h200_hybrid.sh): report.py keeps them. -->")
 # benchmarks/serve_report.py's section sits between these, just before KEPT; a new page keeps it
 SERVE_BEGIN, SERVE_END = "<!-- serve: begin -->", "<!-- serve: end -->"
 # the README's copy of the page's summary sits between these

@@ -188,9 +188,9 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     tree = spec.topk > 1  # gear num_draft + 1: the tree; chains by AlwaysPolicy(K, topk=1)
     if sizes is None:
         sizes = list(engine.runner.decode_sizes)  # the decode graphs' batch sizes
-    # tokens a request commits (with graphs, the untimed steps' too), plus one VERIFY
-    # step's node and scratch slots
-    # at most what the context holds: past it, the batch is admitted again (_keep_room)
+    # tokens a request commits (with graphs, the untimed steps' too; at most what the
+    # context holds: past it, _keep_room admits the batch again), plus one VERIFY step's
+    # node and scratch slots
     generated = min(warmup_generated(num_draft, tree, repeats, capture),
                     engine.max_model_len - PROMPT_LEN - 1)
     per_request = PROMPT_LEN + generated + spec.slots_needed(num_draft, spec.topk)
