@@ -51,7 +51,7 @@ def follow_run(make_llm, model_dir, early: bool, stand_in: bool = True, **opts):
         orig = follow.follow_accepted
         follow.follow_accepted = lambda *a: calls.append(1) or orig(*a)
     else:
-        follow.follows_early = lambda plan: False
+        follow.follows_early = lambda plan, width: False
     propose, finished = proposer.propose, eng.scheduler._finish
     riders = []
 

@@ -8,7 +8,8 @@ gpu_memory_utilization x the card's memory (runner/memory_plan.py).
         max_num_seqs requests whose prompts fill one prefill budget: the prefill step (the
         draft's pass over it included), then with speculation the tree (tree_width > 1)
         and the deepest chain, then a plain decode step; with speculation the same
-        sampled, then nucleus  -> activations: the peak above everything resident
+        sampled, then nucleus; a hybrid's deepest suffix chains on up to DEEP_ROWS
+        requests  -> activations: the peak above everything resident
     -> the engine captures its DECODE / EXTEND graphs, builds its scheduler ->
     size_kv(engine, profile): the capture pass: with speculation the warm-up's every shape
         (capture only, engine/warmup.py) -> graph pools (the reserved memory they keep)
@@ -33,8 +34,9 @@ from dataclasses import dataclass
 import torch
 
 from gearshift.forward_batch import ForwardMode
-from gearshift.policy.static import AlwaysPolicy
+from gearshift.policy.static import AlwaysPolicy, PlannedPolicy
 from gearshift.request import Request, SamplingParams
+from gearshift.runner.layout import DEEP_ROWS
 from gearshift.runner.memory_plan import (
     GIB,
     KvPlan,
@@ -216,6 +218,10 @@ def profile_steps(engine, mem: CudaMemory | None = None) -> StepProfile:
     resident = mem.allocated()
     mem.reset_peak()
     top, _ = run_largest_steps(engine, sched, mem)  # (inference mode: as Engine.step)
+    if spec is not None and spec.suffix_draft_tokens > spec.num_draft_tokens:
+        n = min(engine.config.max_num_seqs, DEEP_ROWS)  # the deepest suffix chains' step
+        deep = PlannedPolicy([spec.suffix_draft_tokens] * n, suffix=True)
+        top = max(top, run_largest_steps(engine, sched, mem, n, [deep])[0])
     mem.settle()
     activations = max(top, mem.peak()) - resident
     before_graphs = mem.reserved()

@@ -18,6 +18,8 @@ through the real step pipeline, so that
         mixed K:                 untimed, one step per shape of chains of different K
                                  verified as one extend: each deepest K and token bucket
                                  bs * j, j = 2 .. K + 1 (graphs.mixed_verify_tokens)
+        deep suffix chains:      a hybrid's, bs <= DEEP_ROWS: untimed, one step per deep
+                                 depth and token bucket (deep_plans)
         abort them (slots and rows back to the pool)
         sampled, then nucleus:   bs sampled requests (top-p the second time), untimed, one
                                  step a gear: their draft expansions' graphs
@@ -45,10 +47,12 @@ import torch
 from gearshift.config import ConfigError
 from gearshift.engine.cost_profile import profile_batch_sizes
 from gearshift.engine.gc_control import gc_paused
-from gearshift.policy.base import Policy, PolicyView
-from gearshift.policy.static import AlwaysPolicy
+from gearshift.policy.base import Policy
+from gearshift.policy.static import AlwaysPolicy, PlannedPolicy
 from gearshift.progress import progress
 from gearshift.request import SamplingParams
+from gearshift.runner.graphs import mixed_verify_tokens
+from gearshift.runner.layout import DEEP_ROWS
 from gearshift.runner.memory_plan import WARMUP_PROMPT_LEN as PROMPT_LEN
 from gearshift.runner.memory_plan import warmup_generated
 
@@ -131,19 +135,6 @@ def _drop(engine, ids: list[str]) -> None:
         engine.step()
 
 
-class _Planned(Policy):
-    """Chains of these K, in batch order (the warm-up's mixed steps)."""
-
-    def __init__(self, ks: list[int]) -> None:
-        self.ks = ks
-
-    def plan(self, view: PolicyView) -> list[int]:
-        return self.ks[: len(view.requests)]
-
-    def step_topk(self, view: PolicyView) -> int:
-        return 1
-
-
 def mixed_plans(bs: int, num_draft: int) -> list[list[int]]:
     """K per request of `bs` requests for every mixed graph shape: each deepest K (the
     draft's depth, greedy verification's width) and token bucket bs * j it reaches (j = 2
@@ -154,6 +145,30 @@ def mixed_plans(bs: int, num_draft: int) -> list[list[int]]:
             q, r = divmod(bs * (j - 1) - 1, depth)
             if q:
                 plans.append(([depth] * q + [r] + [0] * bs)[:bs])
+    return plans
+
+
+def deep_plans(bs: int, k: int, depths: tuple[int, ...], per_row: tuple[int, ...], cap: int,
+               split: bool) -> list[list[int]]:
+    """K per request of `bs` requests for every graph shape of a hybrid's suffix chains past
+    the model's K: each deep depth D (greedy verification's and the draft follow-up's width
+    D + 1; split-K: the tree pass's too) and, verified as one extend, each token bucket bs * j
+    (j of `per_row`; those past K + 1 at the first depth that reaches them) that chains whose
+    deepest lies in (the depth below, D] reach within `cap` tokens: as many as fit it."""
+    plans, seen, low = [], set(range(2, k + 2)), k
+    for d in depths:
+        mine = []
+        for j in () if split else per_row:
+            drafts = min(bs * (j - 1) - 1, bs * d, cap - bs)
+            if drafts <= low or (j in seen and mine) or \
+                    mixed_verify_tokens(bs, bs + drafts, per_row) != bs * j:
+                continue
+            first = min(d, drafts)
+            q, r = divmod(drafts - first, d)
+            mine.append(([first] + [d] * q + [r] + [0] * bs)[:bs])
+            seen.add(j)
+        plans += mine or [([d] + [0] * bs)[:bs]]
+        low = d
     return plans
 
 
@@ -193,7 +208,10 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     # node and scratch slots
     generated = min(warmup_generated(num_draft, tree, repeats, capture),
                     engine.max_model_len - PROMPT_LEN - 1)
-    per_request = PROMPT_LEN + generated + spec.slots_needed(num_draft, spec.topk)
+    runner = engine.runner
+    deepest = max(runner.deep_depths, default=0) if capture else 0  # a hybrid's suffix chains
+    per_request = PROMPT_LEN + generated + max(spec.slots_needed(num_draft, spec.topk),
+                                               spec.slots_needed(deepest, 1))
     sizes = [s for s in sizes if s <= engine.config.max_num_seqs
              and s * per_request <= engine.slots.num_free]
     if not sizes or engine.has_unfinished_requests():
@@ -241,8 +259,16 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
                 mixed = capture and not spec.split_k_chains(bs)
                 for ks in mixed_plans(bs, num_draft) if mixed else []:
                     phase = "greedy, a K per request"
-                    engine.set_policy(_Planned(ks))
+                    engine.set_policy(PlannedPolicy(ks))
                     ids = _keep_room(engine, ids, bs, "greedy", params, need)
+                    engine.step()
+                deep = deep_plans(bs, num_draft, runner.deep_depths, runner.verify_per_row,
+                                  spec.max_verify_tokens(), not mixed) \
+                    if deepest and bs <= DEEP_ROWS else []
+                for ks in deep:
+                    phase = f"greedy, suffix chains of K = {max(ks)}"
+                    engine.set_policy(PlannedPolicy(ks, suffix=True))
+                    ids = _keep_room(engine, ids, bs, "greedy", params, deepest + 2)
                     engine.step()
                 _drop(engine, ids)
                 for name, sampled in SAMPLED.items() if capture else ():  # their draft

@@ -1,4 +1,5 @@
-"""Built-in static policies: `off` (never speculate) and `always` (fixed K)."""
+"""Built-in static policies: `off` (never speculate) and `always` (fixed K); `PlannedPolicy`
+(K per request as given: the start-up's warm-up and memory profile)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,20 @@ class AlwaysPolicy(Policy):
     def plan(self, view: PolicyView) -> list[int]:
         k = min(self.k, view.num_draft_tokens)
         return [k if self.eligible(r) else 0 for r in view.requests]
+
+
+class PlannedPolicy(Policy):
+    """Chains of these K, in batch order (the start-up's mixed and deep steps); `suffix`:
+    drafted by a hybrid's suffix proposer (chains deeper than the model's K)."""
+
+    def __init__(self, ks: list[int], suffix: bool = False) -> None:
+        self.ks, self.suffix = ks, suffix
+
+    def plan(self, view: PolicyView) -> list[int]:
+        return self.ks[: len(view.requests)]
+
+    def step_topk(self, view: PolicyView) -> int:
+        return 1
+
+    def step_proposers(self, view: PolicyView) -> list[str] | None:
+        return ["suffix"] * len(view.requests) if self.suffix else None

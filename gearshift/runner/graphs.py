@@ -40,12 +40,36 @@ def extend_token_buckets(max_tokens: int) -> list[int]:
     return sorted({s for s in sizes if s < max_tokens} | {max_tokens})
 
 
-def mixed_verify_tokens(rows: int, tokens: int) -> int:
+def mixed_verify_tokens(rows: int, tokens: int, per_row: tuple[int, ...] = ()) -> int:
     """Token bucket of a VERIFY pass over chains of different lengths (`tokens` real ones,
     `rows` the padded batch): rows * j for j in 2 .. K + 1, with at least one padding token
     (the masked nodes of shorter chains read it). Every bucket a mixed plan of `rows`
-    requests can reach, so the warm-up covers them all."""
-    return max(-(-(tokens + 1) // rows), 2) * rows
+    requests can reach, so the warm-up covers them all. `per_row` (a hybrid's: verify_rows)
+    lists the j that have graphs, deep suffix chains' coarse ones past K + 1 among them: j
+    rounds up to the next."""
+    j = max(-(-(tokens + 1) // rows), 2)
+    return next((c for c in per_row if c >= j), j) * rows
+
+
+def deep_levels(k: int, deepest: int) -> tuple[int, ...]:
+    """Chain depths past the model's K that a hybrid's deeper suffix drafts verify at (a
+    step's deepest chain pads to the next, its extra nodes never accepted): doubling from
+    2K up to `deepest`, so that two or three depths have graphs instead of K + 1 .. deepest."""
+    levels, d = [], 2 * k
+    while d < deepest:
+        levels.append(d)
+        d *= 2
+    return tuple(levels + [deepest]) if deepest > k else ()
+
+
+def verify_rows(k: int, deepest: int) -> tuple[int, ...]:
+    """The j of mixed_verify_tokens with graphs: 2 .. K + 1, then (deep suffix chains, up to
+    `deepest`) x1.5 each up to deepest + 2 (every chain at that depth and a padding token)."""
+    out, j = list(range(2, k + 2)), k + 1
+    while deepest > k and j < deepest + 2:
+        j = min(-(-3 * j // 2), deepest + 2)
+        out.append(j)
+    return tuple(out)
 
 
 def pick_bucket(sizes: list[int], n: int) -> int | None:

@@ -9,9 +9,10 @@ when the step is planned, from the plan and the graphs the runner captured.
              batch size; chains of different K: one extend padded to a token bucket
              (`mixed_verify_tokens`); trees, and chains on too few (request, kv head)
              pairs to fill the GPU (split-K tree attention): one query per node. Eager
-             (unpadded) without graphs, past the largest verify graph, where chunks
-             ride along (eager engines only), or for chains deeper than the warm-up's K
-             (a hybrid's suffix drafts)
+             (unpadded) without graphs, past the largest verify graph, or where chunks
+             ride along (eager engines only). A hybrid's suffix chains deeper than the
+             model's K pad to the next deep depth (ModelRunner.chain_depth) and verify as
+             mixed (or split-K) on graphs up to DEEP_ROWS requests, eagerly past them
 
 Data flow: Engine._schedule -> ModelRunner.layout(plan) -> plan.layout ->
 BatchBuilder.prepare(plan) -> ModelRunner.forward(batch).
@@ -20,12 +21,14 @@ BatchBuilder.prepare(plan) -> ModelRunner.forward(batch).
 from __future__ import annotations
 
 from gearshift.forward_batch import ForwardMode
-from gearshift.runner.graphs import mixed_verify_tokens
 from gearshift.scheduler.plan import Layout, StepPlan
 
 # (padded requests x kv heads) under which chains verify with split-K (ModelRunner's
 # split_k_below: tests move it)
 SPLIT_K_BELOW = 64
+# the largest padded batch with graphs for deep suffix chains (the warm-up captures their
+# shapes up to it); the scheduler caps suffix drafts at the model's K past it
+DEEP_ROWS = 64
 
 
 def plain_layout(runner, plan: StepPlan) -> Layout:
@@ -64,21 +67,22 @@ def verify_nodes(plan: StepPlan, tree_nodes: int) -> list[int]:
 def verify_layout(runner, plan: StepPlan, tree_nodes: int) -> Layout:
     """`tree_nodes`: nodes of the step's draft tree per request (chains: K_max + 1)."""
     b, graphed = plan.batch_size, runner.shape_graphs is not None
-    if plan.draft_topk == 1 and max(plan.draft_lens) > runner.graph_draft_depth:
+    deep = plan.draft_topk == 1 and tree_nodes - 1 > runner.config.num_draft_tokens
+    if deep and (tree_nodes - 1 not in runner.deep_depths or runner.decode_pad(b) > DEEP_ROWS):
         graphed = False  # no graph of this depth: the start-up captured none
     nodes = verify_nodes(plan, tree_nodes)
     ride = not all(plan.decoding)
     limit = runner.max_verify_graph_tokens
     rows = runner.decode_pad(b) if graphed else b
     if plan.draft_topk == 1 and not ride and not split_k(runner, b):
-        if len(set(nodes)) == 1:
+        if len(set(nodes)) == 1 and not deep:  # (deep chains: few buckets, not every K)
             n = nodes[0]
             if graphed and rows * n <= limit:
                 return Layout("chain", rows, rows * n, n, ("verify", rows, n))
             return Layout("chain", b, b * n, n)
         # different lengths: a token bucket, unless per-node work (penalties, grammars,
         # logprobs) reads only the verified nodes, or past the largest verify graph
-        bucket = mixed_verify_tokens(rows, sum(nodes)) if graphed else 0
+        bucket = runner.verify_bucket(rows, sum(nodes)) if graphed else 0
         if graphed and bucket <= limit and not any(
                 r.processes_logits or r.grammar is not None or r.wants_logprobs
                 for r in plan.reqs):

@@ -25,11 +25,14 @@ from gearshift.progress import progress
 from gearshift.runner.graphs import (
     GraphCache,
     decode_capture_batch,
+    deep_levels,
     default_batch_sizes,
     extend_capture_batch,
     extend_token_buckets,
     fastest_at_or_above,
+    mixed_verify_tokens,
     pick_bucket,
+    verify_rows,
 )
 from gearshift.runner.layout import SPLIT_K_BELOW, plain_layout, verify_layout
 from gearshift.runner.logprobs import LogprobPlan, prompt_logprobs, token_logprobs
@@ -97,6 +100,11 @@ class ModelRunner:
         # (set by SpecRunner: its proposer's expansion)
         self.draft_nodes = lambda depth, topk: depth + 1
         self.split_k_below = SPLIT_K_BELOW  # runner/layout.py split_k
+        # a hybrid's suffix chains deeper than the model's K verify at a few depths past it
+        # and token buckets (runner/graphs.py deep_levels, verify_rows): graphs for those
+        k, deepest = config.num_draft_tokens, config.suffix_draft_tokens if config.hybrid else 0
+        self.deep_depths = deep_levels(k, deepest)
+        self.verify_per_row = verify_rows(k, deepest) if self.deep_depths else ()
         self.step_counts: Counter[str] = Counter()  # {decode,extend,verify}_{graphed,eager} calls
         self.dtype = dtype
         self._outputs: dict[str, torch.Tensor] = {}  # shared outputs of VERIFY-shape graphs
@@ -163,12 +171,16 @@ class ModelRunner:
         """A plain step's graph body over static inputs (fb's host fields: shape constants)."""
         return lambda static: self._forward_logits(rebuild_batch(fb, static))
 
-    @property
-    def graph_draft_depth(self) -> int:
-        """The deepest chain the start-up captures VERIFY graphs for (the warm-up's K):
-        deeper chains (a hybrid's suffix drafts, up to suffix_draft_tokens) run eagerly
-        rather than capture graphs mid-run into memory the KV cache was sized without."""
-        return self.config.num_draft_tokens
+    def chain_depth(self, depth: int) -> int:
+        """The depth a step whose deepest chain has `depth` drafts verifies at: itself up to
+        the model's K, past it the next of deep_depths (its extra nodes never accepted)."""
+        if depth <= self.config.num_draft_tokens:
+            return depth
+        return next((d for d in self.deep_depths if d >= depth), depth)
+
+    def verify_bucket(self, rows: int, tokens: int) -> int:
+        """Token bucket of a VERIFY pass mixing chains of different K (graphs.py)."""
+        return mixed_verify_tokens(rows, tokens, self.verify_per_row)
 
     @property
     def max_verify_graph_tokens(self) -> int:
@@ -229,8 +241,10 @@ class ModelRunner:
         """The device shape `plan` runs in (runner/layout.py), chosen once when it is
         planned; BatchBuilder.prepare lays the batch out for it."""
         if plan.mode is ForwardMode.VERIFY:
-            return verify_layout(self, plan, self.draft_nodes(max(plan.draft_lens),
-                                                              plan.draft_topk))
+            depth = max(plan.draft_lens)
+            if plan.draft_topk == 1:
+                depth = self.chain_depth(depth)
+            return verify_layout(self, plan, self.draft_nodes(depth, plan.draft_topk))
         return plain_layout(self, plan)
 
     def _forward_logits(self, fb: ForwardBatch):

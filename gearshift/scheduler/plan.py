@@ -54,9 +54,17 @@ class Speculation:
     suffix_draft_tokens: int = 0
     suffix_values: Callable[[list[Request], int], list[list[float]]] | None = None
     # the most tokens one VERIFY step may send (0: no cap): what the start-up profiled and
-    # sized the KV cache beside (max_num_seqs requests at the model's depth); deeper suffix
-    # drafts are cut to fit
+    # sized the KV cache beside (SpecRunner.max_verify_tokens); deeper suffix drafts are
+    # cut to fit
     max_verify_tokens: int = 0
+    deep_batch: int = 0  # the most decoding requests whose suffix drafts may go past K (0: any)
+
+    def suffix_depth(self, batch: int) -> int:
+        """The deepest suffix draft a step of `batch` decoding requests may verify (deeper
+        chains than the model's K have graphs on batches up to deep_batch only)."""
+        if self.deep_batch and batch > self.deep_batch:
+            return min(self.suffix_draft_tokens, self.num_draft_tokens)
+        return self.suffix_draft_tokens
 
 
 @dataclass(frozen=True, slots=True)

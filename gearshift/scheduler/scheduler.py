@@ -182,13 +182,13 @@ class Scheduler(Committer):
         topk = self.policy.step_topk(view)
         chosen = self.policy.step_proposers(view)  # None: the engine's one proposer
         names = [spec.proposer] * plan.batch_size
+        deepest = spec.suffix_depth(len(dec))
         # K is not cut to a request's remaining max_tokens: commit stops at the limit, and a
         # uniform K keeps the step on its captured graphs; drafts stop at the context limit
         for j, (i, r, k) in enumerate(zip(decoding, dec, planned)):
             if chosen is not None:
                 names[i] = chosen[j]
-            cap = spec.suffix_draft_tokens if chosen is not None and names[i] == "suffix" \
-                else spec.num_draft_tokens
+            cap = deepest if chosen is not None and names[i] == "suffix" else spec.num_draft_tokens
             ks[i] = max(min(k, cap, self.max_model_len - r.num_tokens - 1), 0)
         if spec.max_verify_tokens and topk == 1:
             _fit_deep_drafts(ks, plan.extend_lens, spec)
@@ -250,11 +250,12 @@ class Scheduler(Committer):
         """`priced`: with the suffix drafts' values (a hybrid engine's host work, done when
         the step is planned: the suffix matches of these very tokens)."""
         spec = self.speculation
-        values = spec.suffix_values(decoding, spec.suffix_draft_tokens) \
+        deepest = spec.suffix_depth(len(decoding))
+        values = spec.suffix_values(decoding, deepest) \
             if priced and spec.suffix_values is not None else None
         return PolicyView(decoding, len(self.waiting), spec.num_draft_tokens, spec.population(),
                           spec.draft_topk, spec.tree_population(), spec.draft_catches_up,
-                          values, spec.suffix_draft_tokens)
+                          values, deepest)
 
     def prepare_next(self, plan: StepPlan) -> None:
         """While the device runs `plan` (a VERIFY step) and before the host waits for it: the

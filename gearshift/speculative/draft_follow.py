@@ -189,21 +189,21 @@ class DraftFollower:
         for req, p, n in zip(reqs, prefix, extend):
             req.draft_rows = p + n
 
-    def follows_early(self, plan: StepPlan) -> bool:
+    def follows_early(self, plan: StepPlan, width: int) -> bool:
         """Whether a VERIFY step of `plan` can launch the follow-up over its accepted tokens
         before the host reads them (follow_up.py): a stateful draft extending on graphs
-        and K_max + 1 rows past every prefix inside the RoPE table."""
+        and `width` rows past every prefix inside the RoPE table."""
         return (self.proposer.keeps_state
-                and self._graph_width(plan.prefix_lens, [1]) is not None)
+                and self._graph_width(plan.prefix_lens, [1], width) is not None)
 
     def follow_accepted(self, plan: StepPlan, extend: list[int], store: list[int],
                         packed: torch.Tensor, staged: dict[str, torch.Tensor],
-                        offsets: list[int], aux: torch.Tensor | None) -> None:
+                        offsets: list[int], aux: torch.Tensor | None, width: int) -> None:
         """The draft extends over the accepted tokens of batch rows `extend` (padded to
-        K_max + 1 each: the graph the warm-up captured) and the kept tokens' features of
-        rows `store` are stored, laid out on the device from `packed` (follow_up.py). The
+        `width` each: a graph the warm-up captured) and the kept tokens' features of rows
+        `store` are stored, laid out on the device from `packed` (follow_up.py). The
         caller sets draft_rows once it has read the accepted counts."""
-        width, b = self.num_draft_tokens + 1, len(plan.reqs)
+        b = len(plan.reqs)
         node_slots = staged["node_slots"].view(b, -1)
         offs = _device_index(offsets, packed)
         shift = 1 if self.proposer.shifted_inputs else 0
@@ -237,7 +237,8 @@ class DraftFollower:
             ("draft_extend", fb.batch_size, width, None if aux is None else aux.shape[-1]),
             lambda s: self.proposer.draft_extend(rebuild_batch(fb, s), s.get("feats")), inputs)
 
-    def _graph_width(self, prefix: list[int], extend: list[int]) -> int | None:
+    def _graph_width(self, prefix: list[int], extend: list[int], width: int | None = None
+                     ) -> int | None:
         """Tokens per request of a graphed draft-extend: always K+1 (accepted drafts +
         bonus after a VERIFY step, or a catch-up's backlog, padded); None: run eagerly
         (more rows, prefill chunks, no graphs, or padding would run past the RoPE table).
@@ -247,7 +248,7 @@ class DraftFollower:
         tokens."""
         if not (self.proposer.graph_extend and self.runner.shape_graphs is not None):
             return None
-        width = self.num_draft_tokens + 1
+        width = width or self.num_draft_tokens + 1
         if max(extend) > width or max(prefix) + width > self.runner.max_positions:
             return None
         return width

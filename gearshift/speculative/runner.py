@@ -27,8 +27,7 @@ import torch
 from gearshift.config import EngineConfig
 from gearshift.policy.allocation import chain_gear
 from gearshift.runner.batch import BatchBuilder, StepBatch
-from gearshift.runner.graphs import mixed_verify_tokens
-from gearshift.runner.layout import split_k
+from gearshift.runner.layout import DEEP_ROWS, split_k
 from gearshift.runner.model_runner import ModelRunner
 from gearshift.runner.verify_layout import fill_drafts
 from gearshift.scheduler.plan import Speculation, StepPlan, StepResult
@@ -108,15 +107,17 @@ class SpecRunner:
             mixed=riders, proposer=self.proposer_name,
             suffix_draft_tokens=self.suffix_draft_tokens,
             suffix_values=self.proposer.price if self.suffix_draft_tokens else None,
-            max_verify_tokens=self.max_verify_tokens())
+            max_verify_tokens=self.max_verify_tokens(), deep_batch=DEEP_ROWS)
 
     def max_verify_tokens(self) -> int:
-        """A hybrid's cap on one VERIFY step's tokens: max_num_seqs requests at the model's
-        widest shape (the memory profile's largest VERIFY); 0 where no draft goes deeper."""
+        """A hybrid's cap on one VERIFY step's tokens, what the memory profile's largest
+        VERIFY steps ran: max_num_seqs requests at the model's widest shape, or up to
+        DEEP_ROWS of them at the deepest suffix chain; 0 where no draft goes deeper."""
         if self.suffix_draft_tokens <= self.num_draft_tokens:
             return 0
-        k = self.num_draft_tokens
-        return self.runner.config.max_num_seqs * max(self.nodes(k, 1), self.nodes(k, self.topk))
+        k, n = self.num_draft_tokens, self.runner.config.max_num_seqs
+        return max(n * max(self.nodes(k, 1), self.nodes(k, self.topk)),
+                   min(n, DEEP_ROWS) * self.nodes(self.suffix_draft_tokens, 1))
 
     def gear(self, plan: StepPlan) -> int:
         """The cost model's key of a planned step: K for chains (0 = plain decode), the
@@ -134,7 +135,7 @@ class SpecRunner:
         else exactly those (goodput-request prices mixed steps with it)."""
         if self.runner.shape_graphs is None:
             return tokens
-        bucket = mixed_verify_tokens(self.runner.decode_pad(n), tokens)
+        bucket = self.runner.verify_bucket(self.runner.decode_pad(n), tokens)
         return bucket if bucket <= self.runner.max_verify_graph_tokens else tokens
 
     @property
@@ -184,21 +185,22 @@ class SpecRunner:
             counts.reset(pb)  # rows given out this step, before the draft reads them
         if timing is not None:
             timing.mark(1)
-        tree, n_nodes, k = self._propose(plan, batch, counts)
+        depth = self._depth(plan, batch)
+        tree, n_nodes, k = self._propose(plan, batch, counts, depth)
         if timing is not None:
             timing.mark(2)
         # grammars need the drafts on the host: copied now, walked while the target runs
         on_host = vg.TreeOnHost(tree) if sb.grammar is not None else None
         fill_drafts(batch.forward, vp, tree.tokens, tree.depths,
-                    self._ancestors(tree, vp, max(plan.draft_lens)), self.runner.max_positions)
+                    self._ancestors(tree, vp, depth), self.runner.max_positions)
         logits, aux = self.runner.forward(batch)  # [T(+pad), V]; riders: the nodes' alone
         masks = None if on_host is None else vg.node_masks(
             plan.reqs, on_host, n_nodes, tree.num_nodes, self.runner.device)
-        packed = self._verify(plan, batch, tree, logits, k, counts, masks)
+        packed = self._verify(plan, batch, tree, logits, k, counts, masks, depth)
         if timing is not None:
             timing.mark(3)
         read = self._read_later(packed)
-        early = self._follow_early(plan, packed, d, vp.offsets, aux)
+        early = self._follow_early(plan, packed, d, vp.offsets, aux, depth)
         if before_sync is not None:
             before_sync()
         packed = read() if read is not None else packed.tolist()  # the step's one host sync
@@ -207,15 +209,21 @@ class SpecRunner:
         if self.follow.catch_up_rows:  # what leaving K = 0 cost (its events are done now)
             self.stats["catch_up_rows"] += self.follow.catch_up_rows
             self.stats["catch_up_ms"] += self.follow.catch_up_ms()
-        self._last = (aux, vp.offsets, n_nodes, packed, max(plan.draft_lens), early)
-        return self._result(plan, batch, packed, n_nodes)
+        self._last = (aux, vp.offsets, n_nodes, packed, depth, early)
+        return self._result(plan, batch, packed, n_nodes, depth)
 
-    def _propose(self, plan: StepPlan, batch: StepBatch, counts):
+    @staticmethod
+    def _depth(plan: StepPlan, batch: StepBatch) -> int:
+        """The step's draft depth: its deepest K, or for chains its layout's (a deep suffix
+        chain pads to the next deep depth: ModelRunner.chain_depth)."""
+        return max(plan.draft_lens) if plan.draft_topk > 1 else batch.layout.nodes - 1
+
+    def _propose(self, plan: StepPlan, batch: StepBatch, counts, depth: int):
         """The draft tree [B, N] of the step, the nodes each request verifies, and its
         drafts per request on the device (a host proposer may find fewer than K: the
         layout stays, its nodes past them are masked)."""
         d, b, n = batch.staged, plan.batch_size, batch.layout.nodes
-        ctx = ProposeContext(plan.reqs, plan.draft_lens, max(plan.draft_lens), plan.draft_topk,
+        ctx = ProposeContext(plan.reqs, plan.draft_lens, depth, plan.draft_topk,
                              max(x for x, dec in zip(plan.num_nodes, plan.decoding) if dec),
                              d["roots"], d["prefix"], plan.prefix_lens, d["rows"],
                              d["scratch"].view(b, max(plan.num_scratch)), batch.sampling, counts,
@@ -235,10 +243,10 @@ class SpecRunner:
         return ancestor_mask(tree.parents, depth)
 
     def _verify(self, plan: StepPlan, batch: StepBatch, tree, logits_t: torch.Tensor,
-                k: torch.Tensor, counts, masks) -> torch.Tensor:
+                k: torch.Tensor, counts, masks, depth: int) -> torch.Tensor:
         """Accepted paths from the target's logits -> packed [B, 2 * depth + 3] (device)."""
         sb, vp, d = batch.sampling, batch.verify, batch.staged
-        pb, lp, depth, n_tree = sb.penalties, sb.logprobs, max(plan.draft_lens), tree.num_nodes
+        pb, lp, n_tree = sb.penalties, sb.logprobs, tree.num_nodes
         flat, rows_t = vp.flat, vl.node_rows(vp.flat, vp.node_tok)
         raw_t = logits_t
         if pb is not None:  # verification sees what a plain step would sample from
@@ -273,10 +281,10 @@ class SpecRunner:
             lp.start_copy()  # read after the step's sync
         return packed
 
-    def _result(self, plan: StepPlan, batch: StepBatch, packed: list, n_nodes: list[int]
-                ) -> StepResult:
+    def _result(self, plan: StepPlan, batch: StepBatch, packed: list, n_nodes: list[int],
+                depth: int) -> StepResult:
         """The step's tokens and kept nodes per request, from the packed result (host)."""
-        depth, tokens, paths = max(plan.draft_lens), [], []
+        tokens, paths = [], []
         for i, req in enumerate(plan.reqs):
             if not plan.decoding[i]:  # a chunk stays whole; its last token's sample only
                 paths.append(list(range(plan.num_nodes[i])))  # if it ends the prompt
@@ -318,16 +326,21 @@ class SpecRunner:
         return extend, store
 
     def _follow_early(self, plan: StepPlan, packed: torch.Tensor, staged: dict,
-                      offsets: list[int], aux: torch.Tensor | None) -> list[int] | None:
+                      offsets: list[int], aux: torch.Tensor | None, depth: int
+                      ) -> list[int] | None:
         """Launch the draft's follow-up over the accepted tokens before the host reads them,
         laid out on the device (follow_up.py), where its graphed shape applies: the draft
         runs while the host commits. Requests this step finishes are followed too (their
         slots are freed after, in stream order). Graphed steps only, which carry no prefill
-        chunk (speculation()). -> the rows extended, or None."""
-        if not self.follow.follows_early(plan) or max(plan.draft_lens) > self.num_draft_tokens:
-            return None  # (suffix drafts deeper than the graphed follow-up's width: eager)
+        chunk (speculation()): K_max + 1 tokens a request, or a deep suffix chain's depth +
+        1 (captured by the warm-up). -> the rows extended, or None."""
+        width = max(depth, self.num_draft_tokens) + 1
+        if depth > self.num_draft_tokens and depth not in self.runner.deep_depths:
+            return None
+        if not self.follow.follows_early(plan, width):
+            return None
         extend, store = self._groups(plan)
-        self.follow.follow_accepted(plan, extend, store, packed, staged, offsets, aux)
+        self.follow.follow_accepted(plan, extend, store, packed, staged, offsets, aux, width)
         return extend
 
     def after_commit(self, plan: StepPlan, result: StepResult) -> None:

@@ -120,7 +120,10 @@ def greedy_verify(runner, tree: DraftTree, target, flat, node_tok, k, depth: int
     pb = runner.decode_pad(b)
     if pb > b:
         pad_greedy_inputs(inputs, b, pb, n, per_row, pad_tok)
-    if node_tok is not None or target.shape[0] >= pb * n:  # sink nodes read a real row
+    if layout.kind == "mixed":  # every node's row gathered first: one graph per (rows, N),
+        inputs["target"] = inputs["target"][inputs.pop("node_tok")]  # not per token bucket
+        node_tok = None
+    elif node_tok is not None or target.shape[0] >= pb * n:  # sink nodes read a real row
         pad_flat(inputs, pb, n)
 
     def fn(s):

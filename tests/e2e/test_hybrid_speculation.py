@@ -162,3 +162,48 @@ def test_a_suffix_engine_alone_keeps_its_drafts_as_acceptance_evidence(make_llm,
     outs = llm.generate(prompts(llm.tokenizer), GREEDY, use_tqdm=False)
     assert llm.engine.spec.acceptance.population()[0][1] > 0  # greedy requests
     assert all(set(o.spec.proposer_hist) == {"suffix"} for o in outs)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_deep_suffix_chains_run_on_shapes_the_warm_up_captured(make_llm, model, split):
+    """On the CPU graph stand-in: the warm-up captures the shapes of suffix chains deeper
+    than the model's K (the deep depths 8 and 16, their token buckets or split-K tree
+    passes, greedy verification and the draft's follow-up of those widths); then copying
+    requests verify such chains on those shapes, none eagerly, and the output equals plain
+    decoding."""
+    from eager_graphs import install
+
+    from gearshift.engine.warmup import warm_up_speculation
+
+    plain = make_llm(model, speculative_algorithm=None)
+    ps = prompts(plain.tokenizer)
+    ref = run(plain, ps, GREEDY)
+    llm = make_llm(model, speculative_algorithm="eagle3+suffix", spec_policy="always",
+                   max_num_seqs=4)
+    eng = llm.engine
+    graphs = install(llm)
+    eng.runner.split_k_below = 1024 if split else 0  # split-K tree passes, or causal extends
+    assert eng.runner.deep_depths == (8, 16)
+    warm_up_speculation(eng, sizes=[1, 2, 4])
+    warmed = set(graphs.keys)
+    for n in (9, 17):  # greedy verification and the follow-up at each deep width
+        assert any(k[0] == "verify-greedy" and k[2] == n for k in warmed)
+        assert any(k[0] == "draft_extend" and k[2] == n for k in warmed)
+    if split:
+        assert {("target", "verify-tree", 4 * n, n) for n in (9, 17)} <= warmed
+    else:
+        assert {k[3] // 4 for k in warmed if k[:3] == ("target", "verify-mixed", 5)} == \
+            {2, 3, 4, 5, 8, 12, 18}  # every bucket of 4 rows (j), coarse past K + 1
+    depths, orig = [], eng.runner.forward
+
+    def forward(batch, **kw):
+        if batch.verify is not None:
+            depths.append((batch.layout.nodes - 1, batch.layout.graph))
+        return orig(batch, **kw)
+
+    eng.runner.forward = forward
+    assert [o.token_ids for o in llm.generate(ps, GREEDY, use_tqdm=False)] == ref
+    deep = [(d, key) for d, key in depths if d > 4]
+    assert deep and {d for d, _ in deep} <= {8, 16}
+    assert all(key is not None and ("target", *key) in warmed for _, key in depths)
+    assert eng.runner.graph_stats()["verify_eager"] == 0

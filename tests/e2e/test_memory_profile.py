@@ -174,11 +174,15 @@ def test_a_configuration_that_cannot_fit_fails_at_start_up(make_llm, profiled, t
 
 def test_a_hybrid_engine_counts_its_model_drafts_weights(make_llm, profiled, tiny_llama_dir,
                                                           head_dir):
-    """eagle3+suffix: the draft's weights are EAGLE-3's, as alone (suffix decoding has none)."""
+    """eagle3+suffix: the draft's weights are EAGLE-3's, as alone (suffix decoding has none);
+    the profile also runs its largest VERIFY step, every request's suffix chain at the
+    deepest depth (16: 6 x 17 tokens, past the tree's 6 x 8)."""
     alone, _ = profiled(make_llm, tiny_llama_dir, total=GIB, activations=2**20,
                         **_tree(head_dir))
-    hybrid, _ = profiled(make_llm, tiny_llama_dir, total=GIB, activations=2**20,
-                         **{**_tree(head_dir), "speculative_algorithm": "eagle3+suffix"})
+    hybrid, mem = profiled(make_llm, tiny_llama_dir, total=GIB, activations=2**20,
+                           **{**_tree(head_dir), "speculative_algorithm": "eagle3+suffix"})
+    assert hybrid.engine.spec.max_verify_tokens() == 6 * 17
+    assert max(t for t, _ in mem.verify) == 6 * 17
     draft = alone.engine.runner.memory_plan.budget.draft
     assert draft > 0 and hybrid.engine.runner.memory_plan.budget.draft == draft
     assert hybrid.engine.slots.total == alone.engine.slots.total

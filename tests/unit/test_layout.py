@@ -10,18 +10,23 @@ from types import SimpleNamespace
 
 from gearshift.forward_batch import ForwardMode
 from gearshift.request import Request, SamplingParams
-from gearshift.runner.graphs import mixed_verify_tokens
-from gearshift.runner.layout import plain_layout, verify_layout
+from gearshift.runner.graphs import deep_levels, mixed_verify_tokens, verify_rows
+from gearshift.runner.layout import DEEP_ROWS, plain_layout, verify_layout
 from gearshift.scheduler.plan import Layout, StepPlan
 
 
-def runner(graphs: bool = True, kv_heads: int = 32, max_verify: int = 512):
+def runner(graphs: bool = True, kv_heads: int = 32, max_verify: int = 512, deep: int = 0):
+    """A runner's layout inputs: the model's K = 4; `deep`: a hybrid's suffix chains up to
+    that depth (graphs at the deep depths 8 .. deep)."""
     pad = (lambda b: 1 << (b - 1).bit_length()) if graphs else (lambda b: b)
+    per_row = verify_rows(4, deep) if deep else ()
     return SimpleNamespace(
         decode_pad=pad, decode_sizes=[1, 2, 4, 8] if graphs else [], extend_rows=9,
         extend_pad=lambda t: (64 if t <= 64 else None) if graphs else None,
         shape_graphs=object() if graphs else None, max_verify_graph_tokens=max_verify,
-        model=SimpleNamespace(num_kv_heads=kv_heads), split_k_below=64, graph_draft_depth=4)
+        model=SimpleNamespace(num_kv_heads=kv_heads), split_k_below=64,
+        config=SimpleNamespace(num_draft_tokens=4), deep_depths=deep_levels(4, deep),
+        verify_bucket=lambda rows, t: mixed_verify_tokens(rows, t, per_row))
 
 
 def request(i: int, computed: int, prompt: int = 6, **params) -> Request:
@@ -76,13 +81,26 @@ def test_chains_of_one_k_pad_to_a_decode_graph_size() -> None:
     assert verify_layout(runner(max_verify=8), verify([2, 2, 2]), 3) == Layout("chain", 3, 9, 3)
 
 
-def test_chains_deeper_than_the_captured_k_run_eagerly() -> None:
-    """A hybrid's suffix drafts go deeper than the K the warm-up captured graphs for: such a
-    step runs unpadded and eagerly, never capturing a graph while serving."""
-    assert verify_layout(runner(), verify([4, 4]), 5) == Layout("chain", 2, 10, 5, ("verify", 2, 5))
-    assert verify_layout(runner(), verify([16, 16]), 17) == Layout("chain", 2, 34, 17)
-    # mixed with the model's chains: eager too, each chain its own length
-    assert verify_layout(runner(), verify([16, 2, 0]), 17) == Layout("chain", 3, 21, 17)
+def test_deep_suffix_chains_verify_on_few_graph_shapes() -> None:
+    """A hybrid's suffix chains deeper than the model's K pad to the next deep depth (8 or
+    16 here: the caller's `tree_nodes`) and verify as one extend on a coarse token bucket,
+    uniform or not; split-K batches as a tree of that depth. Depths without graphs, and
+    batches past DEEP_ROWS, run eagerly, never capturing a graph while serving."""
+    r = runner(deep=16)
+    assert verify_layout(r, verify([4, 4]), 5) == Layout("chain", 2, 10, 5, ("verify", 2, 5))
+    # 2 x 17 real tokens + 1 padding: j = 18 (x 2 rows)
+    assert verify_layout(r, verify([16, 16]), 17) == \
+        Layout("mixed", 3, 36, 17, ("verify-mixed", 3, 36))
+    # 4 rows, 13 + 3 + 1 + 1 real tokens: j = 5 stays; 4 x 9 + 1: j = 10 rounds up to 12
+    assert verify_layout(r, verify([12, 2, 0, 0]), 17).graph == ("verify-mixed", 5, 20)
+    assert verify_layout(r, verify([8, 8, 8, 8]), 9).graph == ("verify-mixed", 5, 48)
+    assert verify_layout(runner(kv_heads=2, deep=16), verify([7, 2]), 9) == \
+        Layout("tree", 2, 18, 9, ("verify-tree", 18, 9))
+    # no graphs of this depth (the engine's deepest is 8), or too many rows: eager
+    assert verify_layout(runner(deep=8), verify([16, 2, 0]), 17) == Layout("chain", 3, 21, 17)
+    wide = runner(deep=16)
+    wide.decode_pad = lambda b: b
+    assert verify_layout(wide, verify([9] + [0] * DEEP_ROWS), 17).graph is None
 
 
 def test_chains_of_mixed_k_run_on_a_token_bucket() -> None:

@@ -170,7 +170,8 @@ def test_only_a_policy_that_prices_suffix_drafts_gets_their_values():
 
 def test_deep_suffix_drafts_are_cut_to_the_profiled_verify_size():
     """A VERIFY step sends at most the tokens the start-up profiled (max_num_seqs chains of
-    the model's depth): suffix drafts deeper than that are cut, deepest first."""
+    the model's depth): suffix drafts deeper than that are cut, deepest first; past
+    `deep_batch` decoding requests (no graphs of deep chains) none goes past the model's K."""
     from test_scheduler import step_once
 
     from gearshift.scheduler.kv_pool import ReqRowPool, SlotPool
@@ -180,9 +181,11 @@ def test_deep_suffix_drafts_are_cut_to_the_profiled_verify_size():
     def values(reqs, k):
         return [[0.95] * k for _ in reqs]
 
-    for cap, want in ((0, [8, 8]), (12, [2, 8])):
+    for cap, deep_batch, want in ((0, 0, [8, 8]), (12, 0, [2, 8]), (0, 2, [8, 8]),
+                                  (0, 1, [2, 2])):
         spec = Speculation(2, 1, lambda k, t: k + 1, lambda k, t: 0, proposer="eagle3",
-                           suffix_draft_tokens=8, suffix_values=values, max_verify_tokens=cap)
+                           suffix_draft_tokens=8, suffix_values=values, max_verify_tokens=cap,
+                           deep_batch=deep_batch)
         slots, rows = SlotPool(256), ReqRowPool(2)
         s = Scheduler(slots, rows, max_num_seqs=2, max_num_batched_tokens=64, max_model_len=200,
                       speculation=spec, policy=HybridPolicy(AlwaysPolicy(2), "eagle3"),

@@ -104,7 +104,7 @@ class HybridProposer(Proposer):
         if not any(ks_s):
             return self.model.propose(ctx)
         tree = ctx.topk > 1
-        width = _nodes(ctx, ctx.max_depth)  # the layout's nodes per request
+        width = _nodes(ctx, ctx.max_depth)  # the layout's nodes per request (its depth's)
         s_tree, s_found = self.suffix.propose(replace(ctx, draft_lens=ks_s, max_depth=max(ks_s)))
         if not any(ks_m):
             return _padded(s_tree, width, tree), s_found
