@@ -67,6 +67,43 @@ def test_speculation_on_gpu_matches_plain(tiny_llama_dir, tmp_path, spec):
     assert llm.engine.spec_stats()["proposed"] > 0
 
 
+CODE = """def merge(a, b):
+    out = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i] <= b[j]:
+            out.append(a[i])
+            i += 1
+        else:
+            out.append(b[j])
+            j += 1
+    return out + a[i:] + b[j:]
+"""
+
+
+def test_hybrid_deep_suffix_chains_on_gpu_match_plain():
+    """eagle3+suffix on the embedded default model: prompts that copy their code draft
+    suffix chains past the model's K = 4; those verify on graphs the warm-up captured (none
+    eagerly, none captured while serving) and greedy output equals plain decoding, fp32."""
+    from gearshift.models.default import default_target_dir
+
+    model = default_target_dir()
+    plain = LLM(str(model), device="cuda", dtype="float32", speculative_algorithm=None)
+    tok = plain.tokenizer
+    prompts = [tok.encode(t) for t in (CODE + "\n# rename out to result:\n" + CODE[:120],
+                                       "# tests\n" + CODE + "\n\n" + CODE[:60],
+                                       "def fibonacci(n):", "import os\nimport sys\n")]
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    ref = [o.token_ids for o in plain.generate(prompts, params)]
+    llm = LLM(str(model), device="cuda", dtype="float32", max_num_seqs=8, kv_cache_tokens=8192,
+              speculative_algorithm="eagle3+suffix", spec_policy="always")
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == ref
+    assert max(k for o in outs for k in o.spec.k_hist) > 4  # deep suffix chains ran
+    assert llm.engine.runner.graph_stats()["verify_eager"] == 0
+    assert llm.engine.stats()["late"]["graph_captures"] == 0
+
+
 @pytest.mark.parametrize("topk", [1, 2, 4])
 def test_speculation_graphs_at_larger_batch(tiny_llama_dir, tmp_path, topk):
     """40 requests x 2 kv heads: chains verify as graphed causal extend (padded batch),
