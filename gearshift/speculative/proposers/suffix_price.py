@@ -7,7 +7,8 @@ policy prices a node by the acceptance measured at its score:
 
     planning (host)    values(reqs, K): per request, the chain it would draft now, each
                        node j priced P(accepted | score, depth j) from the map; the scores
-                       are kept
+                       are kept (a request with no chain worth pricing waits a few plans
+                       before its next preview: QUIET_VALUE)
     after verify       record(req, K, a): for a request that drafted from suffix decoding,
                        each priced node j <= K: cell(score_j, j) += (1, j <= a)
 
@@ -62,20 +63,44 @@ class ScoreMap:
         return [round(self((b + 0.5) / self.bins), 3) for b in range(self.bins)]
 
 
+# a request whose chain's first node is worth less than this is previewed again only after
+# 1, 2, 4 .. MAX_BACKOFF plans (novel text: a preview per request and step is host time
+# that grows with the batch); a chain worth it resets the wait
+QUIET_VALUE = 0.3
+MAX_BACKOFF = 8
+
+
 class SuffixPricer:
     def __init__(self, preview) -> None:
         # preview(req, K) -> SuffixDraft: the chain the proposer would draft for req now
         self.preview = preview
         self.map = ScoreMap()
         self._priced: dict[str, list[float]] = {}  # request id -> scores of the last plan
+        self._quiet: dict[str, list[int]] = {}  # request id -> [plans to skip, last wait]
 
     def values(self, reqs: list, k: int) -> list[list[float]]:
-        """Per request, P(accepted) of each node of its suffix chain of at most k drafts."""
-        out, self._priced = [], {}
+        """Per request, P(accepted) of each node of its suffix chain of at most k drafts
+        ([] while a request without a chain worth pricing waits: QUIET_VALUE)."""
+        out, self._priced, quiet = [], {}, self._quiet
         for req in reqs:
+            rid, wait = req.request_id, quiet.get(req.request_id)
+            if wait is not None and wait[0] > 0:
+                wait[0] -= 1
+                self._priced[rid] = []
+                out.append([])
+                continue
             scores = self.preview(req, k).scores if req.params.speculative and k else []
-            self._priced[req.request_id] = scores
-            out.append([self.map(s, j) for j, s in enumerate(scores, start=1)])
+            self._priced[rid] = scores
+            values = [self.map(s, j) for j, s in enumerate(scores, start=1)]
+            out.append(values)
+            if values and values[0] >= QUIET_VALUE:
+                quiet.pop(rid, None)
+            elif req.params.speculative and k:
+                n = min(2 * wait[1], MAX_BACKOFF) if wait is not None else 1
+                quiet[rid] = [n, n]
+        if len(quiet) > 2 * len(reqs) + 64:  # finished requests' entries
+            live = {r.request_id for r in reqs}
+            self._quiet = {rid: w for rid, w in quiet.items() if rid in live}
         return out
 
     def record(self, req, k: int, accepted: int) -> None:
