@@ -18,7 +18,8 @@ where no request drafts with the model runs no draft pass: the hybrid prices it 
 table (`free_cost`: the model's gears less their draft steps, then learned from those steps
 alone), and the model's gears learn only from steps that ran its draft. A tree step keeps
 its shape (one tree per request: a switch adds no verified tokens, suffix wins where it
-expects more).
+expects more), unless chains with suffix rows as deep as they pay are predicted to beat it
+by the margin (copying requests: drafts past the tree's depth).
 Without one (always, random, threshold), suffix takes a request where its drafts valued at
 least `min_value` expect more accepted tokens than the model's K. The model's own K and
 acceptance evidence are the inner policy's (suffix outcomes feed only the calibration).
@@ -130,7 +131,10 @@ class HybridPolicy(Policy):
         values = view.suffix_values
         if self.mode != "model" and values is not None and any(values):
             alphas = self._alphas(view)
-            if self._topk > 1:
+            chains = self._chains_instead(view, ks, alphas, values) if self._topk > 1 else None
+            if chains is not None:  # deep suffix chains beat the model's tree
+                ks, props, self._topk = *chains, 1
+            elif self._topk > 1:
                 self._trees(ks, props, alphas, values)
             elif self.cost is not None:
                 self._priced(view, ks, props, alphas, values)
@@ -165,8 +169,30 @@ class HybridPolicy(Policy):
             if v and ks[i] and 1.0 + sum(v[:ks[i]]) > self._model_tokens(alphas[i], ks[i]):
                 props[i] = SUFFIX
 
-    def _priced(self, view, ks, props, alphas, values) -> None:
-        """Switch requests to suffix, best gain first, at the K maximising tokens per ms."""
+    def _chains_instead(self, view, ks, alphas, values) -> tuple[list, list] | None:
+        """A tree step's alternative (priced, both proposers): chains, the model's rows at
+        the inner policy's best chain gear, suffix rows as deep as they pay (_priced). ->
+        (K, proposers) where its predicted goodput beats the tree's (each request's share
+        of it, or its suffix chain's at the tree's depth where that expects more) by the
+        margin; None: keep the tree."""
+        scorer = self.inner.scorer
+        if self.mode != "both" or self.cost is None or scorer is None:
+            return None
+        kmax = self.inner.num_draft_tokens or view.num_draft_tokens
+        scores = scorer.scores(view, kmax + 1)
+        if kmax + 1 not in scores or not scores[kmax + 1][1]:
+            return None
+        tokens, ms, _ = scores[kmax + 1]
+        share = tokens / len(ks)
+        tree = sum(max(share, 1.0 + sum(v[:kmax])) for v in values) / ms
+        gear = max(range(1, kmax + 1), key=lambda g: scores[g][2] if g in scores else 0.0)
+        chain_ks, chain_props = [gear if k else 0 for k in ks], [self.model] * len(ks)
+        best = self._priced(view, chain_ks, chain_props, alphas, values)
+        return (chain_ks, chain_props) if best > tree * (1.0 + self.margin) else None
+
+    def _priced(self, view, ks, props, alphas, values) -> float:
+        """Switch requests to suffix, best gain first, at the K maximising tokens per ms.
+        -> the plan's predicted tokens per ms."""
         n, cap = len(ks), view.suffix_draft_tokens
         if self.mode == "both" and self.free_cost is None:
             self.free_cost = model_free_costs(
@@ -193,13 +219,14 @@ class HybridPolicy(Policy):
                 best, k, e = pick
                 tok[i], ver[i], depth[i], ks[i], props[i] = e, k + 1, 0, k, SUFFIX
         if self.mode == "both":
-            self._plain_model_rows(ks, props, tok, ver, depth, price, best)
+            best = self._plain_model_rows(ks, props, tok, ver, depth, price, best)
+        return best
 
-    def _plain_model_rows(self, ks, props, tok, ver, depth, price, best: float) -> None:
+    def _plain_model_rows(self, ks, props, tok, ver, depth, price, best: float) -> float:
         """The model's K was planned for every request; with some drafting from their
         suffix, the rest may no longer pay for the draft pass (saved only once no request
         drafts with the model): its requests go to K = 0, least accepting first, where a
-        number of them does better by more than `margin`."""
+        number of them does better by more than `margin`. -> the plan's tokens per ms."""
         rows = sorted((i for i, k in enumerate(ks) if k and props[i] == self.model),
                       key=lambda i: (tok[i] - 1.0) / ks[i])
         t, v, pick = sum(tok), sum(ver), None
@@ -211,6 +238,7 @@ class HybridPolicy(Policy):
                 pick = (g, j)
         for i in rows[:pick[1]] if pick is not None else []:
             ks[i] = 0
+        return best if pick is None else pick[0]
 
     def _pricer(self, view: PolicyView):
         """(verified tokens, the model's deepest K) -> predicted step ms: the gears' prices

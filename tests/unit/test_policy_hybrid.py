@@ -295,3 +295,54 @@ def test_the_models_tree_steps_price_its_tree_gear():
     policy.observe(3, 2, 100, 15.0)
     assert inner.seen == [(5, None), (3, None)]
 
+
+
+def test_requests_without_a_chain_worth_pricing_are_previewed_less_often():
+    """Novel text: after a preview finds no chain worth pricing, the request waits 1, 2, 4,
+    then 8 plans before the next; a copying request is previewed every plan, and a chain
+    found again (the text starts to copy) resets the wait."""
+    seen = []
+    proposer = SuffixProposer(0)
+
+    def preview(req, k):
+        seen.append(req.request_id)
+        return proposer.preview(req, k)
+
+    pricer = SuffixPricer(preview)
+    copy, new = copying("copy"), novel("new")
+    for _ in range(24):
+        values = pricer.values([copy, new], 16)
+        assert values[0] and values[0][0] >= 0.3
+    assert seen.count("copy") == 24
+    assert seen.count("new") == 5  # plans 1, 3, 6, 11, 20 of 24
+    new.output_token_ids = SPAN[:20]  # it starts to copy the span (its prompt too now)
+    new.prompt_token_ids = SPAN + [7, 8, 9]
+    for _ in range(9):
+        last = pricer.values([copy, new], 16)[1]
+    assert last and seen.count("new") >= 6
+    before = seen.count("new")
+    pricer.values([copy, new], 16)
+    assert seen.count("new") == before + 1  # worth pricing: every plan again
+
+
+def test_deep_suffix_chains_replace_the_models_tree_where_they_pay():
+    """An engine with trees: the inner policy picks the model's tree; where requests copy,
+    chains with their suffix drafts past the tree's depth are predicted to commit more a
+    millisecond, so the step verifies chains; novel requests keep the tree."""
+    cost = measured_online(memory_bound_costs(5))  # gears K = 0..4 and the tree (5)
+
+    def plan(reqs):
+        pricer = SuffixPricer(SuffixProposer(0).preview)
+        policy = HybridPolicy(GoodputPolicy(cost, 4, explore_every=10 ** 6), "eagle3")
+        for r in reqs:
+            r.spec_alpha_num, r.spec_alpha_den = 700.0, 1000.0
+        view = PolicyView(reqs, 0, 4, ((7.0, 10.0), (7.0, 10.0)), topk=2,
+                          tree_population=(1400.0, 2000.0, 1000.0),  # trees: 1.4x drafts
+                          suffix_values=pricer.values(reqs, 16), suffix_draft_tokens=16)
+        ks = policy.plan(view)
+        return ks, policy.step_topk(view), policy.step_proposers(view)
+
+    ks, topk, props = plan([copying("c1"), copying("c2")])
+    assert topk == 1 and props == ["suffix", "suffix"] and min(ks) > 4
+    ks, topk, props = plan([novel("n1"), novel("n2", 1)])
+    assert topk == 2 and ks == [4, 4] and props == ["eagle3", "eagle3"]
