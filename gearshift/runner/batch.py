@@ -13,6 +13,7 @@ request already owns (no allocation): the draft's catch-up and draft-extend use 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -91,12 +92,22 @@ class StepBatch:
     slots: list[list[int]]  # per request, as allocated: its nodes, then the draft's scratch
     sampling: SamplingBatch  # per request (DECODE: padded to the graph's rows)
     layout: Layout  # the plan's
-    forward: ForwardBatch  # every mode; VERIFY: the drafts' rows filled by fill_drafts
+    forward: ForwardBatch | None  # every mode; VERIFY: the drafts' rows filled by
+    #                              fill_drafts (None until lay_out_target)
     # VERIFY: roots [B] (pending tokens), prefix [B], rows [B], k [B], scratch [B * S] and
     # node_slots [B * N] (0-padded to the widest chain or tree; a chunk riding along is cut
     # to that width), in the same copy as `sampling`
     staged: dict[str, torch.Tensor] | None = None
     verify: VerifyPass | None = None  # VERIFY: what verification reads of the target pass
+    target: Callable[[], tuple[ForwardBatch, VerifyPass]] | None = None  # VERIFY: its layout
+
+    def lay_out_target(self) -> None:
+        """A VERIFY step's target pass (`forward`, `verify`), staged in a copy of its own
+        once the draft's pass is launched: its host work then runs while the device drafts
+        instead of before anything is launched."""
+        if self.target is not None:
+            self.forward, self.verify = self.target()
+            self.target = None
 
 
 class BatchBuilder:
@@ -181,9 +192,10 @@ class BatchBuilder:
     def _verify(self, plan: StepPlan, layout: Layout, slots: list[list[int]],
                 tokens: list[list[int]], fresh: list[bool], masks: torch.Tensor | None
                 ) -> StepBatch:
-        """The inputs every stage of a VERIFY step reads and its target pass, staged in one
-        copy. The pending token (a root) is usually the last sampled one, or the last
-        prompt token when a chunked prefill ended with a 1-token chunk."""
+        """The inputs every stage of a VERIFY step reads, staged in one copy, and its target
+        pass, laid out by StepBatch.lay_out_target. The pending token (a root) is usually
+        the last sampled one, or the last prompt token when a chunked prefill ended with a
+        1-token chunk."""
         reqs = plan.reqs
         roots = [t[0] for t in tokens]
         # node slots as wide as the widest chain or tree: a chunk riding along reads its
@@ -192,8 +204,6 @@ class BatchBuilder:
         s_max = max(plan.num_scratch)
         st = Stager(self.device)
         st.add_ints("roots", roots)
-        lists = stage_verify(st, plan, layout, slots,
-                             [[] if dec else t for t, dec in zip(tokens, plan.decoding)])
         st.add_ints("prefix", plan.prefix_lens)
         st.add_ints("rows", [r.req_pool_index for r in reqs])
         st.add_ints("k", plan.draft_lens)
@@ -213,8 +223,14 @@ class BatchBuilder:
         if any(couples):  # speculative/coupled.py
             sb.coupled = d["coupled"] != 0
             sb.all_coupled = all(c or r.params.temperature == 0 for c, r in zip(couples, reqs))
-        fb, vp = verify_pass(d, plan, layout, lists, self.kv)
-        return StepBatch(slots, sb, layout, fb, staged=d, verify=vp)
+        riders = [[] if dec else t for t, dec in zip(tokens, plan.decoding)]
+
+        def target() -> tuple[ForwardBatch, VerifyPass]:
+            st = Stager(self.device)
+            lists = stage_verify(st, plan, layout, slots, riders)
+            d.update(st.to_device())
+            return verify_pass(d, plan, layout, lists, self.kv)
+        return StepBatch(slots, sb, layout, None, staged=d, target=target)
 
     def extend_batch(self, mode: ForwardMode, reqs: list[Request], prefix: list[int],
                      extend: list[int], input_ids: list[int], pad: int = 0) -> ForwardBatch:

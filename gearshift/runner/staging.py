@@ -1,4 +1,5 @@
-"""Host lists to device tensors: `Stager` (one host-to-device copy per step), the
+"""Host lists to device tensors: `Stager` (one host-to-device copy per step; a VERIFY step
+makes a second for its target pass while the draft runs), the
 padding rule's host side (`pad_batch`: a plan's `Layout`, runner/layout.py) and the
 extend-layout lists every forward batch is built from (`stage_forward`, `forward_batch`).
 

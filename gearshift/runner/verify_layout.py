@@ -1,7 +1,8 @@
-"""The target's pass of a VERIFY step, laid out by BatchBuilder.prepare for the plan's
+"""The target's pass of a VERIFY step, laid out (StepBatch.lay_out_target) for the plan's
 `Layout` (runner/layout.py) like any other step: its host-known parts (rows, positions,
-slots, which token row verifies which node) go in the step's one host-to-device copy;
-the proposer's tokens fill the rows reserved for them on the device (`fill_drafts`).
+slots, which token row verifies which node) go in a host-to-device copy of their own,
+made while the draft runs; the proposer's tokens fill the rows reserved for them on the
+device (`fill_drafts`).
 
     chain:  node j of request i sits at position prefix_i + j; the nodes' slots go to
             req_to_token while preparing, so ordinary causal extend attention reads each
@@ -20,8 +21,9 @@ the proposer's tokens fill the rows reserved for them on the device (`fill_draft
             req_to_token on the device after verification (verify_device.record_paths).
             Padding: dummy tokens (row 0, slot 0, seeing only slot 0) after the real ones
 
-Data flow: BatchBuilder.prepare -> stage_verify (host lists) -> verify_pass (device
-batch) -> SpecRunner: proposer.propose -> fill_drafts -> ModelRunner.forward.
+Data flow: SpecRunner: proposer.propose -> StepBatch.lay_out_target (while the draft
+runs) -> stage_verify (host lists) -> verify_pass (device batch) -> fill_drafts ->
+ModelRunner.forward.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """SpecRunner: the speculative stages of the engine's one step pipeline.
 
-    VERIFY plan + Layout -> BatchBuilder.prepare (node + scratch slots, staged inputs,
-         the target pass laid out with rows reserved for the drafts: runner/verify_layout.py)
+    VERIFY plan + Layout -> BatchBuilder.prepare (node + scratch slots, staged inputs)
       -> run(): draft catch-up -> proposer.propose -> DraftTree [B, N]        (device)
+                -> the target pass laid out while the draft runs, rows reserved
+                   for the drafts (StepBatch.lay_out_target: verify_layout.py)
                 -> fill_drafts -> ModelRunner.forward: the target pass        (device)
                 -> penalties, grammar masks per node (verify_logits / _grammar.py)
                 -> verification: accepted path + bonus per request (rejection
@@ -175,7 +176,7 @@ class SpecRunner:
         extend as usual in the same causal pass and sample at their end. `before_sync`:
         host work to do while the device runs, before the step's one sync; `planning_s`:
         the host time that planned the step (for the step trace)."""
-        d, sb, vp, timing = batch.staged, batch.sampling, batch.verify, self.timing
+        d, sb, timing = batch.staged, batch.sampling, self.timing
         if timing is not None:
             timing.mark(0, planning_s)
         self.follow.catch_up(plan)  # the rows the plan says each draft must consume first
@@ -186,7 +187,10 @@ class SpecRunner:
         if timing is not None:
             timing.mark(1)
         depth = self._depth(plan, batch)
-        tree, n_nodes, k = self._propose(plan, batch, counts, depth)
+        tree, found = self._propose(plan, batch, counts, depth)
+        batch.lay_out_target()  # its host work while the device drafts
+        vp = batch.verify
+        n_nodes, k = (vp.n_nodes, vp.k) if found is None else self._found(found, batch, tree)
         if timing is not None:
             timing.mark(2)
         # grammars need the drafts on the host: copied now, walked while the target runs
@@ -219,21 +223,23 @@ class SpecRunner:
         return max(plan.draft_lens) if plan.draft_topk > 1 else batch.layout.nodes - 1
 
     def _propose(self, plan: StepPlan, batch: StepBatch, counts, depth: int):
-        """The draft tree [B, N] of the step, the nodes each request verifies, and its
-        drafts per request on the device (a host proposer may find fewer than K: the
-        layout stays, its nodes past them are masked)."""
-        d, b, n = batch.staged, plan.batch_size, batch.layout.nodes
+        """The draft tree [B, N] of the step, and the nodes a host proposer found per
+        request (None: every planned one)."""
+        d, b = batch.staged, plan.batch_size
         ctx = ProposeContext(plan.reqs, plan.draft_lens, depth, plan.draft_topk,
                              max(x for x, dec in zip(plan.num_nodes, plan.decoding) if dec),
                              d["roots"], d["prefix"], plan.prefix_lens, d["rows"],
                              d["scratch"].view(b, max(plan.num_scratch)), batch.sampling, counts,
                              plan.proposers if self.suffix_draft_tokens else None)
-        tree, found = self.proposer.propose(ctx)
-        if found is None:
-            return tree, batch.verify.n_nodes, batch.verify.k
+        return self.proposer.propose(ctx)
+
+    @staticmethod
+    def _found(found: list[int], batch: StepBatch, tree) -> tuple[list[int], torch.Tensor]:
+        """A host proposer may find fewer nodes than planned: the layout stays, its nodes
+        past them are masked. -> the nodes each request verifies, its drafts (device)."""
         k = torch.tensor([x - 1 for x in found], dtype=torch.long).to(tree.tokens.device,
                                                                       non_blocking=True)
-        return tree, [min(x, n) for x in found], k
+        return [min(x, batch.layout.nodes) for x in found], k
 
     @staticmethod
     def _ancestors(tree, vp, depth: int) -> torch.Tensor | None:

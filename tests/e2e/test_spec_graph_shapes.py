@@ -275,3 +275,33 @@ def test_mixed_k_chains_with_triton_kernels(make_llm, tiny_llama_dir, tmp_path):
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
     assert any(k[:2] == ("target", "verify-mixed") for k in graphs.keys)
     assert llm.spec_stats()["mixed_k_steps"] > 0
+
+
+@pytest.mark.parametrize("algo", ["eagle3", "ngram"])
+def test_the_target_pass_is_laid_out_while_the_draft_runs(make_llm, tiny_llama_dir, tmp_path,
+                                                         algo):
+    """A VERIFY step stages its target pass (the host's largest share of the step) after the
+    draft's pass is launched, not before anything runs on the device: the proposer proposes
+    before the verify layout is staged, every step; the output equals plain decoding."""
+    import gearshift.runner.batch as batch_mod
+
+    prompts = random_prompts([5, 17, 9], seed=4)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    ref = [o.token_ids for o in make_llm(tiny_llama_dir).generate(prompts, params)]
+    llm = make_llm(tiny_llama_dir, num_draft_tokens=3, spec_policy="always",
+                   **_mixed_spec(algo, tmp_path, tiny_llama_dir))
+    install(llm)
+    order, proposer = [], llm.engine.spec.proposer
+    propose, stage = proposer.propose, batch_mod.stage_verify
+    proposer.propose = lambda ctx: order.append("propose") or propose(ctx)
+
+    def staged(*args):
+        order.append("stage")
+        return stage(*args)
+
+    batch_mod.stage_verify = staged
+    try:
+        assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+    finally:
+        batch_mod.stage_verify = stage
+    assert order and order == ["propose", "stage"] * (len(order) // 2)
