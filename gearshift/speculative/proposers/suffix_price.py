@@ -63,10 +63,11 @@ class ScoreMap:
         return [round(self((b + 0.5) / self.bins), 3) for b in range(self.bins)]
 
 
-# a request whose chain's first node is worth less than this is previewed again only after
-# 1, 2, 4 .. MAX_BACKOFF plans (novel text: a preview per request and step is host time
-# that grows with the batch); a chain worth it resets the wait
-QUIET_VALUE = 0.3
+# a request whose chain expects fewer accepted drafts than this (about what EAGLE-3's K = 4
+# chain expects on novel text) is previewed again only after 1, 2, 4 .. MAX_BACKOFF plans
+# (a preview per request and step is host time that grows with the batch); a chain worth
+# it resets the wait
+QUIET_VALUE = 1.0
 MAX_BACKOFF = 8
 
 
@@ -80,7 +81,7 @@ class SuffixPricer:
 
     def values(self, reqs: list, k: int) -> list[list[float]]:
         """Per request, P(accepted) of each node of its suffix chain of at most k drafts
-        ([] while a request without a chain worth pricing waits: QUIET_VALUE)."""
+        ([] while a request whose chain was not worth pricing waits: QUIET_VALUE)."""
         out, self._priced, quiet = [], {}, self._quiet
         for req in reqs:
             rid, wait = req.request_id, quiet.get(req.request_id)
@@ -93,7 +94,7 @@ class SuffixPricer:
             self._priced[rid] = scores
             values = [self.map(s, j) for j, s in enumerate(scores, start=1)]
             out.append(values)
-            if values and values[0] >= QUIET_VALUE:
+            if sum(values) >= QUIET_VALUE:
                 quiet.pop(rid, None)
             elif req.params.speculative and k:
                 n = min(2 * wait[1], MAX_BACKOFF) if wait is not None else 1
