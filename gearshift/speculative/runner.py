@@ -253,7 +253,10 @@ class SpecRunner:
         """Accepted paths from the target's logits -> packed [B, 2 * depth + 3] (device)."""
         sb, vp, d = batch.sampling, batch.verify, batch.staged
         pb, lp, n_tree = sb.penalties, sb.logprobs, tree.num_nodes
-        flat, rows_t = vp.flat, vl.node_rows(vp.flat, vp.node_tok)
+        flat = vp.flat
+        # each node's logits row: for per-node work and coupled targets (greedy reads none)
+        rows_t = vl.node_rows(flat, vp.node_tok) if pb is not None or masks is not None \
+            or lp is not None or not sb.all_greedy else None
         raw_t = logits_t
         if pb is not None:  # verification sees what a plain step would sample from
             logits_t = vl.penalise(pb, counts, logits_t, tree, flat, rows_t, sb.steps, depth)

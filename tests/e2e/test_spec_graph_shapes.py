@@ -305,3 +305,24 @@ def test_the_target_pass_is_laid_out_while_the_draft_runs(make_llm, tiny_llama_d
     finally:
         batch_mod.stage_verify = stage
     assert order and order == ["propose", "stage"] * (len(order) // 2)
+
+
+def test_greedy_verification_reads_no_node_rows(make_llm, tiny_llama_dir, tmp_path):
+    """Each verified node's logits row is gathered only for per-node work (penalties,
+    grammars, logprobs) or coupled targets: a greedy step launches nothing for it."""
+    import gearshift.speculative.runner as runner_mod
+
+    calls, orig = [], runner_mod.vl.node_rows
+    runner_mod.vl.node_rows = lambda *a: calls.append(1) or orig(*a)
+    try:
+        llm = make_llm(tiny_llama_dir, num_draft_tokens=3, spec_policy="always",
+                       **_mixed_spec("eagle3", tmp_path, tiny_llama_dir))
+        install(llm)
+        prompts = random_prompts([5, 9], seed=6)
+        llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+        assert llm.engine.stats()["verify_steps"] > 0 and not calls
+        llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
+                                             presence_penalty=0.5))
+        assert calls
+    finally:
+        runner_mod.vl.node_rows = orig
