@@ -53,6 +53,8 @@ class Speculation:
     # propose now (host work at planning time: the policy prices it); 0 / None: none
     suffix_draft_tokens: int = 0
     suffix_values: Callable[[list[Request], int], list[list[float]]] | None = None
+    # told the proposer each priced request got (its pricing waits where suffix lost)
+    suffix_chosen: Callable[[list[Request], list[str]], None] | None = None
     # the most tokens one VERIFY step may send (0: no cap): what the start-up profiled and
     # sized the KV cache beside (SpecRunner.max_verify_tokens); deeper suffix drafts are
     # cut to fit

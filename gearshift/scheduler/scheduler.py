@@ -190,6 +190,8 @@ class Scheduler(Committer):
                 names[i] = chosen[j]
             cap = deepest if chosen is not None and names[i] == "suffix" else spec.num_draft_tokens
             ks[i] = max(min(k, cap, self.max_model_len - r.num_tokens - 1), 0)
+        if view.suffix_values is not None and spec.suffix_chosen is not None:
+            spec.suffix_chosen(dec, [names[i] if ks[i] else "" for i in decoding])
         if spec.max_verify_tokens and topk == 1:
             _fit_deep_drafts(ks, plan.extend_lens, spec)
         nodes = [spec.num_nodes(k, topk) if k else n for k, n in zip(ks, plan.extend_lens)]

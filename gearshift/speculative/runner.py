@@ -108,6 +108,7 @@ class SpecRunner:
             mixed=riders, proposer=self.proposer_name,
             suffix_draft_tokens=self.suffix_draft_tokens,
             suffix_values=self.proposer.price if self.suffix_draft_tokens else None,
+            suffix_chosen=self.proposer.chosen if self.suffix_draft_tokens else None,
             max_verify_tokens=self.max_verify_tokens(), deep_batch=DEEP_ROWS)
 
     def max_verify_tokens(self) -> int:

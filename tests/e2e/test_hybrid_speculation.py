@@ -111,9 +111,14 @@ def test_the_copying_request_drafts_from_its_suffix_the_novel_one_from_eagle3(ma
     copy = tok.encode("# tests\n" + SNIPPET + "\n\n" + SNIPPET[:60])
     novel = tok.encode("The history of the city begins")
     sampled = SamplingParams(max_tokens=48, temperature=0.8, seed=3, ignore_eos=True)
+    pricer, previews = llm.engine.spec.proposer.pricer, []
+    preview = pricer.preview
+    pricer.preview = lambda req, k: previews.append(len(req.prompt_token_ids)) or preview(req, k)
     outs = llm.generate([copy, novel], [GREEDY, sampled], use_tqdm=False)
     c, n = (o.spec.proposer_hist for o in outs)
     assert c.get("suffix", 0) > 0 and n.get("eagle3", 0) > n.get("suffix", 0)
+    # the plan feeds back who took suffix decoding: the novel request is priced less often
+    assert previews.count(len(novel)) < previews.count(len(copy))
     own = llm.spec_stats()["proposers"]
     rate = {p: own[p]["accepted"] / max(own[p]["proposed"], 1) for p in own}
     assert rate["suffix"] > rate["eagle3"]

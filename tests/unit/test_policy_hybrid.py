@@ -297,11 +297,10 @@ def test_the_models_tree_steps_price_its_tree_gear():
 
 
 
-def test_requests_without_a_chain_worth_pricing_are_previewed_less_often():
-    """Novel text: after a preview finds no chain worth pricing (expecting less than one
-    accepted draft), the request waits 1, 2, 4, then 8 plans before the next; a copying
-    request is previewed every plan, and a chain found again (the text starts to copy)
-    resets the wait."""
+def test_requests_suffix_decoding_does_not_draft_are_previewed_less_often():
+    """A request priced and not drafted by suffix decoding (the plan fed back by chosen()),
+    or with no chain at all, waits 1, 2, 4, then 8 plans before its next preview; one that
+    suffix decoding drafts is previewed every plan, and being chosen again resets the wait."""
     seen = []
     proposer = SuffixProposer(0)
 
@@ -310,20 +309,21 @@ def test_requests_without_a_chain_worth_pricing_are_previewed_less_often():
         return proposer.preview(req, k)
 
     pricer = SuffixPricer(preview)
-    copy, new = copying("copy"), novel("new")
+    reqs = [copying("copy"), copying("other"), novel("new")]
     for _ in range(24):
-        values = pricer.values([copy, new], 16)
-        assert sum(values[0]) >= 1.0
+        values = pricer.values(reqs, 16)
+        assert values[0] and not values[2]
+        pricer.chosen(reqs, ["suffix", "eagle3", "eagle3"])
     assert seen.count("copy") == 24
-    assert seen.count("new") == 5  # plans 1, 3, 6, 11, 20 of 24
-    new.output_token_ids = SPAN[:20]  # it starts to copy the span (its prompt too now)
-    new.prompt_token_ids = SPAN + [7, 8, 9]
-    for _ in range(9):
-        last = pricer.values([copy, new], 16)[1]
-    assert last and seen.count("new") >= 6
-    before = seen.count("new")
-    pricer.values([copy, new], 16)
-    assert seen.count("new") == before + 1  # worth pricing: every plan again
+    assert seen.count("other") == seen.count("new") == 5  # plans 1, 3, 6, 11, 20 of 24
+    previewed = []
+    for _ in range(12):  # once previewed again, suffix decoding takes it: every plan after
+        n = seen.count("other")
+        values = pricer.values(reqs, 16)
+        previewed.append(seen.count("other") > n)
+        pricer.chosen(reqs, ["suffix", "suffix" if values[1] else "", ""])
+    first = previewed.index(True)
+    assert first <= 8 and all(previewed[first:])
 
 
 def test_deep_suffix_chains_replace_the_models_tree_where_they_pay():

@@ -96,6 +96,10 @@ class HybridProposer(Proposer):
         """Per request, P(accepted) of each node of the suffix chain it would draft now."""
         return self.pricer.values(reqs, k)
 
+    def chosen(self, reqs: list, proposers: list[str]) -> None:
+        """The plan made from the latest price(): its proposer per request."""
+        self.pricer.chosen(reqs, proposers)
+
     def propose(self, ctx: ProposeContext) -> tuple[DraftTree, list[int] | None]:
         props = ctx.proposers or [self.name] * len(ctx.reqs)
         is_suffix = [p == SUFFIX for p in props]

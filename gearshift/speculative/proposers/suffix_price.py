@@ -7,8 +7,8 @@ policy prices a node by the acceptance measured at its score:
 
     planning (host)    values(reqs, K): per request, the chain it would draft now, each
                        node j priced P(accepted | score, depth j) from the map; the scores
-                       are kept (a request with no chain worth pricing waits a few plans
-                       before its next preview: QUIET_VALUE)
+                       are kept (a request the plan did not draft by suffix decoding
+                       waits a few plans before its next preview: chosen())
     after verify       record(req, K, a): for a request that drafted from suffix decoding,
                        each priced node j <= K: cell(score_j, j) += (1, j <= a)
 
@@ -63,11 +63,9 @@ class ScoreMap:
         return [round(self((b + 0.5) / self.bins), 3) for b in range(self.bins)]
 
 
-# a request whose chain expects fewer accepted drafts than this (about what EAGLE-3's K = 4
-# chain expects on novel text) is previewed again only after 1, 2, 4 .. MAX_BACKOFF plans
-# (a preview per request and step is host time that grows with the batch); a chain worth
-# it resets the wait
-QUIET_VALUE = 1.0
+# a request priced and not drafted by suffix decoding (or with no chain) is previewed again
+# only after 1, 2, 4 .. MAX_BACKOFF plans (a preview per request and step is host time that
+# grows with the batch: novel text rarely takes its chain); one that takes it, every plan
 MAX_BACKOFF = 8
 
 
@@ -81,7 +79,7 @@ class SuffixPricer:
 
     def values(self, reqs: list, k: int) -> list[list[float]]:
         """Per request, P(accepted) of each node of its suffix chain of at most k drafts
-        ([] while a request whose chain was not worth pricing waits: QUIET_VALUE)."""
+        ([] while a request waits: see chosen())."""
         out, self._priced, quiet = [], {}, self._quiet
         for req in reqs:
             rid, wait = req.request_id, quiet.get(req.request_id)
@@ -92,17 +90,29 @@ class SuffixPricer:
                 continue
             scores = self.preview(req, k).scores if req.params.speculative and k else []
             self._priced[rid] = scores
-            values = [self.map(s, j) for j, s in enumerate(scores, start=1)]
-            out.append(values)
-            if sum(values) >= QUIET_VALUE:
-                quiet.pop(rid, None)
-            elif req.params.speculative and k:
-                n = min(2 * wait[1], MAX_BACKOFF) if wait is not None else 1
-                quiet[rid] = [n, n]
+            out.append([self.map(s, j) for j, s in enumerate(scores, start=1)])
+            if not scores and req.params.speculative and k:
+                self._wait(rid)
         if len(quiet) > 2 * len(reqs) + 64:  # finished requests' entries
             live = {r.request_id for r in reqs}
             self._quiet = {rid: w for rid, w in quiet.items() if rid in live}
         return out
+
+    def chosen(self, reqs: list, proposers: list[str]) -> None:
+        """The plan made from the latest values(): a request priced and drafted by suffix
+        decoding is previewed every plan; one priced and not, after a wait."""
+        for req, name in zip(reqs, proposers):
+            rid = req.request_id
+            if self._priced.get(rid):
+                if name == "suffix":
+                    self._quiet.pop(rid, None)
+                else:
+                    self._wait(rid)
+
+    def _wait(self, rid: str) -> None:
+        wait = self._quiet.get(rid)
+        n = min(2 * wait[1], MAX_BACKOFF) if wait is not None else 1
+        self._quiet[rid] = [n, n]
 
     def record(self, req, k: int, accepted: int) -> None:
         """A VERIFY outcome of a suffix draft of K = k: `accepted` drafts."""
