@@ -87,15 +87,21 @@ class SuffixAutomaton:
         for t in tokens:
             self.append(t)
 
-    def longest_repeat(self, tail: list[int]) -> tuple[int, int]:
-        """-> (state, length) of the longest suffix of `tail`, the text's last tokens, that
+    def longest_repeat(self, window: int) -> tuple[int, int]:
+        """-> (state, length) of the longest suffix of the text's last `window` tokens that
         also ends earlier in the text (so a token followed it there); (0, 0): none does.
-        Bounding the pattern by the tail keeps periodic text drafting far: its longest
-        repeat overall is one period back, and runs into the text's end a period later."""
-        s, n = self.match(tail)
-        if s and self.count[s] < 2:  # the tail occurs only at the end: its longest suffix
-            s = self.link[s]  # that occurs elsewhere too
-            n = self.length[s]
+        Bounding the pattern by the window keeps periodic text drafting far: its longest
+        repeat overall is one period back, and runs into the text's end a period later.
+        The text's suffixes are the states on the end's suffix-link chain: no walk over
+        the tokens (a preview per request and step)."""
+        link, length = self.link, self.length
+        s = self.end
+        while s and length[link[s]] >= window:  # the state of the window-long suffix
+            s = link[s]
+        n = min(length[s], window)
+        if s and self.count[s] < 2:  # it occurs only at the end: its longest suffix
+            s = link[s]  # that occurs elsewhere too
+            n = length[s]
         return s, n
 
     def match(self, tokens) -> tuple[int, int]:

@@ -43,7 +43,7 @@ class RequestIndex:
     def repeat(self, window: int) -> tuple[int, int]:
         """-> (state, length) of the longest suffix (at most `window` tokens) that occurs
         earlier in the request."""
-        return self.sam.longest_repeat(self.tokens[-window:])
+        return self.sam.longest_repeat(window)
 
     def children(self, state: int):
         return self.sam.children(state)
