@@ -33,6 +33,8 @@ step_topk(view), step_proposers(view) -> StepPlan.draft_lens / proposers.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from gearshift.policy.base import Policy, PolicyView
 from gearshift.policy.cost import CostModel
 from gearshift.policy.scoring import expected_tokens
@@ -230,9 +232,11 @@ class HybridPolicy(Policy):
         rows = sorted((i for i, k in enumerate(ks) if k and props[i] == self.model),
                       key=lambda i: (tok[i] - 1.0) / ks[i])
         t, v, pick = sum(tok), sum(ver), None
+        left = Counter(depth)  # the model's depth per request still drafting
         for j, i in enumerate(rows, start=1):
             t, v = t - tok[i] + 1.0, v - ver[i] + 1
-            d = max((depth[x] for x in range(len(ks)) if x not in rows[:j]), default=0)
+            left[depth[i]] -= 1
+            d = max((x for x, n in left.items() if n > 0), default=0)
             g = t / price(v, d)
             if g > best * (1.0 + self.margin) and (pick is None or g > pick[0]):
                 pick = (g, j)
