@@ -211,7 +211,7 @@ def warm_up_speculation(engine, sizes: list[int] | None = None, repeats: int = 3
     runner = engine.runner
     deepest = max(runner.deep_depths, default=0) if capture else 0  # a hybrid's suffix chains
     per_request = PROMPT_LEN + generated + max(spec.slots_needed(num_draft, spec.topk),
-                                               spec.slots_needed(deepest, 1))
+                                               spec.nodes(deepest, 1))  # (suffix: no scratch)
     sizes = [s for s in sizes if s <= engine.config.max_num_seqs
              and s * per_request <= engine.slots.num_free]
     if not sizes or engine.has_unfinished_requests():
