@@ -11,7 +11,8 @@ LLM(speculative_algorithm="eagle3+suffix", ...) token ids, spec_stats(), outputs
 from __future__ import annotations
 
 import pytest
-from test_suffix_decoding import GREEDY, SAMPLED, prompts, run
+from copy_prompts import SNIPPET, prompts
+from test_suffix_decoding import GREEDY, SAMPLED, run
 
 from gearshift import SamplingParams
 from gearshift.config import ConfigError, EngineConfig
@@ -106,8 +107,6 @@ def test_the_copying_request_drafts_from_its_suffix_the_novel_one_from_eagle3(ma
     VERIFY steps are mostly suffix drafts, accepted at a far higher rate than EAGLE-3's."""
     llm = make_llm(model, speculative_algorithm="eagle3+suffix", spec_policy="always")
     tok = llm.tokenizer
-    from test_suffix_decoding import SNIPPET
-
     copy = tok.encode("# tests\n" + SNIPPET + "\n\n" + SNIPPET[:60])
     novel = tok.encode("The history of the city begins")
     sampled = SamplingParams(max_tokens=48, temperature=0.8, seed=3, ignore_eos=True)

@@ -10,31 +10,10 @@ LLM(speculative_algorithm="suffix", ...) token ids, spec_stats() and the propose
 from __future__ import annotations
 
 import pytest
+from copy_prompts import prompts
 
 from gearshift import SamplingParams
 from gearshift.models.default import default_target_dir
-
-SNIPPET = '''def merge(a, b):
-    out = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        if a[i] <= b[j]:
-            out.append(a[i])
-            i += 1
-        else:
-            out.append(b[j])
-            j += 1
-    return out + a[i:] + b[j:]
-'''
-
-
-def prompts(tokenizer) -> list[list[int]]:
-    """Edit-loop prompts (the code, a request to revise it, the code again half way), and
-    two novel ones."""
-    texts = [SNIPPET + "\n# rename out to result:\n" + SNIPPET[:120],
-             "# tests\n" + SNIPPET + "\n\n" + SNIPPET[:60],
-             "def fibonacci(n):", "import os\nimport sys\n"]
-    return [tokenizer.encode(t) for t in texts]
 
 
 @pytest.fixture(scope="module")

@@ -67,20 +67,6 @@ def test_speculation_on_gpu_matches_plain(tiny_llama_dir, tmp_path, spec):
     assert llm.engine.spec_stats()["proposed"] > 0
 
 
-CODE = """def merge(a, b):
-    out = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        if a[i] <= b[j]:
-            out.append(a[i])
-            i += 1
-        else:
-            out.append(b[j])
-            j += 1
-    return out + a[i:] + b[j:]
-"""
-
-
 def test_hybrid_deep_suffix_chains_on_gpu_match_plain():
     """eagle3+suffix on the embedded default model: prompts that copy their code draft
     suffix chains past the model's K = 4; those verify on graphs the warm-up captured (none
@@ -88,11 +74,10 @@ def test_hybrid_deep_suffix_chains_on_gpu_match_plain():
     from gearshift.models.default import default_target_dir
 
     model = default_target_dir()
+    from copy_prompts import prompts as copy_prompts
+
     plain = LLM(str(model), device="cuda", dtype="float32", speculative_algorithm=None)
-    tok = plain.tokenizer
-    prompts = [tok.encode(t) for t in (CODE + "\n# rename out to result:\n" + CODE[:120],
-                                       "# tests\n" + CODE + "\n\n" + CODE[:60],
-                                       "def fibonacci(n):", "import os\nimport sys\n")]
+    prompts = copy_prompts(plain.tokenizer)
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     ref = [o.token_ids for o in plain.generate(prompts, params)]
     llm = LLM(str(model), device="cuda", dtype="float32", max_num_seqs=8, kv_cache_tokens=8192,
