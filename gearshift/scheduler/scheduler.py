@@ -182,7 +182,7 @@ class Scheduler(Committer):
         topk = self.policy.step_topk(view)
         chosen = self.policy.step_proposers(view)  # None: the engine's one proposer
         names = [spec.proposer] * plan.batch_size
-        deepest = spec.suffix_depth(len(dec))
+        deepest = view.suffix_draft_tokens  # this batch's (Speculation.suffix_depth)
         # K is not cut to a request's remaining max_tokens: commit stops at the limit, and a
         # uniform K keeps the step on its captured graphs; drafts stop at the context limit
         for j, (i, r, k) in enumerate(zip(decoding, dec, planned)):
