@@ -10,9 +10,11 @@
 #
 # OLD: the other tree's root (its gearshift/ package; the package data it lacks, presets and
 # the default model, are copied in from this checkout). CONC and POLICIES: the points
-# (default c = 1, 32; goodput); SIDES: the order (default "new old": the first side also
-# pays the call's kernel compiles, so swap it to check). H200_SMOKE=1: the smoke pair on
-# the CPU (tests/unit/test_benchmarks_ab.py). Step machinery: benchmarks/steps.sh.
+# (default c = 1, 32; goodput); TREE_WIDTH: the draft tree width (default 1: chains;
+# "engine": the engine's default, trees on, as h200.sh's sweep); SIDES: the order (default
+# "new old": the first side also pays the call's kernel compiles, so swap it to check).
+# H200_SMOKE=1: the smoke pair on the CPU (tests/unit/test_benchmarks_ab.py). Step
+# machinery: benchmarks/steps.sh.
 #
 #   step       what                                                       cap
 #   pair       the bench pair, as h200.sh (skipped when $PAIR holds it)    80 s
@@ -35,6 +37,8 @@ else
   CONC=${CONC:-1,32}
 fi
 POLICIES=${POLICIES:-goodput}
+TREE=(--tree-width "${TREE_WIDTH:-1}")
+[ "${TREE_WIDTH:-1}" = engine ] && TREE=()
 write_meta "$OUT/meta.json"
 for data in presets default_model; do  # a `git archive` of .py files lacks them
   [ -e "$OLD/gearshift/$data" ] || cp -r "gearshift/$data" "$OLD/gearshift/"
@@ -50,7 +54,7 @@ if wanted ab; then
     # checkout's root) must not come before the side's tree on sys.path
     step "ab_$side" $(((END - SECONDS) / (${#sides[@]} - i))) \
       env PYTHONPATH="$root" python -P -m gearshift.cli bench sweep --model "$PAIR/target" \
-      --draft-model "$PAIR/head" --concurrency "$CONC" --policies "$POLICIES" --tree-width 1 \
+      --draft-model "$PAIR/head" --concurrency "$CONC" --policies "$POLICIES" "${TREE[@]}" \
       "${POINT[@]}" --step-trace "$OUT/trace_$side.jsonl" --output-json "$OUT/ab_$side.json"
   done
 fi
