@@ -162,6 +162,16 @@ def test_a_draft_follows_the_latest_of_equally_frequent_continuations():
     assert ranked([(1, 1, 1), (3, 1, 4), (7, 2, 0)]) == [(7, 2, 0), (3, 1, 4), (1, 1, 1)]
 
 
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_the_best_k_continuations_are_the_head_of_the_full_ranking(k):
+    rng = random.Random(k)
+    for _ in range(200):
+        n = rng.randint(0, 40)
+        ends = rng.sample(range(1000), n)  # a state's continuations end at distinct positions
+        children = [(t, rng.randint(1, 4), e) for t, e in enumerate(ends)]
+        assert ranked(children, k) == ranked(children)[:k]
+
+
 def test_a_short_match_earns_a_short_draft():
     idx = RequestIndex()
     text = [9, 8, 1, 2, 3, 4, 5, 6, 7, 9, 8]  # "9 8" matched: 2 tokens, at most 2 drafted

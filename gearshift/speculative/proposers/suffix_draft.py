@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 MIN_PROB = 0.1  # a node whose path's score falls below this is not proposed
 SPEC_FACTOR = 1.0  # at most this many draft tokens per matched token
@@ -50,9 +51,18 @@ class SuffixDraft:
         return d[1:]
 
 
-def ranked(children: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """(token, count, latest end) best first: more occurrences, then the more recent."""
-    return sorted(children, key=lambda c: (-c[1], -c[2]))
+_COUNT, _COUNT_LAST = itemgetter(1), itemgetter(1, 2)
+
+
+def ranked(children: list[tuple[int, int, int]], k: int | None = None) -> list[tuple[int, int, int]]:
+    """(token, count, latest end) best first: more occurrences, then the more recent; the
+    best k only when k is given (a short match's state has thousands of continuations, a
+    draft wants one or a few: no full sort)."""
+    if k is None:
+        return sorted(children, key=_COUNT_LAST, reverse=True)
+    if k == 1:
+        return [max(children, key=_COUNT_LAST)] if children else []
+    return heapq.nlargest(k, children, key=_COUNT_LAST)
 
 
 def build_draft(index, state: int, match_len: int, depth: int, topk: int, nodes: int,
@@ -69,8 +79,8 @@ def build_draft(index, state: int, match_len: int, depth: int, topk: int, nodes:
     def push(parent: int, s: int, score: float, d: int) -> None:
         nonlocal order
         children = index.children(s)
-        total = sum(c for _, c, _ in children)
-        for tok, c, _ in ranked(children)[:topk]:
+        total = sum(map(_COUNT, children))
+        for tok, c, _ in ranked(children, topk):
             p = score * c / total
             if p >= min_prob:
                 heapq.heappush(heap, (-p, order, parent, tok, s, d))
