@@ -9,7 +9,7 @@ import random
 import pytest
 
 from gearshift.speculative.proposers.suffix_automaton import SuffixAutomaton
-from gearshift.speculative.proposers.suffix_draft import build_draft, ranked
+from gearshift.speculative.proposers.suffix_draft import best_of, build_draft, ranked
 from gearshift.speculative.proposers.suffix_index import OutputCache, RequestIndex
 
 
@@ -46,6 +46,9 @@ class BruteIndex:
 
     def children(self, pat):
         return [(t, c, last) for t, (c, last) in brute_children(self.text, pat).items()]
+
+    def best_children(self, pat, k):
+        return best_of(self.children(pat), k)
 
     def step(self, pat, token):
         return (*pat, token)
@@ -209,6 +212,21 @@ def test_output_cache_matches_within_outputs_only():
     assert m == 1 and cache.children(s) == []
     s, m = cache.match([2])
     assert [t for t, _, _ in cache.children(s)] == [3]
+
+
+def test_output_cache_best_continuations_follow_every_added_output():
+    cache = OutputCache(1000)
+    cache.add([1, 2, 3])
+    s, _ = cache.match([1])
+    assert cache.best_children(s, 1) == (1, [(2, 1, 1)])
+    cache.add([1, 5, 0])
+    cache.add([1, 5, 0])  # "1 5" now outnumbers "1 2": the remembered answer is stale
+    s, _ = cache.match([1])
+    assert cache.best_children(s, 1) == best_of(cache.children(s), 1)
+    assert cache.best_children(s, 2)[0] == 3 and cache.best_children(s, 1)[1][0][:2] == (5, 2)
+    cache.add(list(range(100, 1100)))  # over the limit: rebuilt, older outputs dropped
+    s, m = cache.match([1])
+    assert m == 0 or cache.best_children(s, 1) == best_of(cache.children(s), 1)
 
 
 def test_output_cache_counts_like_brute_force_over_its_outputs():

@@ -65,9 +65,14 @@ def ranked(children: list[tuple[int, int, int]], k: int | None = None) -> list[t
     return heapq.nlargest(k, children, key=_COUNT_LAST)
 
 
+def best_of(children: list[tuple[int, int, int]], k: int) -> tuple[int, list[tuple[int, int, int]]]:
+    """(the continuations' total count, the best k of them): what a draft node needs."""
+    return sum(map(_COUNT, children)), ranked(children, k)
+
+
 def build_draft(index, state: int, match_len: int, depth: int, topk: int, nodes: int,
                 min_prob: float = MIN_PROB, spec_factor: float = SPEC_FACTOR) -> SuffixDraft:
-    """Best-first expansion from `state` of `index` (children(state), step(state, t)):
+    """Best-first expansion from `state` of `index` (best_children(state, k), step(state, t)):
     at most `nodes` draft tokens, `topk` children per node, `depth` deep."""
     draft = SuffixDraft(match_len=match_len)
     depth = min(depth, math.ceil(spec_factor * match_len))
@@ -78,9 +83,8 @@ def build_draft(index, state: int, match_len: int, depth: int, topk: int, nodes:
 
     def push(parent: int, s: int, score: float, d: int) -> None:
         nonlocal order
-        children = index.children(s)
-        total = sum(map(_COUNT, children))
-        for tok, c, _ in ranked(children, topk):
+        total, best = index.best_children(s, topk)
+        for tok, c, _ in best:
             p = score * c / total
             if p >= min_prob:
                 heapq.heappush(heap, (-p, order, parent, tok, s, d))

@@ -22,6 +22,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 
 from gearshift.speculative.proposers.suffix_automaton import SuffixAutomaton
+from gearshift.speculative.proposers.suffix_draft import best_of
 
 
 class RequestIndex:
@@ -48,6 +49,9 @@ class RequestIndex:
     def children(self, state: int):
         return self.sam.children(state)
 
+    def best_children(self, state: int, k: int):
+        return best_of(self.sam.children(state), k)
+
     def step(self, state: int, token: int) -> int:
         return self.sam.step(state, token)
 
@@ -58,12 +62,16 @@ class OutputCache:
         self.outputs: OrderedDict[int, list[int]] = OrderedDict()  # id -> tokens, LRU first
         self.tokens = 0  # held in `outputs`
         self._ids = 0
+        # (state, k) -> best_children's answer until the next output is added: requests'
+        # short matches land on the same common states, with thousands of continuations
+        self._best: dict[tuple[int, int], tuple] = {}
         self._rebuild()
 
     def __len__(self) -> int:
         return len(self.outputs)
 
     def _rebuild(self) -> None:
+        self._best.clear()
         self.sam = SuffixAutomaton()
         self._starts: list[int] = []  # automaton position where each output starts
         self._owner: list[int] = []  # ... and its id
@@ -71,6 +79,7 @@ class OutputCache:
             self._append(oid, toks)
 
     def _append(self, oid: int, tokens: list[int]) -> None:
+        self._best.clear()
         self._starts.append(self.sam.size)
         self._owner.append(oid)
         self.sam.extend(tokens)
@@ -103,6 +112,12 @@ class OutputCache:
 
     def children(self, state: int):
         return self.sam.children(state)
+
+    def best_children(self, state: int, k: int):
+        best = self._best.get((state, k))
+        if best is None:
+            best = self._best[state, k] = best_of(self.sam.children(state), k)
+        return best
 
     def step(self, state: int, token: int) -> int:
         return self.sam.step(state, token)
