@@ -27,7 +27,7 @@ import torch
 
 from gearshift.config import EngineConfig
 from gearshift.engine.cost_feedback import CostFeedback
-from gearshift.engine.gc_control import freeze_heap
+from gearshift.engine.gc_control import freeze_heap, thaw_heap
 from gearshift.engine.logprob_outputs import attach as attach_logprobs
 from gearshift.engine.overlap import PendingStep, TokenFeed
 from gearshift.engine.seeds import draw_seed, mix_seed
@@ -63,6 +63,7 @@ class Engine:
     leads = True  # plans its own steps (a tensor-parallel follower replays rank 0's)
 
     def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
+        thaw_heap()  # an earlier engine's frozen heap: its dropped cycles free their memory
         self.config = config
         self.model_config, path = resolve_model_config(config.model)
         self.model_name = Path(config.model).name if path else Path(config.model).stem

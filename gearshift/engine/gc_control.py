@@ -8,10 +8,15 @@ and, for the goodput policy, a step time that was not the gear's cost. So:
   * `freeze_heap()` at the end of start-up moves what exists then to the permanent
     generation (`gc.freeze`): later collections only traverse what serving allocates.
     vLLM and SGLang do the same after CUDA-graph capture.
+  * `thaw_heap()` at the start of the next engine's start-up, in the same process (tests, a
+    notebook, a sweep over configurations): what the first engine froze goes back to the
+    collector and is collected, so an engine dropped in a reference cycle frees its device
+    memory before the new one measures what is free.
   * `gc_paused()` holds automatic collection off while the start-up warm-up times steps.
   * `GcPauses` (benchmarks) counts the collections and their time inside a timed region.
 
-Data flow: Engine.__init__ -> warm-up (paused) -> freeze_heap(); bench points -> GcPauses.
+Data flow: Engine.__init__ -> thaw_heap() -> warm-up (paused) -> freeze_heap(); bench points
+-> GcPauses.
 """
 
 from __future__ import annotations
@@ -26,6 +31,15 @@ def freeze_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def thaw_heap() -> bool:
+    """Unfreeze and collect, if anything is frozen; -> whether it was."""
+    if not gc.get_freeze_count():
+        return False
+    gc.unfreeze()
+    gc.collect()
+    return True
 
 
 @contextlib.contextmanager

@@ -4,10 +4,13 @@ request), collection pauses, and the benchmarks' collection counter."""
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
+from conftest import CPU_ENGINE_DEFAULTS
 
-from gearshift.engine.gc_control import GcPauses, freeze_heap, gc_paused
+from gearshift import LLM
+from gearshift.engine.gc_control import GcPauses, freeze_heap, gc_paused, thaw_heap
 
 
 @pytest.fixture
@@ -20,6 +23,40 @@ def test_freeze_heap_moves_live_objects_to_the_permanent_generation(unfreeze):
     kept = [[i] for i in range(1000)]
     assert freeze_heap() >= len(kept)
     assert gc.get_freeze_count() >= len(kept)
+
+
+class Node:
+    pass
+
+
+def dropped_cycle() -> weakref.ref:
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # freed by the collector only, never by reference counts
+    return weakref.ref(a)
+
+
+def test_thaw_heap_collects_cycles_dropped_after_the_freeze(unfreeze):
+    gc.unfreeze()
+    assert not thaw_heap()  # nothing frozen: no collection
+    a = Node()
+    a.self_ = a
+    ref = weakref.ref(a)
+    freeze_heap()
+    del a
+    gc.collect()
+    assert ref() is not None  # frozen: the collector skips it
+    assert thaw_heap() and ref() is None and gc.get_freeze_count() == 0
+
+
+def test_a_second_engine_frees_the_first_ones_frozen_cycles(tiny_llama_dir, unfreeze):
+    llm = LLM(model=str(tiny_llama_dir), **CPU_ENGINE_DEFAULTS, gc_freeze=True)
+    engine = weakref.ref(llm.engine)
+    engine().self_cycle = engine()  # as any engine holding itself through a callback
+    del llm
+    gc.collect()
+    assert engine() is not None  # frozen at its start-up: kept until the next engine thaws it
+    LLM(model=str(tiny_llama_dir), **CPU_ENGINE_DEFAULTS)
+    assert engine() is None
 
 
 def test_gc_paused_restores_the_previous_state():
