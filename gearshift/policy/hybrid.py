@@ -60,6 +60,7 @@ class HybridPolicy(Policy):
         # mode both: the price of a step no request drafts with the model (the target's
         # pass alone) at K = mean suffix K; built at the first priced plan (model_free_costs)
         self.free_cost: CostModel | None = None
+        self._free_log = [0.0, 0.0, 0]  # model-free steps: [measured ms, predicted ms, steps]
         self._topk = 1
         self.picks = {model: 0, SUFFIX: 0}  # request-steps planned per proposer (K > 0)
 
@@ -71,7 +72,12 @@ class HybridPolicy(Policy):
     switches = property(lambda self: self.inner.switches)
     reused = property(lambda self: self.inner.reused)
     last_prediction = property(lambda self: self.inner.last_prediction)
-    prediction_log = property(lambda self: self.inner.prediction_log)
+
+    @property
+    def prediction_log(self) -> dict[str, list]:
+        """The inner policy's [measured ms, predicted ms, steps] per mode, and "free": the
+        VERIFY steps no request drafted with the model, against the hybrid's own table."""
+        return {**self.inner.prediction_log, **({"free": self._free_log} if self._free_log[2] else {})}
     num_draft_tokens = property(lambda self: self.inner.num_draft_tokens)
     scorer = property(lambda self: self.inner.scorer)
     verify_tokens = property(lambda self: self.inner.verify_tokens)
@@ -110,7 +116,10 @@ class HybridPolicy(Policy):
                 n, pbs, ctx_tokens)(n + sum(ks))
         # each gear its own: a cliff at one K (a shape slow on this machine) must not move
         # every other K's price with it
-        self.free_cost.observe(gear, pbs, ctx_tokens, ms)
+        pred = self.free_cost.observe(gear, pbs, ctx_tokens, ms)
+        if pred is not None:
+            log = self._free_log
+            log[0], log[1], log[2] = log[0] + ms, log[1] + pred, log[2] + 1
 
     def observe_catch_up(self, rows: int, ms: float) -> None:
         self.inner.observe_catch_up(rows, ms)

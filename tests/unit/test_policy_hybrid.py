@@ -231,9 +231,13 @@ def test_steps_without_model_drafts_price_themselves_not_the_models_gears():
     pricer = SuffixPricer(SuffixProposer(0).preview)
     policy.plan(view_of([copying("copy")], pricer))  # builds the suffix steps' table
     before = [list(p) for p in inner.cost.base[2]]
+    priced = policy.free_cost.predict(2, 1, 100)
     policy.observe_model_free(2, 1, 100, 8.0)
     assert inner.cost.base[2] == before, "no draft pass ran: not a price of gear 2"
     assert policy.free_cost.predict(2, 1, 0) == pytest.approx(8.0)
+    # the bench's measured / predicted per mode: the model-free steps against their table
+    assert "free" not in inner.prediction_log
+    assert policy.prediction_log["free"] == [8.0, pytest.approx(priced), 1] and priced > 8.0
     alone = HybridPolicy(GoodputPolicy(draft_heavy_costs(), 4, explore_every=10 ** 6),
                          "eagle3", mode="suffix")
     seen = []
