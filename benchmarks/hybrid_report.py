@@ -2,7 +2,10 @@
 benchmarks/h200_hybrid.sh wrote: per workload and concurrency, the hybrid (eagle3+suffix,
 goodput picks the proposer and K per request) against EAGLE-3 alone and suffix decoding
 alone, tok/s of each policy's better pass, the proposer mix, and the criteria (judged on a
-GPU run only; a smoke or CPU run prints the ratios).
+GPU run only; a smoke or CPU run prints the ratios). "at c": hybrid / model-only over the
+time every one of the c requests was running (both passes), the steady state a closed loop
+with refills would see: one round refills no slot, and the slowest requests' tail sets a
+point's time.
 
     python benchmarks/hybrid_report.py OUT     # prints the section (markdown)
 
@@ -37,7 +40,9 @@ def rows(results: dict) -> list[dict]:
         acc = {q: at[q][c].get("acceptance_rate") for q in tps}
         picks = h.get("proposer_steps") or {}
         singles = [v for q, v in tps.items() if q != "hybrid"]
+        at_c = [at[q][c].get("at_c_tok_per_s") for q in ("hybrid", "model-only")]
         out.append({"c": c, "tps": tps, "acc": acc,
+                    "at_c": at_c[0] / at_c[1] if all(at_c) else None,
                     "over_model": tps["hybrid"] / tps["model-only"],
                     "over_best": tps["hybrid"] / max(singles),
                     "suffix_share": picks.get("suffix", 0) / max(sum(picks.values()), 1)})
@@ -57,7 +62,7 @@ def section(out: Path) -> str:
                if on_cpu else "OUT=out bash benchmarks/h200_hybrid.sh && "
                "python benchmarks/hybrid_report.py out")
     device = (f"{meta['cpu']}, torch {meta['torch']}" if on_cpu else meta.get("gpu") or "CPU")
-    title = "## A proposer per request (hybrid" + (", CPU)" if on_cpu else ")")
+    title = "## A proposer per request (hybrid" + (", CPU)" if on_cpu else ", GPU)" if judged else ")")
     lines = [title, "",
              "`--speculative-algorithm eagle3+suffix`: each step goodput prices, per request, "
              "EAGLE-3's chain or tree against a suffix-decoding draft (the request's prompt and "
@@ -65,7 +70,8 @@ def section(out: Path) -> str:
              "compares three policies, interleaved, 2 passes (better pass shown): `hybrid`, "
              "`model-only` (EAGLE-3 alone, goodput) and `suffix-only`. In brackets: accepted / "
              "proposed drafts; suffix share: request-steps the hybrid drafted by suffix "
-             "decoding.", "",
+             "decoding; at c: hybrid / model-only while all c requests ran (with one round, "
+             "no slot is refilled and the slowest requests' tail sets a point's time).", "",
              f"- device: {device}; date: {meta['started'][:10]}; "
              f"commit: `{str(meta['commit'])[:7]}`", f"- command: `{command}`", ""]
     verdicts = []
@@ -78,13 +84,14 @@ def section(out: Path) -> str:
         cmd = steps.get(name, {}).get("command")
         lines += [f"**{label}**" + (f": `{cmd}`" if cmd else ""), "",
                   "| c | " + " | ".join(HYBRID_POLICIES)
-                  + " | hybrid / model-only | hybrid / best single | suffix share |",
-                  "|---:|" + "---:|" * (len(HYBRID_POLICIES) + 3)]
+                  + " | hybrid / model-only | hybrid / best single | suffix share | at c |",
+                  "|---:|" + "---:|" * (len(HYBRID_POLICIES) + 4)]
         for r in rows(data["results"]):
             lines.append(f"| {r['c']} | " + " | ".join(
                 cell(r["tps"][q], r["acc"][q]) if q in r["tps"] else "-"
                 for q in HYBRID_POLICIES)
-                + f" | {r['over_model']:.3f} | {r['over_best']:.3f} | {r['suffix_share']:.2f} |")
+                + f" | {r['over_model']:.3f} | {r['over_best']:.3f} | {r['suffix_share']:.2f} | "
+                + (f"{r['at_c']:.3f} |" if r["at_c"] is not None else "- |"))
             if r["c"] in judged_at:
                 verdicts.append((label, r["c"], key, bar, r[key]))
         lines.append("")

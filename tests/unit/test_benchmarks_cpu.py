@@ -16,9 +16,9 @@ import cpu_report  # noqa: E402
 import hybrid_report  # noqa: E402
 
 
-def _pt(c, passes, acc=None):
+def _pt(c, passes, acc=None, at_c=None):
     return {"concurrency": c, "pass_tok_per_s": passes, "acceptance_rate": acc,
-            "output_tok_per_s": sum(passes) / 2}
+            "output_tok_per_s": sum(passes) / 2, "at_c_tok_per_s": at_c}
 
 
 def test_the_cpu_section_takes_each_policys_better_pass(tmp_path):
@@ -50,13 +50,14 @@ def test_the_hybrid_section_reads_cpu_sh_folders_without_verdicts(tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps(
         {"commit": "abcdef0123", "cpu": "a CPU", "torch": "2.13.0+cpu",
          "started": "2026-12-06T20:00:00+00:00"}))
-    hybrid = dict(_pt(8, [300.0, 340.0], 0.7), proposer_steps={"eagle3": 25, "suffix": 75})
+    hybrid = dict(_pt(8, [300.0, 340.0], 0.7, at_c=400.0),
+                  proposer_steps={"eagle3": 25, "suffix": 75})
     (tmp_path / "agentic.json").write_text(json.dumps({"results": {
-        "hybrid": [hybrid], "model-only": [_pt(8, [200.0, 210.0], 0.6)],
+        "hybrid": [hybrid], "model-only": [_pt(8, [200.0, 210.0], 0.6, at_c=250.0)],
         "suffix-only": [_pt(8, [300.0, 290.0], 0.7)]}}))
     text = hybrid_report.section(tmp_path)
     assert text.startswith("## A proposer per request (hybrid, CPU)")
     assert "device: a CPU, torch 2.13.0+cpu" in text and "benchmarks/cpu.sh" in text
-    assert "| 8 | 340 (0.70) | 210 (0.60) | 300 (0.70) | 1.619 | 1.133 | 0.75 |" in text
+    assert "| 8 | 340 (0.70) | 210 (0.60) | 300 (0.70) | 1.619 | 1.133 | 0.75 | 1.600 |" in text
     assert "c = 8: hybrid / model-only >= 1.5: not judged off the GPU (1.619)" in text
     assert "novel text (corpus windows): did not run." in text
