@@ -7,7 +7,6 @@ import gc
 import weakref
 
 import pytest
-from conftest import CPU_ENGINE_DEFAULTS
 
 from gearshift import LLM
 from gearshift.engine.gc_control import GcPauses, freeze_heap, gc_paused, thaw_heap
@@ -48,14 +47,19 @@ def test_thaw_heap_collects_cycles_dropped_after_the_freeze(unfreeze):
     assert thaw_heap() and ref() is None and gc.get_freeze_count() == 0
 
 
+# built here, not by make_llm: its factory keeps every engine it built until teardown
+CPU = dict(device="cpu", dtype="float32", attention_backend="torch", max_num_seqs=4,
+           kv_cache_tokens=1024, max_num_batched_tokens=256)
+
+
 def test_a_second_engine_frees_the_first_ones_frozen_cycles(tiny_llama_dir, unfreeze):
-    llm = LLM(model=str(tiny_llama_dir), **CPU_ENGINE_DEFAULTS, gc_freeze=True)
+    llm = LLM(model=str(tiny_llama_dir), **CPU, gc_freeze=True)
     engine = weakref.ref(llm.engine)
     engine().self_cycle = engine()  # as any engine holding itself through a callback
     del llm
     gc.collect()
     assert engine() is not None  # frozen at its start-up: kept until the next engine thaws it
-    LLM(model=str(tiny_llama_dir), **CPU_ENGINE_DEFAULTS)
+    LLM(model=str(tiny_llama_dir), **CPU)
     assert engine() is None
 
 
