@@ -25,7 +25,7 @@ def test_freeze_heap_moves_live_objects_to_the_permanent_generation(unfreeze):
 
 
 class Node:
-    pass
+    """An object that can hold a reference to another: two make a cycle."""
 
 
 def dropped_cycle() -> weakref.ref:

@@ -71,7 +71,6 @@ class OutputCache:
         return len(self.outputs)
 
     def _rebuild(self) -> None:
-        self._best.clear()
         self.sam = SuffixAutomaton()
         self._starts: list[int] = []  # automaton position where each output starts
         self._owner: list[int] = []  # ... and its id
@@ -79,7 +78,7 @@ class OutputCache:
             self._append(oid, toks)
 
     def _append(self, oid: int, tokens: list[int]) -> None:
-        self._best.clear()
+        self._best.clear()  # a rebuild appends every output it keeps
         self._starts.append(self.sam.size)
         self._owner.append(oid)
         self.sam.extend(tokens)
