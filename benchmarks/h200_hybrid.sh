@@ -18,7 +18,9 @@
 #   novel          corpus windows (uniform), c = 1, 8, 64 (hybrid >= 0.97 x       150 s
 #                  model-only)
 #   mixed_agentic  half agentic, half corpus windows, c = 8, 32 (hybrid >= 1.15   the rest
-#                  x the best single proposer)
+#                  x the best single proposer); 4 rounds: agentic requests finish
+#                  early and their slots refill, where one round times the novel
+#                  half's tail alone
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
 STEPS=${STEPS:-pair agentic novel mixed_agentic}
@@ -32,7 +34,7 @@ if [ "$SMOKE" = 1 ]; then
 else
   SIZE=(--rounds 1 --passes 2 --min-requests 8 --output-len 256)
   AGENTIC=(--concurrency 1,8 --max-num-seqs 8); NOVEL=(--concurrency 1,8,64 --max-num-seqs 64)
-  MIXED=(--concurrency 8,32 --max-num-seqs 32)
+  MIXED=(--concurrency 8,32 --max-num-seqs 32 --rounds 4)
 fi
 SWEEP=("${G[@]}" bench sweep --model "$PAIR/target" --draft-model "$PAIR/head"
        --speculative-algorithm eagle3+suffix "${SIZE[@]}" "${POLICIES[@]}")
