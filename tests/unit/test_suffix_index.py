@@ -207,11 +207,11 @@ def test_output_cache_matches_within_outputs_only():
     cache.add([1, 2, 3])
     cache.add([4, 5, 6])
     s, m = cache.match([7, 3, 4])  # "3 4" spans two outputs: only "4" matches
-    assert m == 1 and [t for t, _, _ in cache.children(s)] == [5]
+    assert m == 1 and [t for t, _, _ in cache.sam.children(s)] == [5]
     s, m = cache.match([3])  # the end of an output: nothing follows it
-    assert m == 1 and cache.children(s) == []
+    assert m == 1 and cache.sam.children(s) == []
     s, m = cache.match([2])
-    assert [t for t, _, _ in cache.children(s)] == [3]
+    assert [t for t, _, _ in cache.sam.children(s)] == [3]
 
 
 def test_output_cache_best_continuations_follow_every_added_output():
@@ -222,11 +222,11 @@ def test_output_cache_best_continuations_follow_every_added_output():
     cache.add([1, 5, 0])
     cache.add([1, 5, 0])  # "1 5" now outnumbers "1 2": the remembered answer is stale
     s, _ = cache.match([1])
-    assert cache.best_children(s, 1) == best_of(cache.children(s), 1)
+    assert cache.best_children(s, 1) == best_of(cache.sam.children(s), 1)
     assert cache.best_children(s, 2)[0] == 3 and cache.best_children(s, 1)[1][0][:2] == (5, 2)
     cache.add(list(range(100, 1100)))  # over the limit: rebuilt, older outputs dropped
     s, m = cache.match([1])
-    assert m == 0 or cache.best_children(s, 1) == best_of(cache.children(s), 1)
+    assert m == 0 or cache.best_children(s, 1) == best_of(cache.sam.children(s), 1)
 
 
 def test_output_cache_counts_like_brute_force_over_its_outputs():
@@ -243,7 +243,7 @@ def test_output_cache_counts_like_brute_force_over_its_outputs():
         pat = tuple(o[i:i + rng.randint(1, 4)])
         s, m = cache.match(list(pat))
         assert m == len(pat)
-        got = {t: (c, last) for t, c, last in cache.children(s)}
+        got = {t: (c, last) for t, c, last in cache.sam.children(s)}
         assert got == brute_children(joined, pat)
 
 

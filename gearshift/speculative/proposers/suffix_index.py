@@ -46,9 +46,6 @@ class RequestIndex:
         earlier in the request."""
         return self.sam.longest_repeat(window)
 
-    def children(self, state: int):
-        return self.sam.children(state)
-
     def best_children(self, state: int, k: int):
         return best_of(self.sam.children(state), k)
 
@@ -108,9 +105,6 @@ class OutputCache:
 
     def match(self, tokens: list[int]) -> tuple[int, int]:
         return self.sam.match(tokens)
-
-    def children(self, state: int):
-        return self.sam.children(state)
 
     def best_children(self, state: int, k: int):
         best = self._best.get((state, k))
