@@ -4,6 +4,7 @@
 #
 #     OUT=out bash benchmarks/h200.sh        # JSON, logs and the sweep's PNG under $OUT
 #     OUT=out STEPS="pair mixed" bash benchmarks/h200.sh   # a second call: the mixed workload
+#     OUT=out STEPS="pair transition" bash benchmarks/h200.sh   # a third: the transition workload
 #     python benchmarks/report.py out        # -> docs/benchmarks.md + docs/spec_sweep.png
 #
 # H200_SMOKE=1 runs the same steps on the CPU at toy sizes (a widened copy of the embedded
@@ -32,6 +33,9 @@
 #   total                                                                   ~440 s  580 s
 #   mixed         (its own call) the same policies on --workload mixed: half   330 s  the rest
 #                 greedy, half sampled at T 1.2, at c = 1, 8, 32, 64, 256
+#   transition    (its own call) goodput against off, always-2, always-4 on  200 s  the rest
+#                 --workload transition (code, random words, code) at c = 1
+#                 and 8, each phase two request sets per slot
 # The sweeps save after each concurrency, so a cut sweep keeps its first points.
 set -uo pipefail
 source "$(dirname "$0")/steps.sh"
@@ -47,6 +51,8 @@ if [ "$SMOKE" = 1 ]; then
          --output-len 6 --tree-width 2 --tree-budget 4)
   MIXED=(--concurrency 1,2 --rounds 1 --passes 2 --min-requests 2 --settle 0 --input-len 8
          --output-len 6 --tree-width 2 --tree-budget 4)
+  TRANSITION=(--concurrency 1,2 --max-num-seqs 2 --rounds 1 --passes 2 --min-requests 2 --settle 0
+              --input-len 8 --output-len 6 --tree-width 2 --tree-budget 4)
 else
   MODEL=(--preset llama-3.1-8b --load-format dummy)
   DECODE=(--batch-sizes 1,32,128 --input-len 1024 --output-len 128)
@@ -54,6 +60,7 @@ else
            --max-num-batched-tokens 512)
   SWEEP=(--concurrency 1,8,64,256 --rounds 2 --passes 2 --min-requests 8)
   MIXED=(--concurrency 1,8,32,64,256 --rounds 2 --passes 2 --min-requests 8)
+  TRANSITION=(--concurrency 1,8 --max-num-seqs 8 --rounds 2 --passes 2 --min-requests 8)
 fi
 # every policy, goodput with a K per request (goodput-request) included
 POLICIES=(--policies goodput,goodput-request,off,always-2,always-4,threshold,threshold-vllm,tree)
@@ -74,6 +81,9 @@ run_step sweep $((END - SECONDS)) "${G[@]}" bench sweep --model "$PAIR/target" \
 run_step mixed $((END - SECONDS)) "${G[@]}" bench sweep --model "$PAIR/target" \
   --draft-model "$PAIR/head" "${MIXED[@]}" "${POLICIES[@]}" --workload mixed \
   --output-json "$OUT/mixed.json" --output-png "$OUT/mixed.png"
+run_step transition $((END - SECONDS)) "${G[@]}" bench sweep --model "$PAIR/target" \
+  --draft-model "$PAIR/head" "${TRANSITION[@]}" --workload transition \
+  --policies goodput,off,always-2,always-4 --output-json "$OUT/transition.json"
 
 # a preview of the page from what came back (the real one: python benchmarks/report.py OUT)
 python benchmarks/report.py "$OUT" --output "$OUT/benchmarks.md" || FAILED=$((FAILED + 1))

@@ -39,10 +39,13 @@ def test_smoke_run_writes_every_figure(tmp_path):
     assert [r["batch_size"] for r in plain["decode_by_batch"]] == [1, 2, 4]
     assert draft["spec"]["proposed"] == 0 and plain["env"]["draft"] is None
     assert json.loads((out / "meta.json").read_text())["commit"] == "smoketest"
-    # the mixed workload in a call of its own, and the page from both folders
+    # the mixed and transition workloads in a call of their own, and the page from both folders
     mixed = tmp_path / "mixed"
-    _smoke(mixed, COMMIT="mixedtest", STEPS="pair mixed")
+    _smoke(mixed, COMMIT="mixedtest", STEPS="pair mixed transition")
     assert "goodput-request" in json.loads((mixed / "mixed.json").read_text())["results"]
+    transition = json.loads((mixed / "transition.json").read_text())
+    assert sorted(transition["results"]) == ["always-2", "always-4", "goodput", "off"]
+    assert [len(r["phases"]) for r in transition["results"]["goodput"]] == [3, 3]  # c = 1, 2
     page_md = tmp_path / "page.md"
     subprocess.run(["python", str(ROOT / "benchmarks" / "report.py"), str(out), "--mixed",
                     str(mixed), "--output", str(page_md)], check=True, timeout=60)
