@@ -55,6 +55,9 @@ class Speculation:
     suffix_values: Callable[[list[Request], int], list[list[float]]] | None = None
     # told the proposer each priced request got (its pricing waits where suffix lost)
     suffix_chosen: Callable[[list[Request], list[str]], None] | None = None
+    # host work while a VERIFY step's device runs: the running requests' suffix indexes
+    # catch up on their committed tokens (off the next plan's critical path)
+    suffix_index_ahead: Callable[[list[Request]], None] | None = None
     # the most tokens one VERIFY step may send (0: no cap): what the start-up profiled and
     # sized the KV cache beside (SpecRunner.max_verify_tokens); deeper suffix drafts are
     # cut to fit

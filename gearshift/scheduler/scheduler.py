@@ -262,9 +262,13 @@ class Scheduler(Committer):
     def prepare_next(self, plan: StepPlan) -> None:
         """While the device runs `plan` (a VERIFY step) and before the host waits for it: the
         policy may prepare the next plan for this step's decoding requests (goodput scores
-        its gears here, not on the next step's critical path)."""
+        its gears here, not on the next step's critical path), and suffix decoding's
+        indexes take the tokens committed so far (a new request's prompt, mostly)."""
         if self.policy is None:
             return
+        spec = self.speculation
+        if spec is not None and spec.suffix_index_ahead is not None:
+            spec.suffix_index_ahead(self.running)
         dec = [r for r, d in zip(plan.reqs, plan.decoding) if d]
         if dec:
             self.policy.prepare(self._view(dec))

@@ -10,7 +10,8 @@
                    sampling, or coupled to the plain sampler: coupled.py)      (device)
                 -> on graphs: the draft's follow-up over the accepted tokens,
                    laid out from the packed result (follow_up.py)              (device)
-                -> before_sync() (the policy's next plan) -> one host sync (on the
+                -> before_sync() (the policy's next plan, suffix decoding's indexes
+                   catching up) -> one host sync (on the
                    result alone: the follow-up runs on while the host commits)
                 -> StepResult (tokens, accepted node indices)
       -> Scheduler.commit (keep the path's slots, free the rest)
@@ -109,6 +110,7 @@ class SpecRunner:
             suffix_draft_tokens=self.suffix_draft_tokens,
             suffix_values=self.proposer.price if self.suffix_draft_tokens else None,
             suffix_chosen=self.proposer.chosen if self.suffix_draft_tokens else None,
+            suffix_index_ahead=self.proposer.index_ahead if self.suffix_draft_tokens else None,
             max_verify_tokens=self.max_verify_tokens(), deep_batch=DEEP_ROWS)
 
     def max_verify_tokens(self) -> int:

@@ -17,6 +17,8 @@ from test_suffix_decoding import GREEDY, SAMPLED, run
 from gearshift import SamplingParams
 from gearshift.config import ConfigError, EngineConfig
 from gearshift.models.default import default_target_dir
+from gearshift.speculative.proposers.suffix import INDEX_LAG
+from gearshift.speculative.proposers.suffix_index import RequestIndex
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +213,34 @@ def test_deep_suffix_chains_run_on_shapes_the_warm_up_captured(make_llm, model, 
     assert deep and {d for d, _ in deep} <= {8, 16}
     assert all(key is not None and ("target", *key) in warmed for _, key in depths)
     assert eng.runner.graph_stats()["verify_eager"] == 0
+
+
+def test_prompts_are_indexed_while_the_device_runs_not_in_a_plan(make_llm, model, monkeypatch):
+    """Once VERIFY steps run, suffix decoding's indexes catch up between them (index_ahead,
+    while the device runs): a plan's previews append only the few tokens a request has
+    committed since, never a newly admitted request's prompt (its first preview defers).
+    Two running at a time, so that requests arrive while others speculate."""
+    plain = make_llm(model, speculative_algorithm=None)
+    ps = prompts(plain.tokenizer) * 2
+    ref = run(plain, ps, GREEDY)
+    llm = make_llm(model, speculative_algorithm="eagle3+suffix", spec_policy="always",
+                   max_num_seqs=2)
+    suffix = llm.engine.spec.proposer.suffix
+    phase, appended = ["start"], {"start": [], "ahead": [], "plan": []}
+    sync = RequestIndex.sync
+
+    def traced(index, tokens, limit=None):
+        n = sync(index, tokens, limit)
+        appended[phase[0]].append(n)
+        return n
+    monkeypatch.setattr(RequestIndex, "sync", traced)
+    real = suffix.index_ahead
+
+    def index_ahead(reqs, *args):
+        phase[0] = "ahead"
+        real(reqs, *args)
+        phase[0] = "plan"  # from the first call on, plans find the indexes current
+    monkeypatch.setattr(suffix, "index_ahead", index_ahead)
+    assert run(llm, ps, GREEDY) == ref
+    assert sum(appended["ahead"]) > max(len(p) for p in ps), "prompts indexed between steps"
+    assert appended["plan"] and max(appended["plan"]) <= INDEX_LAG

@@ -351,3 +351,16 @@ def test_deep_suffix_chains_replace_the_models_tree_where_they_pay():
     assert topk == 1 and props == ["suffix", "suffix"] and min(ks) > 4
     ks, topk, props = plan([novel("n1"), novel("n2", 1)])
     assert topk == 2 and ks == [4, 4] and props == ["eagle3", "eagle3"]
+
+
+def test_a_request_whose_index_is_being_built_is_priced_the_next_plan():
+    """A deferred preview (index_ahead builds the request's index while the device runs) is
+    no evidence against suffix decoding: the request is priced again at the next plan,
+    without the wait a request with no chain gets."""
+    suffix = SuffixProposer(0)
+    pricer = SuffixPricer(suffix.preview, suffix.defer)
+    suffix.index_ahead([])  # the engine indexes between steps from now on
+    req = copying("copy")
+    assert pricer.values([req], 8) == [[]]
+    pricer.chosen([req], ["eagle3"])
+    assert len(pricer.values([req], 8)[0]) == 8

@@ -114,3 +114,27 @@ def test_the_warm_up_gets_every_planned_node():
     assert nodes == [5, 5]
     assert tree.parents[1].tolist() == [-1, 0, 0, 0, 0] and tree.depths[1].max() == 1
     assert p.stats["drafts"] == 0  # not counted
+
+
+def test_indexes_catch_up_between_steps_and_a_long_prompt_defers_once():
+    """index_ahead (while a VERIFY step's device runs) appends the running requests' committed
+    tokens, at most its budget per call; once it runs, a request far behind prices no
+    suffix draft for one plan (defer), its index built off the plan's critical path."""
+    p = SuffixProposer(cache_tokens=1000)
+    long = request("long", (CODE + [99]) * 10)  # 110 tokens: past INDEX_LAG
+    short = request("short", CODE + [99], CODE[:4])
+    assert not p.defer(long), "no index_ahead yet: previews build what they need"
+    quiet = Request("quiet", list(CODE), SamplingParams(max_tokens=8, speculative=False), 0)
+    p.index_ahead([short, long, quiet], budget=60)
+    assert len(p.index(short).tokens) == 15 and len(p.index(long).tokens) == 45
+    assert "quiet" not in p._indexes, "a request that opted out is not indexed"
+    new = request("new", (CODE + [98]) * 10)
+    assert p.defer(new) and not p.defer(new), "deferred once, then the preview builds it"
+    assert not p.defer(short), "a few tokens behind: the preview appends them"
+    p.index_ahead([short, long])
+    assert len(p.index(long).tokens) == 110 and not p.defer(long)
+    d = p.preview(long, 4)  # nothing left to append on the plan's path
+    assert d.tokens == CODE[:4]
+    finish(short, "stop")
+    p.index_ahead([long])
+    assert "short" not in p._indexes and len(p.cache) == 1  # its output entered the cache

@@ -41,7 +41,7 @@ class HybridProposer(Proposer):
         self.needs_features, self.aux_layers = model.needs_features, model.aux_layers
         self.shifted_inputs, self.graph_extend = model.shifted_inputs, model.graph_extend
         self.keeps_state = model.keeps_state
-        self.pricer = SuffixPricer(suffix.preview)
+        self.pricer = SuffixPricer(suffix.preview, suffix.defer)
         self.stats = {p: {"drafts": 0, "proposed": 0, "accepted": 0} for p in (name, SUFFIX)}
         self.mixed_steps = 0  # VERIFY steps that drafted with both proposers
 
@@ -95,6 +95,10 @@ class HybridProposer(Proposer):
     def price(self, reqs: list, k: int) -> list[list[float]]:
         """Per request, P(accepted) of each node of the suffix chain it would draft now."""
         return self.pricer.values(reqs, k)
+
+    def index_ahead(self, reqs: list) -> None:
+        """While a VERIFY step's device runs: suffix decoding's indexes catch up."""
+        self.suffix.index_ahead(reqs)
 
     def chosen(self, reqs: list, proposers: list[str]) -> None:
         """The plan made from the latest price(): its proposer per request."""

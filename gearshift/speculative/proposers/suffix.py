@@ -15,8 +15,11 @@ deterministic proposer: greedy, rejection (trees: sequential tests) and coupled.
 Data flow: SpecRunner -> SuffixProposer.propose(ctx) -> per request draft(req, K) (host)
 -> chain_tree / DraftTree rows (one copy to the device) -> verification. Requests seen
 finished at a later propose leave their index; their outputs enter the cache (aborted
-or failed ones do not). Requests never drafted for (K = 0 throughout) are never indexed,
-so their outputs stay out of the cache.
+or failed ones do not). Requests never indexed (never previewed or drafted for, nor
+running through a VERIFY step) keep their outputs out of the cache. While a VERIFY
+step's device runs, index_ahead brings the running requests' indexes up to their
+committed tokens, so that a new request's prompt is not indexed on a plan's critical path
+(its first preview defers: defer()).
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ from gearshift.speculative.proposers.suffix_index import OutputCache, RequestInd
 from gearshift.speculative.tree import DraftTree, chain_tree
 
 MATCH_WINDOW = 64  # the longest pattern matched: the request's last tokens
+# once the engine indexes between steps (index_ahead), a preview appends at most this many
+# tokens on the plan's critical path: a request further behind (a new request's prompt)
+# prices no suffix draft for one plan while the next index_ahead builds its index
+INDEX_LAG = 64
+INDEX_AHEAD = 2048  # tokens index_ahead appends at most per call (while the device runs)
 
 
 def committed(req: Request) -> list[int] | None:
@@ -61,6 +69,8 @@ class SuffixProposer(Proposer):
         # request id -> (its tokens, the chain preview() priced): propose() drafts it again
         # only where the tokens moved on since
         self._planned: dict[str, tuple[int, SuffixDraft]] = {}
+        self._ahead = False  # index_ahead has run: previews may defer long index builds
+        self._deferred: set[str] = set()  # requests whose preview waited for index_ahead
         # drafts by source and their tokens (spec_stats()["proposers"]["suffix"], /metrics)
         self.stats = {"drafts": 0, "draft_tokens": 0, "from_request": 0, "from_cache": 0,
                       "empty": 0}
@@ -103,6 +113,35 @@ class SuffixProposer(Proposer):
             return d
         return SuffixDraft(d.tokens[pending:], [max(p - pending, 0) for p in d.parents[pending:]],
                            d.scores[pending:], d.match_len, d.source)
+
+    def defer(self, req: Request) -> bool:
+        """Should the plan being made price no suffix draft for `req`, its index being more
+        than INDEX_LAG tokens behind while the engine indexes between steps (index_ahead)?
+        Once per request: deferred again, the preview builds the index itself."""
+        if not self._ahead:
+            return False
+        entry = self._indexes.get(req.request_id)
+        held = len(entry[1].tokens) if entry is not None and entry[0] is req else 0
+        if req.num_tokens - held <= INDEX_LAG or req.request_id in self._deferred:
+            self._deferred.discard(req.request_id)
+            return False
+        self._deferred.add(req.request_id)
+        return True
+
+    def index_ahead(self, reqs: list[Request], budget: int = INDEX_AHEAD) -> None:
+        """Host work while a VERIFY step's device runs (Scheduler.prepare_next): finished
+        requests leave, their outputs entering the cache, and the indexes of `reqs` (the
+        running requests) take their committed tokens, at most `budget` appended in all,
+        so that the next plan's previews append little more than this step's tokens."""
+        self._ahead = True
+        self.forget_finished()
+        live = set()
+        for req in reqs:
+            live.add(req.request_id)
+            tokens = committed(req) if budget > 0 and req.params.speculative else None
+            if tokens:
+                budget -= self.index(req).sync(tokens, budget)
+        self._deferred &= live
 
     def _draft(self, req: Request, tokens: list[int] | None, k: int, topk: int,
                nodes: int | None) -> SuffixDraft:

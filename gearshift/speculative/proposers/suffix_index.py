@@ -32,14 +32,16 @@ class RequestIndex:
         self.sam = SuffixAutomaton()
         self.tokens: list[int] = []  # what the automaton holds
 
-    def sync(self, tokens: list[int]) -> None:
-        """Hold exactly `tokens`: append the new ones, or rebuild if the old ones changed."""
+    def sync(self, tokens: list[int], limit: int | None = None) -> int:
+        """Hold exactly `tokens`: append the new ones, or rebuild if the old ones changed;
+        `limit`: append at most that many (the rest at a later sync). -> tokens appended."""
         n = len(self.tokens)
         if len(tokens) < n or tokens[:n] != self.tokens:
             self.sam, self.tokens, n = SuffixAutomaton(), [], 0
-        new = tokens[n:]
+        new = tokens[n:] if limit is None else tokens[n:n + limit]
         self.sam.extend(new)
         self.tokens.extend(new)
+        return len(new)
 
     def repeat(self, window: int) -> tuple[int, int]:
         """-> (state, length) of the longest suffix (at most `window` tokens) that occurs

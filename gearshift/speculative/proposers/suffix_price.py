@@ -70,9 +70,10 @@ MAX_BACKOFF = 8
 
 
 class SuffixPricer:
-    def __init__(self, preview) -> None:
-        # preview(req, K) -> SuffixDraft: the chain the proposer would draft for req now
-        self.preview = preview
+    def __init__(self, preview, defer=None) -> None:
+        # preview(req, K) -> SuffixDraft: the chain the proposer would draft for req now;
+        # defer(req) -> True: its index is not built yet, no price this plan (no wait)
+        self.preview, self.defer = preview, defer
         self.map = ScoreMap()
         self._priced: dict[str, list[float]] = {}  # request id -> scores of the last plan
         self._quiet: dict[str, list[int]] = {}  # request id -> [plans to skip, last wait]
@@ -83,8 +84,9 @@ class SuffixPricer:
         out, self._priced, quiet = [], {}, self._quiet
         for req in reqs:
             rid, wait = req.request_id, quiet.get(req.request_id)
-            if wait is not None and wait[0] > 0:
-                wait[0] -= 1
+            if wait is not None and wait[0] > 0 or self.defer is not None and self.defer(req):
+                if wait is not None and wait[0] > 0:
+                    wait[0] -= 1
                 self._priced[rid] = []
                 out.append([])
                 continue
