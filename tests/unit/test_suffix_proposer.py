@@ -138,3 +138,17 @@ def test_indexes_catch_up_between_steps_and_a_long_prompt_defers_once():
     finish(short, "stop")
     p.index_ahead([long])
     assert "short" not in p._indexes and len(p.cache) == 1  # its output entered the cache
+
+
+def test_a_draft_certain_at_every_node_skips_the_output_cache():
+    """No cache draft can expect more than one whose every node is certain: the cache is
+    not matched (host time in every plan's previews); a shorter own draft still asks it."""
+    p = SuffixProposer(cache_tokens=1000)
+    p.cache.add(CODE)
+    calls = []
+    match = p.cache.match
+    p.cache.match = lambda tokens: calls.append(len(tokens)) or match(tokens)
+    req = request("a", CODE + [99] + CODE[:4])
+    assert p.draft(req, 4).tokens == CODE[4:8] and calls == []
+    d = p.draft(req, 8)  # 4 matched: at most 4 own drafts, the cache may draft 8
+    assert len(calls) == 1 and d.tokens[:4] == CODE[4:8]

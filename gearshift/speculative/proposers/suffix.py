@@ -153,7 +153,7 @@ class SuffixProposer(Proposer):
         state, m = idx.repeat(self.window)
         best = build_draft(idx, state, m, k, topk, nodes, self.min_prob, self.spec_factor)
         best.source = "request"
-        if len(self.cache):
+        if len(self.cache) and best.expected < nodes:  # else certain at every node: none beats it
             cstate, cm = self.cache.match(tokens[-self.window:])
             other = build_draft(self.cache, cstate, cm, k, topk, nodes, self.min_prob,
                                 self.spec_factor)
