@@ -86,6 +86,7 @@ def summarize(steps: list[dict]) -> dict:
     if timed:
         out["verify_timing"] = {
             "draft_ms": statistics.median(s["draft_ms"] for s in timed),
+            "draft_host_ms": statistics.median(s.get("draft_host_ms", 0.0) for s in timed),
             "span_ms": statistics.median(s["span_ms"] for s in timed),
             "host_ms": statistics.median(s["ms"] - s["span_ms"] for s in timed)}
     for name, group in (("verify_host", [s for s in timed if "host_ms" in s]),
@@ -156,6 +157,8 @@ def table(names: list[str], sums: list[dict]) -> str:
     timing = [s.get("verify_timing") for s in sums]
     if any(timing):
         rows += [("verify: draft device ms median", [_f(t and t["draft_ms"]) for t in timing]),
+                 ("verify: draft host ms median (proposal and layout, host clock)",
+                  [_f(t and t["draft_host_ms"]) for t in timing]),
                  ("verify: device span ms median (catch-up .. verification)",
                   [_f(t and t["span_ms"]) for t in timing]),
                  ("verify: wall less span, median ms (host not hidden)",

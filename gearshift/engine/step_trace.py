@@ -10,7 +10,8 @@ served run and the engine's closed loop can be compared step by step
     device_ms   CUDA-event time where known (an overlapped plain step: the step read then;
                 a VERIFY step: the target pass)
     catch_up_ms, draft_ms, span_ms    a VERIFY step's draft catch-up, draft proposal, and
-                device span from the catch-up to verification's end (CUDA only)
+                device span from the catch-up to verification's end (CUDA only);
+                draft_host_ms: the host's time over the proposal (and the target's layout)
     host_ms     a VERIFY step's host clock (CUDA only), ms from its start: the catch-up's
                 launch, verification launched, the sync returned (then commit and outputs);
                 plan_ms: how much of it went to planning (the rest before the catch-up's

@@ -21,7 +21,7 @@ import torch
 class VerifyTiming:
     def __init__(self) -> None:
         self._events: list[torch.cuda.Event] | None = None
-        self._host: list[float] = []  # perf_counter at mark 0 and mark 3
+        self._host: list[float] = []  # perf_counter at marks 0..3
         self._planning_ms = 0.0
         self.last: dict = {}  # catch_up_ms, draft_ms, span_ms, host of the latest step
 
@@ -33,16 +33,18 @@ class VerifyTiming:
             self._host = []
             self._planning_ms = planning_s * 1e3
         self._events[i].record()
-        if i in (0, 3):
-            self._host.append(time.perf_counter())
+        self._host.append(time.perf_counter())
 
     def read(self) -> None:
         """After the step's sync (every event has completed). `host`: perf_counter at mark 0,
-        mark 3 and now (StepTrace makes them relative to the step's start)."""
-        e, self._events = self._events, None
+        mark 3 and now (StepTrace makes them relative to the step's start); `draft_host_ms`:
+        the host's time from mark 1 to mark 2 (the proposal and the target's layout), against
+        the device's `draft_ms`: where it is as long, the device waited on the host."""
+        e, self._events, h = self._events, None, self._host
         self.last = {} if e is None else {
             "catch_up_ms": round(e[0].elapsed_time(e[1]), 3),
             "draft_ms": round(e[1].elapsed_time(e[2]), 3),
+            "draft_host_ms": round((h[2] - h[1]) * 1e3, 3),
             "span_ms": round(e[0].elapsed_time(e[3]), 3),
             "plan_ms": round(self._planning_ms, 3),
-            "host": [*self._host, time.perf_counter()]}
+            "host": [h[0], h[3], time.perf_counter()]}

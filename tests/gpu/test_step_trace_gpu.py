@@ -28,3 +28,4 @@ def test_verify_steps_carry_draft_and_span_times(tiny_llama_dir, tmp_path):
     assert verify
     for x in verify:
         assert 0 <= x["catch_up_ms"] and 0 < x["draft_ms"] <= x["span_ms"] <= x["ms"] * 1.05
+        assert 0 < x["draft_host_ms"] < x["ms"]

@@ -115,7 +115,7 @@ def test_verify_steps_carry_their_device_timing_on_cuda(tmp_path):
     from gearshift.scheduler.plan import StepPlan
 
     timing = SimpleNamespace(last={"catch_up_ms": 0.1, "draft_ms": 1.2, "span_ms": 5.5,
-                                   "plan_ms": 0.4})
+                                   "plan_ms": 0.4, "draft_host_ms": 0.9})
     host = time.perf_counter()  # the host clock at mark 0, mark 3 and the sync
     spec = SimpleNamespace(runner=SimpleNamespace(device=SimpleNamespace(type="cuda")))
     spec.time_verify_steps = lambda: setattr(spec, "timing", timing)
@@ -144,6 +144,7 @@ def test_verify_steps_carry_their_device_timing_on_cuda(tmp_path):
 
     out = table(["t"], [summarize(lines)])
     assert "| verify: draft device ms median | 1.20 |" in out
+    assert "| verify: draft host ms median (proposal and layout, host clock) | 0.90 |" in out
     assert "| verify: wall less span, median ms (host not hidden) | 2.50 |" in out
     host_row = next(r for r in out.splitlines() if r.startswith("| verify: steps, wall ms;"))
     assert host_row.startswith("| verify: steps, wall ms; host ms from its start, medians: ") \
