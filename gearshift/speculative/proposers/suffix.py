@@ -78,11 +78,16 @@ class SuffixProposer(Proposer):
     def scratch_slots(self, k: int, topk: int) -> int:
         return 0
 
-    def index(self, req: Request) -> RequestIndex:
+    def _held(self, req: Request) -> RequestIndex | None:
         entry = self._indexes.get(req.request_id)
-        if entry is None or entry[0] is not req:
-            entry = self._indexes[req.request_id] = (req, RequestIndex())
-        return entry[1]
+        return entry[1] if entry is not None and entry[0] is req else None
+
+    def index(self, req: Request) -> RequestIndex:
+        idx = self._held(req)
+        if idx is None:
+            idx = RequestIndex()
+            self._indexes[req.request_id] = (req, idx)
+        return idx
 
     def draft(self, req: Request, k: int, topk: int = 1, nodes: int | None = None) -> SuffixDraft:
         """The request's draft of at most k deep (`nodes` tokens, `topk` children a node):
@@ -120,8 +125,8 @@ class SuffixProposer(Proposer):
         Once per request: deferred again, the preview builds the index itself."""
         if not self._ahead:
             return False
-        entry = self._indexes.get(req.request_id)
-        held = len(entry[1].tokens) if entry is not None and entry[0] is req else 0
+        idx = self._held(req)
+        held = len(idx.tokens) if idx is not None else 0
         if req.num_tokens - held <= INDEX_LAG or req.request_id in self._deferred:
             self._deferred.discard(req.request_id)
             return False

@@ -84,8 +84,9 @@ class SuffixPricer:
         out, self._priced, quiet = [], {}, self._quiet
         for req in reqs:
             rid, wait = req.request_id, quiet.get(req.request_id)
-            if wait is not None and wait[0] > 0 or self.defer is not None and self.defer(req):
-                if wait is not None and wait[0] > 0:
+            waiting = wait is not None and wait[0] > 0
+            if waiting or self.defer is not None and self.defer(req):
+                if waiting:
                     wait[0] -= 1
                 self._priced[rid] = []
                 out.append([])
