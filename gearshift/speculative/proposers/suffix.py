@@ -180,7 +180,8 @@ class SuffixProposer(Proposer):
                 self.cache.add([t for t in req.output_token_ids if t >= 0])
 
     def propose(self, ctx: ProposeContext) -> tuple[DraftTree, list[int]]:
-        self.forget_finished()
+        if not self._ahead:  # else index_ahead does it while the device runs
+            self.forget_finished()
         tree = ctx.topk > 1
         k = ctx.max_depth
         # draft tokens a request may send at most: a tree fills the layout's nodes as an
