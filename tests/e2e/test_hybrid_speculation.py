@@ -217,9 +217,10 @@ def test_deep_suffix_chains_run_on_shapes_the_warm_up_captured(make_llm, model, 
 
 def test_prompts_are_indexed_while_the_device_runs_not_in_a_plan(make_llm, model, monkeypatch):
     """Once VERIFY steps run, suffix decoding's indexes catch up between them (index_ahead,
-    while the device runs): a plan's previews append only the few tokens a request has
-    committed since, never a newly admitted request's prompt (its first preview defers).
-    Two running at a time, so that requests arrive while others speculate."""
+    while the device runs): a plan's previews append nothing, neither the few tokens a
+    request committed since (walked on its index) nor a newly admitted request's long
+    prompt (its previews defer; a short one is built). Two running at a time, so that
+    requests arrive while others speculate."""
     plain = make_llm(model, speculative_algorithm=None)
     ps = prompts(plain.tokenizer) * 2
     ref = run(plain, ps, GREEDY)
@@ -230,8 +231,9 @@ def test_prompts_are_indexed_while_the_device_runs_not_in_a_plan(make_llm, model
     sync = RequestIndex.sync
 
     def traced(index, tokens, limit=None):
+        held = len(index.tokens)
         n = sync(index, tokens, limit)
-        appended[phase[0]].append(n)
+        appended[phase[0]].append((held, n))
         return n
     monkeypatch.setattr(RequestIndex, "sync", traced)
     real = suffix.index_ahead
@@ -242,5 +244,8 @@ def test_prompts_are_indexed_while_the_device_runs_not_in_a_plan(make_llm, model
         phase[0] = "plan"  # from the first call on, plans find the indexes current
     monkeypatch.setattr(suffix, "index_ahead", index_ahead)
     assert run(llm, ps, GREEDY) == ref
-    assert sum(appended["ahead"]) > max(len(p) for p in ps), "prompts indexed between steps"
-    assert appended["plan"] and max(appended["plan"]) <= INDEX_LAG
+    assert sum(n for _, n in appended["ahead"]) > max(len(p) for p in ps), \
+        "prompts indexed between steps"
+    # a plan builds only a new request's short index; it walks the tokens of an index held
+    assert all(not held and n <= INDEX_LAG for held, n in appended["plan"]), appended["plan"]
+    assert suffix.stats["from_request"] > 0, "requests drafted from their own tokens"

@@ -363,4 +363,5 @@ def test_a_request_whose_index_is_being_built_is_priced_the_next_plan():
     req = copying("copy")
     assert pricer.values([req], 8) == [[]]
     pricer.chosen([req], ["eagle3"])
+    suffix.index_ahead([req])  # while the step's device runs
     assert len(pricer.values([req], 8)[0]) == 8

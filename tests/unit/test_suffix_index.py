@@ -157,6 +157,25 @@ def test_tree_equals_the_brute_force_expansion(seed, topk, nodes):
     assert all(len(set(s)) == len(s) <= topk for s in siblings.values())
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_chains_best_child_is_the_head_of_the_ranking(seed):
+    """best_child (a chain's step, no lists) answers as best_of over the children does."""
+    rng = random.Random(400 + seed)
+    sam = SuffixAutomaton()
+    for i, t in enumerate(random_text(rng, 120, 2 + seed)):
+        sam.append(t)
+        if i % 17 == 5:
+            sam.append(-1 - i)  # a separator, as the output cache has: never a child
+    for state in range(len(sam.link)):
+        total, best = best_of(sam.children(state), 1)
+        got = sam.best_child(state)
+        if not best:
+            assert got is None
+        else:
+            tok, count, _ = best[0]
+            assert got == (total, tok, count, sam.step(state, tok))
+
+
 def test_a_draft_follows_the_latest_of_equally_frequent_continuations():
     idx = RequestIndex()
     idx.sync([5, 1, 2, 5, 3, 4, 5])  # 5 -> 1 and 5 -> 3 once each: the later wins
@@ -183,6 +202,39 @@ def test_a_short_match_earns_a_short_draft():
     assert m == 2
     assert build_draft(idx, state, m, 8, 1, 8).tokens == [1, 2]
     assert build_draft(idx, state, m, 8, 1, 8, spec_factor=3.0).tokens == [1, 2, 3, 4, 5, 6]
+
+
+def brute_followed(text: list[int], tail: list[int], window: int) -> int:
+    """The longest suffix of text + tail (at most `window` long) that occurs in text
+    followed by a token of text."""
+    full = text + tail
+    for m in range(min(len(full), window), 0, -1):
+        if any(i + m < len(text) for i in starts(text, tuple(full[-m:]))):
+            return m
+    return 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("window", [1000, 6])
+def test_new_tokens_walked_on_the_text_match_like_brute_force(seed, window):
+    """A preview's tokens past the index are walked, not appended: where the end of text +
+    tail occurred in the text held, with what followed it there."""
+    rng = random.Random(300 + seed)
+    text = random_text(rng, 70, 2 + seed % 3)
+    sam = SuffixAutomaton()
+    sam.extend(text)
+    for _ in range(25):
+        if rng.random() < 0.5:  # copying on from somewhere in the text, as agents do
+            i = rng.randrange(len(text))
+            tail = text[i:i + rng.randint(1, 10)]
+        else:
+            tail = random_text(rng, rng.randint(1, 10), 2 + seed % 3)
+        state, m = sam.match_on(tail, window)
+        assert m == brute_followed(text, tail, window)
+        pat = tuple((text + tail)[-m:]) if m else ()
+        got = {t: (c, last) for t, c, last in sam.children(state)}
+        assert got == brute_children(text, pat)
+    assert len(sam) == len(text), "nothing appended"
 
 
 def test_request_index_rebuilds_when_its_tokens_change():

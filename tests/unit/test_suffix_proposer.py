@@ -8,7 +8,7 @@ import torch
 
 from gearshift.request import Request, RequestStatus, SamplingParams
 from gearshift.speculative.proposers.base import ProposeContext
-from gearshift.speculative.proposers.suffix import SuffixProposer
+from gearshift.speculative.proposers.suffix import MAX_DEFER, SuffixProposer
 from gearshift.speculative.tree import ancestor_mask
 
 
@@ -116,25 +116,33 @@ def test_the_warm_up_gets_every_planned_node():
     assert p.stats["drafts"] == 0  # not counted
 
 
-def test_indexes_catch_up_between_steps_and_a_long_prompt_defers_once():
+def test_indexes_catch_up_between_steps_and_a_long_prompt_waits_for_its_index():
     """index_ahead (while a VERIFY step's device runs) appends the running requests' committed
-    tokens, at most its budget per call; once it runs, a request far behind prices no
-    suffix draft for one plan (defer), its index built off the plan's critical path."""
+    tokens: the few each committed lately always, those far behind within its budget; once
+    it runs, a request far behind prices no suffix draft (defer) while its index is built off
+    the plan's critical path, for MAX_DEFER plans at most."""
     p = SuffixProposer(cache_tokens=1000)
     long = request("long", (CODE + [99]) * 10)  # 110 tokens: past INDEX_LAG
     short = request("short", CODE + [99], CODE[:4])
     assert not p.defer(long), "no index_ahead yet: previews build what they need"
     quiet = Request("quiet", list(CODE), SamplingParams(max_tokens=8, speculative=False), 0)
-    p.index_ahead([short, long, quiet], budget=60)
-    assert len(p.index(short).tokens) == 15 and len(p.index(long).tokens) == 45
+    p.index_ahead([long, short, quiet], budget=40)
+    assert len(p.index(short).tokens) == 15, "a request's few new tokens: not budgeted"
+    assert len(p.index(long).tokens) == 40
     assert "quiet" not in p._indexes, "a request that opted out is not indexed"
+    assert p.defer(long), "70 tokens behind: it waits"
     new = request("new", (CODE + [98]) * 10)
-    assert p.defer(new) and not p.defer(new), "deferred once, then the preview builds it"
-    assert not p.defer(short), "a few tokens behind: the preview appends them"
+    assert [p.defer(new) for _ in range(MAX_DEFER + 1)] == [True] * MAX_DEFER + [False], \
+        "a request whose index is not built in time: its preview builds it"
+    assert not p.defer(short), "a few tokens behind: the preview walks them"
     p.index_ahead([short, long])
     assert len(p.index(long).tokens) == 110 and not p.defer(long)
-    d = p.preview(long, 4)  # nothing left to append on the plan's path
-    assert d.tokens == CODE[:4]
+    short.output_token_ids += CODE[4:8]
+    d = p.preview(short, 4)  # the new tokens walked on the index, none appended
+    assert len(p.index(short).tokens) == 15 and d.tokens == CODE[8:10] + [99, 10]
+    short.output_token_ids += CODE[8:10] + [99] + CODE * 6  # past INDEX_LAG: appended
+    assert p.preview(short, 4).tokens == CODE[:4]
+    assert p.index(short).tokens == short.all_token_ids
     finish(short, "stop")
     p.index_ahead([long])
     assert "short" not in p._indexes and len(p.cache) == 1  # its output entered the cache

@@ -19,7 +19,8 @@ or failed ones do not). Requests never indexed (never previewed or drafted for, 
 running through a VERIFY step) keep their outputs out of the cache. While a VERIFY
 step's device runs, index_ahead brings the running requests' indexes up to their
 committed tokens, so that a new request's prompt is not indexed on a plan's critical path
-(its first preview defers: defer()).
+(its previews defer: defer()), and a plan's previews append nothing: a step's new tokens
+are walked on the index (SuffixAutomaton.match_on).
 """
 
 from __future__ import annotations
@@ -33,11 +34,15 @@ from gearshift.speculative.proposers.suffix_index import OutputCache, RequestInd
 from gearshift.speculative.tree import DraftTree, chain_tree
 
 MATCH_WINDOW = 64  # the longest pattern matched: the request's last tokens
-# once the engine indexes between steps (index_ahead), a preview appends at most this many
-# tokens on the plan's critical path: a request further behind (a new request's prompt)
-# prices no suffix draft for one plan while the next index_ahead builds its index
+# once the engine indexes between steps (index_ahead), a preview walks at most this many
+# tokens past a request's index (appending none on the plan's critical path): a request
+# further behind (a new request's prompt) prices no suffix draft while index_ahead builds
+# its index, for MAX_DEFER plans at most (then its preview builds it)
 INDEX_LAG = 64
-INDEX_AHEAD = 2048  # tokens index_ahead appends at most per call (while the device runs)
+MAX_DEFER = 8
+# tokens of far-behind indexes index_ahead appends at most per call (while the device runs;
+# the few each running request committed in a step are appended apart from it)
+INDEX_AHEAD = 2048
 
 
 def committed(req: Request) -> list[int] | None:
@@ -70,7 +75,7 @@ class SuffixProposer(Proposer):
         # only where the tokens moved on since
         self._planned: dict[str, tuple[int, SuffixDraft]] = {}
         self._ahead = False  # index_ahead has run: previews may defer long index builds
-        self._deferred: set[str] = set()  # requests whose preview waited for index_ahead
+        self._deferred: dict[str, int] = {}  # request id -> plans its preview waited
         # drafts by source and their tokens (spec_stats()["proposers"]["suffix"], /metrics)
         self.stats = {"drafts": 0, "draft_tokens": 0, "from_request": 0, "from_cache": 0,
                       "empty": 0}
@@ -99,7 +104,8 @@ class SuffixProposer(Proposer):
             n = min(k, len(d.tokens))
             return SuffixDraft(d.tokens[:n], d.parents[:n], d.scores[:n], d.match_len,
                                d.source)
-        return self._draft(req, committed(req), k, topk, nodes)
+        tokens = committed(req)
+        return self._draft(req, len(tokens) if tokens else 0, k, topk, nodes)
 
     def preview(self, req: Request, k: int) -> SuffixDraft:
         """The chain of at most k drafts the request would get now, on the host before its
@@ -107,12 +113,11 @@ class SuffixProposer(Proposer):
         step's) is not known yet: the chain is drafted one token further from the tokens
         known, its first node (the guess for that token) dropped, and the others' scores
         stay unconditional on it."""
-        tokens, pending = req.all_token_ids, req.num_pending
-        if pending:
-            tokens = tokens[:len(tokens) - pending]
-            if min(tokens[-1:], default=0) < 0:
-                return SuffixDraft()
-        d = self._draft(req, tokens, k + pending, 1, k + pending)
+        pending = req.num_pending
+        end = req.num_tokens - pending  # the tokens known
+        if pending and min(req.token_slice(end - 1, end), default=0) < 0:
+            return SuffixDraft()
+        d = self._draft(req, end, k + pending, 1, k + pending)
         if not pending:
             self._planned[req.request_id] = (req.num_tokens, d)  # proposed as priced
             return d
@@ -122,50 +127,75 @@ class SuffixProposer(Proposer):
     def defer(self, req: Request) -> bool:
         """Should the plan being made price no suffix draft for `req`, its index being more
         than INDEX_LAG tokens behind while the engine indexes between steps (index_ahead)?
-        Once per request: deferred again, the preview builds the index itself."""
+        For MAX_DEFER plans in a row at most: then the preview builds the index itself."""
         if not self._ahead:
             return False
+        rid = req.request_id
         idx = self._held(req)
         held = len(idx.tokens) if idx is not None else 0
-        if req.num_tokens - held <= INDEX_LAG or req.request_id in self._deferred:
-            self._deferred.discard(req.request_id)
+        waited = self._deferred.pop(rid, 0)
+        if req.num_tokens - held <= INDEX_LAG or waited >= MAX_DEFER:
             return False
-        self._deferred.add(req.request_id)
+        self._deferred[rid] = waited + 1
         return True
 
     def index_ahead(self, reqs: list[Request], budget: int = INDEX_AHEAD) -> None:
         """Host work while a VERIFY step's device runs (Scheduler.prepare_next): finished
         requests leave, their outputs entering the cache, and the indexes of `reqs` (the
-        running requests) take their committed tokens, at most `budget` appended in all,
-        so that the next plan's previews append little more than this step's tokens."""
+        running requests) take their committed tokens: each the few it committed lately,
+        then those far behind (new prompts) at most `budget` tokens in all, so that the
+        next plan's previews append nothing."""
         self._ahead = True
         self.forget_finished()
-        live = set()
+        far = []
         for req in reqs:
-            live.add(req.request_id)
-            tokens = committed(req) if budget > 0 and req.params.speculative else None
-            if tokens:
-                budget -= self.index(req).sync(tokens, budget)
-        self._deferred &= live
+            tokens = committed(req) if req.params.speculative else None
+            if not tokens:
+                continue
+            idx = self.index(req)
+            if len(tokens) - len(idx.tokens) <= INDEX_LAG:
+                idx.sync(tokens)
+            else:
+                far.append((idx, tokens))
+        for idx, tokens in far:
+            if budget <= 0:
+                break
+            budget -= idx.sync(tokens, budget)
+        live = {r.request_id for r in reqs}
+        self._deferred = {rid: n for rid, n in self._deferred.items() if rid in live}
 
-    def _draft(self, req: Request, tokens: list[int] | None, k: int, topk: int,
+    def _draft(self, req: Request, end: int, k: int, topk: int,
                nodes: int | None) -> SuffixDraft:
-        if not tokens or k <= 0:
+        """The draft after the request's first `end` tokens."""
+        if end <= 0 or k <= 0:
             return SuffixDraft()
         nodes = k if nodes is None else nodes
         idx = self.index(req)
-        idx.sync(tokens)
-        state, m = idx.repeat(self.window)
+        state, m = self._match(req, idx, end)
         best = build_draft(idx, state, m, k, topk, nodes, self.min_prob, self.spec_factor)
         best.source = "request"
         if len(self.cache) and best.expected < nodes:  # else certain at every node: none beats it
-            cstate, cm = self.cache.match(tokens[-self.window:])
+            cstate, cm = self.cache.match(req.token_slice(max(end - self.window, 0), end))
             other = build_draft(self.cache, cstate, cm, k, topk, nodes, self.min_prob,
                                 self.spec_factor)
             if other.expected > best.expected:
                 other.source, best = "cache", other
                 self.cache.used(self.cache.last(cstate))
         return best
+
+    def _match(self, req: Request, idx: RequestIndex, end: int) -> tuple[int, int]:
+        """(state, length) of the longest suffix of the request's first `end` tokens (the
+        window's at most) that occurred earlier in them. Once index_ahead runs, the tokens
+        committed since it did (a step's: INDEX_LAG at most) are walked on the index, not
+        appended: index_ahead appends them while the device runs. Only the last token held
+        is checked here (sync checks them all, off the path): a stale index would cost a
+        draft, never a token."""
+        n = len(idx.tokens)
+        if self._ahead and n and n <= end <= n + INDEX_LAG \
+                and req.token_slice(n - 1, n) == idx.tokens[-1:]:
+            return idx.sam.match_on(req.token_slice(n, end), self.window)
+        idx.sync(req.token_slice(0, end))
+        return idx.repeat(self.window)
 
     def reset_cache(self) -> None:
         self.cache = OutputCache(self.cache.max_tokens)

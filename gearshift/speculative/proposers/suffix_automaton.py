@@ -104,17 +104,36 @@ class SuffixAutomaton:
             n = length[s]
         return s, n
 
-    def match(self, tokens) -> tuple[int, int]:
-        """-> (state, length) of the longest suffix of `tokens` that occurs in the text
-        (matching statistics: walk the tokens, falling back along suffix links)."""
+    def match_on(self, tokens, window: int) -> tuple[int, int]:
+        """-> (state, length) of the longest suffix of text + `tokens` (at most `window`
+        tokens) that occurs in the text and is followed by a token there: the text's end
+        matched on by walking `tokens` alone, none of them appended (an index that holds
+        all of a request's tokens but its newest)."""
+        if not tokens:
+            return self.longest_repeat(window)
+        s, n = self.match(tokens, window, (self.end, min(self.size, window)))
+        if s and self.count[s] < 2 and self.last[s] == self.size - 1:  # only at the end:
+            s = self.link[s]  # nothing follows it; its longest suffix that occurs elsewhere
+            n = self.length[s]
+        return s, n
+
+    def match(self, tokens, window: int | None = None,
+              start: tuple[int, int] = (0, 0)) -> tuple[int, int]:
+        """-> (state, length) of the longest suffix of `tokens` (at most `window` long)
+        that occurs in the text (matching statistics: walk the tokens from `start`, a
+        state and the length matched there, falling back along suffix links)."""
         nxt, link, length = self.next, self.link, self.length
-        s, n = 0, 0
+        s, n = start
         for t in tokens:
             while s and t not in nxt[s]:
                 s = link[s]
                 n = length[s]
             if t in nxt[s]:
                 s, n = nxt[s][t], n + 1
+            if window is not None and n > window:
+                n = window
+                while length[link[s]] >= n:  # the state of the n-long suffix
+                    s = link[s]
         return s, n
 
     def children(self, state: int) -> list[tuple[int, int, int]]:
@@ -122,6 +141,21 @@ class SuffixAutomaton:
         separators (negative ids) left out."""
         count, last = self.count, self.last
         return [(t, count[c], last[c]) for t, c in self.next[state].items() if t >= 0]
+
+    def best_child(self, state: int) -> tuple[int, int, int, int] | None:
+        """(the continuations' total count, the most frequent one's token, its count, its
+        state), ties to the latest as `children` ranked would; None: no continuation. A
+        chain's step: one pass over the transitions, no list."""
+        count, last = self.count, self.last
+        total, best, key = 0, None, (-1, -1)
+        for t, c in self.next[state].items():
+            if t < 0:
+                continue
+            n = count[c]
+            total += n
+            if (n, last[c]) > key:
+                best, key = (t, c), (n, last[c])
+        return None if best is None else (total, best[0], key[0], best[1])
 
     def step(self, state: int, token: int) -> int:
         return self.next[state][token]

@@ -72,12 +72,15 @@ def best_of(children: list[tuple[int, int, int]], k: int) -> tuple[int, list[tup
 
 def build_draft(index, state: int, match_len: int, depth: int, topk: int, nodes: int,
                 min_prob: float = MIN_PROB, spec_factor: float = SPEC_FACTOR) -> SuffixDraft:
-    """Best-first expansion from `state` of `index` (best_children(state, k), step(state, t)):
-    at most `nodes` draft tokens, `topk` children per node, `depth` deep."""
+    """Best-first expansion from `state` of `index` (best_children(state, k), step(state, t);
+    a chain: best_child(state)): at most `nodes` draft tokens, `topk` children per node,
+    `depth` deep."""
     draft = SuffixDraft(match_len=match_len)
     depth = min(depth, math.ceil(spec_factor * match_len))
     if match_len <= 0 or depth <= 0 or nodes <= 0:
         return draft
+    if topk == 1:
+        return _chain(draft, index, state, min(depth, nodes), min_prob)
     order = 0  # creation order breaks score ties: a parent's better children first
     heap: list[tuple[float, int, int, int, int, int]] = []  # -score, order, parent, tok, state, d
 
@@ -98,4 +101,22 @@ def build_draft(index, state: int, match_len: int, depth: int, topk: int, nodes:
         draft.scores.append(-neg)
         if d < depth:
             push(len(draft.tokens), index.step(s, tok), -neg, d + 1)
+    return draft
+
+
+def _chain(draft: SuffixDraft, index, state: int, n: int, min_prob: float) -> SuffixDraft:
+    """The best-first expansion at one child a node, written as the walk it is (a preview
+    per request and plan: no heap, no ranking lists)."""
+    score = 1.0
+    while len(draft.tokens) < n:
+        best = index.best_child(state)
+        if best is None:
+            break
+        total, tok, c, state = best
+        score = score * c / total
+        if score < min_prob:
+            break
+        draft.parents.append(len(draft.tokens))
+        draft.tokens.append(tok)
+        draft.scores.append(score)
     return draft

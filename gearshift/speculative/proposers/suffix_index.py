@@ -12,7 +12,8 @@ bounded cache of recent requests' outputs (`OutputCache`), each a suffix automat
                    one rebuild per max_tokens / 2 tokens added); an output a draft came
                    from counts as used
 
-Data flow: SuffixProposer.propose -> RequestIndex.sync(tokens) -> longest_repeat;
+Data flow: SuffixProposer.propose -> RequestIndex.sync(tokens) -> longest_repeat (a preview:
+match_on, the newest tokens walked, not appended);
 OutputCache.match(tail) -> build_draft; finished requests -> OutputCache.add.
 """
 
@@ -23,6 +24,8 @@ from collections import OrderedDict
 
 from gearshift.speculative.proposers.suffix_automaton import SuffixAutomaton
 from gearshift.speculative.proposers.suffix_draft import best_of
+
+_UNSEEN = object()
 
 
 class RequestIndex:
@@ -51,6 +54,9 @@ class RequestIndex:
     def best_children(self, state: int, k: int):
         return best_of(self.sam.children(state), k)
 
+    def best_child(self, state: int):
+        return self.sam.best_child(state)
+
     def step(self, state: int, token: int) -> int:
         return self.sam.step(state, token)
 
@@ -61,8 +67,9 @@ class OutputCache:
         self.outputs: OrderedDict[int, list[int]] = OrderedDict()  # id -> tokens, LRU first
         self.tokens = 0  # held in `outputs`
         self._ids = 0
-        # (state, k) -> best_children's answer until the next output is added: requests'
-        # short matches land on the same common states, with thousands of continuations
+        # (state, k) -> best_children's answer, state -> best_child's, until the next output
+        # is added: requests' short matches land on the same common states, with thousands
+        # of continuations
         self._best: dict[tuple[int, int], tuple] = {}
         self._rebuild()
 
@@ -112,6 +119,12 @@ class OutputCache:
         best = self._best.get((state, k))
         if best is None:
             best = self._best[state, k] = best_of(self.sam.children(state), k)
+        return best
+
+    def best_child(self, state: int):
+        best = self._best.get(state, _UNSEEN)  # None is an answer: no continuation
+        if best is _UNSEEN:
+            best = self._best[state] = self.sam.best_child(state)
         return best
 
     def step(self, state: int, token: int) -> int:
