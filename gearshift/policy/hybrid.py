@@ -218,17 +218,20 @@ class HybridPolicy(Policy):
         gain = sorted((i for i in range(n) if cum[i]),
                       key=lambda i: tok[i] - cum[i][-1])
         best = sum(tok) / price(sum(ver), max(depth))
+        left = Counter(depth)  # the model's depth per request (its deepest prices the step)
+        t_all, v_all = sum(tok), sum(ver)
         for i in gain:
-            t_rest, v_rest = sum(tok) - tok[i], sum(ver) - ver[i]
-            d_rest = max(depth[:i] + depth[i + 1:], default=0)
-            pick = None
-            for k, e in enumerate(cum[i], start=1):
-                g = (t_rest + e) / price(v_rest + k + 1, d_rest)
-                if g > best * (1.0 + self.margin) and (pick is None or g > pick[0]):
-                    pick = (g, k, e)
-            if pick is not None:
-                best, k, e = pick
+            t_rest, v_rest = t_all - tok[i], v_all - ver[i]
+            left[depth[i]] -= 1
+            d_rest = max((x for x, c in left.items() if c > 0), default=0)
+            gs = [(t_rest + e) / price(v_rest + k, d_rest) for k, e in enumerate(cum[i], start=2)]
+            g = max(gs)
+            if g > best * (1.0 + self.margin):  # the shortest K of the best goodput
+                k = gs.index(g) + 1
+                best, e = g, cum[i][k - 1]
                 tok[i], ver[i], depth[i], ks[i], props[i] = e, k + 1, 0, k, SUFFIX
+                t_all, v_all = t_rest + e, v_rest + k + 1
+            left[depth[i]] += 1
         if self.mode == "both":
             best = self._plain_model_rows(ks, props, tok, ver, depth, price, best)
         return best

@@ -101,6 +101,16 @@ def test_the_score_map_starts_at_the_score_and_follows_outcomes():
     assert m(0.33) == pytest.approx(0.35)
 
 
+def test_a_chain_is_priced_node_by_node_as_the_map_says_after_every_outcome():
+    rng = random.Random(5)
+    m = ScoreMap()
+    scores = [rng.random() for _ in range(70)]  # depths past every bucket's bound
+    for _ in range(3):
+        assert m.chain(scores) == [m(s, j) for j, s in enumerate(scores, start=1)]
+        for _ in range(100):
+            m.record(rng.random(), rng.randint(1, 40), rng.random() < 0.6)
+
+
 def test_a_suffix_outcome_calibrates_what_was_priced():
     pricer = SuffixPricer(SuffixProposer(0).preview)
     req = copying("copy")

@@ -36,6 +36,13 @@ PRIOR = 4.0  # node-outcomes of prior weight per bin: its own score
 DECAY = 0.995  # per recorded outcome of the bin: recent text weighs most
 
 
+def _bucket(depth: int) -> int:
+    return min(max(depth - 1, 0).bit_length(), DEPTHS - 1)  # 1, 2, 3-4, 5-8, ...
+
+
+_BUCKETS = [_bucket(d) for d in range(65)]
+
+
 class ScoreMap:
     """P(accepted | score, depth) by score bin and depth bucket, from decayed outcomes."""
 
@@ -43,20 +50,31 @@ class ScoreMap:
         self.bins, self.prior, self.decay = bins, prior, decay
         self.accepted = [[0.0] * DEPTHS for _ in range(bins)]
         self.proposed = [[0.0] * DEPTHS for _ in range(bins)]
+        self._p: list[list[float]] | None = None  # P per cell, until the next record
 
     def _cell(self, score: float, depth: int) -> tuple[int, int]:
-        b = min(max(int(score * self.bins), 0), self.bins - 1)
-        return b, min(max(depth - 1, 0).bit_length(), DEPTHS - 1)  # 1, 2, 3-4, 5-8, ...
+        return min(max(int(score * self.bins), 0), self.bins - 1), _bucket(depth)
 
     def __call__(self, score: float, depth: int = 1) -> float:
         b, d = self._cell(score, depth)
         mid = (b + 0.5) / self.bins
         return (self.accepted[b][d] + mid * self.prior) / (self.proposed[b][d] + self.prior)
 
+    def chain(self, scores: list[float]) -> list[float]:
+        """P(accepted) of a chain's nodes (depth 1, 2, ...) from their scores: a plan asks
+        it of every request previewed, the map changes only after a step."""
+        if self._p is None:
+            self._p = [[self((b + 0.5) / self.bins, 1 << d) for d in range(DEPTHS)]
+                       for b in range(self.bins)]
+        p, top, buckets = self._p, self.bins - 1, _BUCKETS
+        return [p[min(max(int(s * self.bins), 0), top)][
+                    buckets[j] if j < 65 else DEPTHS - 1] for j, s in enumerate(scores, start=1)]
+
     def record(self, score: float, depth: int, accepted: bool) -> None:
         b, d = self._cell(score, depth)
         self.accepted[b][d] = self.decay * self.accepted[b][d] + accepted
         self.proposed[b][d] = self.decay * self.proposed[b][d] + 1.0
+        self._p = None
 
     def table(self) -> list[float]:
         """P(accepted) per score bin at depth 1, low scores first (spec_stats)."""
@@ -93,7 +111,7 @@ class SuffixPricer:
                 continue
             scores = self.preview(req, k).scores if req.params.speculative and k else []
             self._priced[rid] = scores
-            out.append([self.map(s, j) for j, s in enumerate(scores, start=1)])
+            out.append(self.map.chain(scores))
             if not scores and req.params.speculative and k:
                 self._wait(rid)
         if len(quiet) > 2 * len(reqs) + 64:  # finished requests' entries
