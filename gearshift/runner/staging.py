@@ -1,5 +1,6 @@
 """Host lists to device tensors: `Stager` (one host-to-device copy per step; a VERIFY step
-makes a second for its target pass while the draft runs), the
+makes a second for its target pass while the draft runs), `to_device` (a small list a
+proposer or the draft makes mid-step, pinned likewise), the
 padding rule's host side (`pad_batch`: a plan's `Layout`, runner/layout.py) and the
 extend-layout lists every forward batch is built from (`stage_forward`, `forward_batch`).
 
@@ -88,6 +89,14 @@ class Stager:
         t = t.to(self.device, non_blocking=True)
         return {name: t[off: off + n * dtype.itemsize].view(dtype)
                 for name, dtype, off, n in spans}
+
+
+def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list (nested: its shape) on `device` without the host waiting: copied
+    from pinned memory on CUDA, where a copy from pageable memory may first wait for the
+    stream's queued work (the step's later launches would then start on an idle device)."""
+    pin = device.type == "cuda"
+    return torch.tensor(values, dtype=dtype, pin_memory=pin).to(device, non_blocking=True)
 
 
 def pad_batch(mode: ForwardMode, rows: list[int], prefix: list[int], extend: list[int],

@@ -36,7 +36,7 @@ from gearshift.forward_batch import ForwardBatch, ForwardMode
 from gearshift.request import Request, RequestStatus
 from gearshift.runner.batch import BatchBuilder
 from gearshift.runner.model_runner import ModelRunner, device_ms, graph_inputs, rebuild_batch
-from gearshift.runner.staging import Stager, forward_batch, stage_forward
+from gearshift.runner.staging import Stager, forward_batch, stage_forward, to_device
 from gearshift.scheduler.plan import StepPlan
 from gearshift.speculative.follow_up import accepted, extend_batch
 from gearshift.speculative.proposers.base import Proposer
@@ -286,4 +286,4 @@ class DraftFollower:
 
 
 def _device_index(idx: list[int], like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(idx, dtype=torch.long).to(like.device, non_blocking=True)
+    return to_device(idx, torch.long, like.device)

@@ -31,6 +31,7 @@ from gearshift.policy.allocation import chain_gear
 from gearshift.runner.batch import BatchBuilder, StepBatch
 from gearshift.runner.layout import DEEP_ROWS, split_k
 from gearshift.runner.model_runner import ModelRunner
+from gearshift.runner.staging import to_device
 from gearshift.runner.verify_layout import fill_drafts
 from gearshift.scheduler.plan import Speculation, StepPlan, StepResult
 from gearshift.speculative import coupled
@@ -240,8 +241,7 @@ class SpecRunner:
     def _found(found: list[int], batch: StepBatch, tree) -> tuple[list[int], torch.Tensor]:
         """A host proposer may find fewer nodes than planned: the layout stays, its nodes
         past them are masked. -> the nodes each request verifies, its drafts (device)."""
-        k = torch.tensor([x - 1 for x in found], dtype=torch.long).to(tree.tokens.device,
-                                                                      non_blocking=True)
+        k = to_device([x - 1 for x in found], torch.long, tree.tokens.device)
         return [min(x, batch.layout.nodes) for x in found], k
 
     @staticmethod

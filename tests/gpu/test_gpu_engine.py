@@ -89,6 +89,35 @@ def test_hybrid_deep_suffix_chains_on_gpu_match_plain():
     assert llm.engine.stats()["late"]["graph_captures"] == 0
 
 
+def test_serving_copies_to_the_device_from_pinned_memory_only(monkeypatch):
+    """A copy from pageable host memory may first wait for the stream's queued work: inside a
+    VERIFY step (suffix rows beside the model's, the draft following) the host would stall
+    behind the device and the step's later launches start on an idle device. Every
+    host-to-device copy the engine makes while serving is from pinned memory."""
+    import traceback
+
+    from copy_prompts import prompts as copy_prompts
+
+    from gearshift.models.default import default_target_dir
+
+    llm = LLM(str(default_target_dir()), device="cuda", dtype="float32", max_num_seqs=8,
+              kv_cache_tokens=8192, speculative_algorithm="eagle3+suffix", spec_policy="always")
+    pageable, real = [], torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        if self.device.type == "cpu" and out.device.type == "cuda" and not self.is_pinned():
+            pageable.append("".join(traceback.format_stack(limit=5)[:-1]))
+        return out
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    outs = llm.generate(copy_prompts(llm.tokenizer),
+                        SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))
+    monkeypatch.undo()
+    assert llm.engine.spec_stats()["proposers"]["suffix"]["drafts"] > 0
+    assert any(o.spec.proposer_hist.get("eagle3") for o in outs), "both proposers drafted"
+    assert not pageable, f"{len(pageable)} pageable copies, e.g.\n{pageable[0]}"
+
+
 @pytest.mark.parametrize("topk", [1, 2, 4])
 def test_speculation_graphs_at_larger_batch(tiny_llama_dir, tmp_path, topk):
     """40 requests x 2 kv heads: chains verify as graphed causal extend (padded batch),

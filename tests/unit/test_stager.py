@@ -9,7 +9,7 @@ import random
 
 import torch
 
-from gearshift.runner.staging import ALIGN_BYTES, Stager
+from gearshift.runner.staging import ALIGN_BYTES, Stager, to_device
 
 
 def test_parts_keep_their_values_and_start_aligned():
@@ -34,3 +34,10 @@ def test_parts_keep_their_values_and_start_aligned():
             assert t.dtype == dtype and t.shape == (len(v),)
             assert t.tolist() == torch.tensor(v, dtype=dtype).tolist()
             assert (t.data_ptr() - first) % ALIGN_BYTES == 0
+
+
+def test_a_small_list_reaches_the_device_with_its_shape_and_dtype():
+    rows = [[1, 2, 3], [4, 5, 6]]
+    t = to_device(rows, torch.long, torch.device("cpu"))
+    assert t.dtype == torch.long and t.tolist() == rows
+    assert to_device([True, False], torch.bool, torch.device("cpu")).tolist() == [True, False]

@@ -27,6 +27,7 @@ from dataclasses import replace
 
 import torch
 
+from gearshift.runner.staging import to_device
 from gearshift.speculative.proposers.base import ProposeContext, Proposer
 from gearshift.speculative.proposers.suffix import SuffixProposer
 from gearshift.speculative.proposers.suffix_price import SuffixPricer
@@ -125,7 +126,7 @@ class HybridProposer(Proposer):
                  (m_found[i] if m_found is not None else (n_m if tree else k + 1) if k else 1)
                  for i, (s, k) in enumerate(zip(is_suffix, ks_m))]
         return merge(_padded(m_tree, width, tree), _padded(s_tree, width, tree),
-                     torch.tensor(is_suffix).to(ctx.roots.device, non_blocking=True)), found
+                     to_device(is_suffix, torch.bool, ctx.roots.device)), found
 
     def observe(self, plan, nodes: list[int], accepted: list[int]) -> None:
         """A VERIFY step's outcome (host, after commit): counters per proposer; the suffix

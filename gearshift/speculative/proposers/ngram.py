@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from gearshift.runner.staging import to_device
 from gearshift.speculative.proposers.base import ProposeContext, Proposer
 from gearshift.speculative.tree import DraftTree, chain_tree
 
@@ -39,6 +40,5 @@ class NgramProposer(Proposer):
             found = lookup(req.all_token_ids[-self.window:], kr, self.n_min, self.n_max) if kr else []
             nodes.append(1 + len(found))
             drafts.append(found + [0] * (k - len(found)))
-        d = torch.tensor(drafts, dtype=torch.long).view(len(drafts), k).to(ctx.roots.device,
-                                                                          non_blocking=True)
+        d = to_device(drafts, torch.long, ctx.roots.device).view(len(drafts), k)
         return chain_tree(ctx.roots, d), nodes

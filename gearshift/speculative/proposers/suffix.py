@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from gearshift.request import Request
+from gearshift.runner.staging import to_device
 from gearshift.speculative.proposers.base import ProposeContext, Proposer
 from gearshift.speculative.proposers.suffix_draft import MIN_PROB, SPEC_FACTOR, SuffixDraft, build_draft
 from gearshift.speculative.proposers.suffix_index import OutputCache, RequestIndex
@@ -229,8 +230,7 @@ class SuffixProposer(Proposer):
         dev = ctx.roots.device
         if not tree:
             rows = [d.tokens + [0] * (k - len(d.tokens)) for d in drafts]
-            d = torch.tensor(rows, dtype=torch.long).view(len(rows), k)
-            return chain_tree(ctx.roots, d.to(dev, non_blocking=True)), nodes
+            return chain_tree(ctx.roots, to_device(rows, torch.long, dev).view(len(rows), k)), nodes
         # a tree of n + 1 nodes per request: the root, the draft, then unused nodes (never
         # valid: verification reads each request's first `nodes` only)
         toks, parents, depths = [], [], []
@@ -239,8 +239,7 @@ class SuffixProposer(Proposer):
             toks.append([0, *dr.tokens, *[0] * pad])
             parents.append([-1, *dr.parents, *[0] * pad])
             depths.append([0, *dr.depths(), *[1] * pad])
-        host = torch.tensor([toks, parents, depths], dtype=torch.long)  # [3, B, N]
-        t, p, dp = host.to(dev, non_blocking=True).unbind(0)
+        t, p, dp = to_device([toks, parents, depths], torch.long, dev).unbind(0)  # [3, B, N]
         t = torch.cat([ctx.roots[:, None], t[:, 1:]], dim=1)
         return DraftTree(t, p.contiguous(), dp.contiguous()), nodes
 
