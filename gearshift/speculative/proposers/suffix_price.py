@@ -40,7 +40,7 @@ def _bucket(depth: int) -> int:
     return min(max(depth - 1, 0).bit_length(), DEPTHS - 1)  # 1, 2, 3-4, 5-8, ...
 
 
-_BUCKETS = [_bucket(d) for d in range(65)]
+_BUCKETS = [_bucket(d) for d in range(2 ** (DEPTHS - 2) + 1)]  # deeper: the last bucket
 
 
 class ScoreMap:
@@ -66,9 +66,9 @@ class ScoreMap:
         if self._p is None:
             self._p = [[self((b + 0.5) / self.bins, 1 << d) for d in range(DEPTHS)]
                        for b in range(self.bins)]
-        p, top, buckets = self._p, self.bins - 1, _BUCKETS
-        return [p[min(max(int(s * self.bins), 0), top)][
-                    buckets[j] if j < 65 else DEPTHS - 1] for j, s in enumerate(scores, start=1)]
+        p, top, buckets, n = self._p, self.bins - 1, _BUCKETS, len(_BUCKETS)
+        return [p[min(max(int(s * self.bins), 0), top)][buckets[j] if j < n else DEPTHS - 1]
+                for j, s in enumerate(scores, start=1)]
 
     def record(self, score: float, depth: int, accepted: bool) -> None:
         b, d = self._cell(score, depth)
